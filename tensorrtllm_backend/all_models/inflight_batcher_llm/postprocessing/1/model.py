@@ -1,0 +1,156 @@
+"""Triton `postprocessing` model: engine token ids -> text.
+
+Decoding each streamed response on its own loses leading spaces and turns characters split
+across byte tokens into U+FFFD (upstream's best-known streaming bugs). Here every request that
+has a request id keeps a small incremental decoder: it emits only text that is final, so the
+deltas concatenate to exactly the text of decoding all tokens at once. The engine ends every
+request with a response that carries no new tokens; the held-back tail is flushed and the state
+dropped then. Abandoned states (cancelled requests) expire.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from transformers import AutoTokenizer
+
+MAX_STATES = 65536
+STATE_TTL_S = 600.0
+TRIM_AFTER = 512
+
+
+def _param(model_config: dict[str, Any], key: str, default: str = "") -> str:
+    """A string parameter of config.pbtxt; unfilled `${var}` placeholders count as unset."""
+    value = model_config.get("parameters", {}).get(key, {}).get("string_value", "")
+    return default if not value or value.startswith("${") else value
+
+
+class IncrementalDecoder:
+    """Emits the stable new suffix of the decoded text as tokens arrive.
+
+    It decodes a short window `ids[prefix:]` and compares it with `ids[prefix:read]`, so each step
+    costs O(window) rather than O(text). Text ending in U+FFFD is held back: more bytes of that
+    character may follow. The window starts where earlier text was complete, which keeps the
+    concatenated deltas equal to decoding all ids at once.
+    """
+
+    __slots__ = ("count", "ids", "last_used", "prefix", "read", "skip_special", "tokenizer")
+
+    def __init__(self, tokenizer: Any, skip_special: bool) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special = skip_special
+        self.ids: list[int] = []
+        self.prefix = 0
+        self.read = 0
+        self.count = 0
+        self.last_used = time.monotonic()
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(
+            ids, skip_special_tokens=self.skip_special, clean_up_tokenization_spaces=False
+        )
+
+    def push(self, new_ids: list[int]) -> str:
+        self.last_used = time.monotonic()
+        self.count += len(new_ids)
+        self.ids.extend(new_ids)
+        before = self._decode(self.ids[self.prefix : self.read])
+        after = self._decode(self.ids[self.prefix :])
+        if len(after) <= len(before) or after.endswith("\ufffd"):
+            return ""
+        self.prefix, self.read = self.read, len(self.ids)
+        if self.prefix > TRIM_AFTER:
+            del self.ids[: self.prefix]
+            self.read -= self.prefix
+            self.prefix = 0
+        return after[len(before) :]
+
+    def flush(self) -> str:
+        before = self._decode(self.ids[self.prefix : self.read])
+        after = self._decode(self.ids[self.prefix :])
+        self.prefix = self.read = len(self.ids)
+        return after[len(before) :]
+
+
+class TritonPythonModel:
+    """Detokenizes engine responses; passes log probs and logits through."""
+
+    def initialize(self, args: dict[str, str]) -> None:
+        config = json.loads(args["model_config"])
+        tokenizer_dir = _param(config, "tokenizer_dir")
+        if not tokenizer_dir:
+            raise pb_utils.TritonModelException("postprocessing: parameter tokenizer_dir is not set")
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.skip_special = _param(config, "skip_special_tokens", "true").lower() in {"1", "true", "yes"}
+        self.states: OrderedDict[tuple[int, int], IncrementalDecoder] = OrderedDict()
+
+    def _decode_full(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(
+            ids, skip_special_tokens=self.skip_special, clean_up_tokenization_spaces=False
+        )
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        while self.states:
+            key, state = next(iter(self.states.items()))
+            if len(self.states) <= MAX_STATES and now - state.last_used < STATE_TTL_S:
+                break
+            del self.states[key]
+
+    def _postprocess(self, request: Any) -> pb_utils.InferenceResponse:
+        tokens = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()
+        lengths = pb_utils.get_input_tensor_by_name(request, "SEQUENCE_LENGTH").as_numpy()
+        batch, beams = tokens.shape[0], tokens.shape[1]
+        lengths = lengths.reshape(batch, beams)
+        request_id = request.request_id()
+        # Without a request id nothing ties the responses of one stream together: decode each alone.
+        incremental = bool(request_id) and batch == 1
+
+        texts: list[bytes] = []
+        for row in range(batch):
+            for beam in range(beams):
+                ids = tokens[row, beam, : int(lengths[row, beam])].tolist()
+                if not incremental:
+                    texts.append(self._decode_full(ids).encode("utf-8"))
+                    continue
+                key = (request_id, beam)
+                state = self.states.pop(key, None) or IncrementalDecoder(self.tokenizer, self.skip_special)
+                text = state.push(ids)
+                if ids:
+                    self.states[key] = state
+                else:  # the engine's last response carries no tokens: the request is over
+                    text += state.flush()
+                texts.append(text.encode("utf-8"))
+        self._expire()
+
+        outputs = [pb_utils.Tensor("OUTPUT", np.array(texts, dtype=np.object_))]
+        passthrough = {
+            "CUM_LOG_PROBS": (batch, 1),
+            "OUTPUT_LOG_PROBS": (batch, 1, 1),
+            "CONTEXT_LOGITS": (batch, 1, 1),
+            "GENERATION_LOGITS": (batch, 1, 1, 1),
+            "NUM_INPUT_TOKENS": (batch, 1),
+            "NUM_OUTPUT_TOKENS": (batch, 1),
+        }
+        for name, empty_shape in passthrough.items():
+            tensor = pb_utils.get_input_tensor_by_name(request, name)
+            dtype = np.int32 if name.startswith("NUM_") else np.float32
+            value = tensor.as_numpy() if tensor is not None else np.zeros(empty_shape, dtype)
+            outputs.append(pb_utils.Tensor(f"OUT_{name}", value))
+        return pb_utils.InferenceResponse(output_tensors=outputs)
+
+    def execute(self, requests: list[Any]) -> list[pb_utils.InferenceResponse]:
+        responses = []
+        for request in requests:
+            try:
+                responses.append(self._postprocess(request))
+            except (ValueError, IndexError) as exc:
+                responses.append(
+                    pb_utils.InferenceResponse(error=pb_utils.TritonError(f"postprocessing: {exc}"))
+                )
+        return responses

@@ -1,0 +1,551 @@
+#!/usr/bin/env python3
+"""Start tritonserver (or ``mpirun`` with one tritonserver per rank) and supervise it.
+
+Unlike upstream's launcher, which spawns the server and returns at once, this one stays in the
+foreground as the parent of the server:
+
+* SIGTERM / SIGINT (and SIGHUP, sent on as SIGTERM) are forwarded to the child; if it has not
+  exited after a grace period the child and all of its descendants are killed with SIGKILL;
+* the launcher exits with the child's exit status (128 + N when the child died of signal N);
+* the child is started with PR_SET_PDEATHSIG=SIGTERM, so it is told to shut down even when the
+  launcher itself is killed with SIGKILL.
+
+Triton has no authentication, so gRPC, HTTP and metrics listen on ``--host`` (default 127.0.0.1)
+unless told otherwise.
+
+tritonserver is looked up in this order: ``--tritonserver``, ``$TRITONSERVER``, ``PATH``,
+``/opt/tritonserver/bin/tritonserver``, the build inside the ``nvidia-pytriton`` wheel. The
+pytriton build needs its libraries on LD_LIBRARY_PATH and a Python backend stub that matches the
+running interpreter; the launcher stages a per-launch backend directory for it and removes it on
+exit.
+
+This file is self-contained: it runs as a plain script and imports nothing else of the repo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import dataclasses
+import importlib.util
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = [
+    "LauncherError",
+    "TritonInstall",
+    "build_command",
+    "build_parser",
+    "find_tritonserver",
+    "main",
+    "stage_backends",
+]
+
+PROG = "launch_triton_server"
+OPT_TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
+MIN_KILL_GRACE_SECS = 15.0
+STAGING_PREFIX = "triton-launch-"
+PR_SET_PDEATHSIG = 1
+
+
+class LauncherError(Exception):
+    """A problem reported as one line on stderr, exit status 2."""
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    """A tritonserver binary and what it needs to run.
+
+    binary:       path of the tritonserver executable.
+    env:          environment variables to set (override) for the server process; values are
+                  complete (LD_LIBRARY_PATH and PATH already include the existing value).
+    backend_dir:  value for ``--backend-directory``, or None for tritonserver's default.
+    source:       where it was found ("--tritonserver", "$TRITONSERVER", "PATH",
+                  "/opt/tritonserver", "nvidia-pytriton").
+    python_backend, python_stub: for the nvidia-pytriton build, the directory of its Python
+                  backend and the stub for the running interpreter; ``stage_backends`` turns them
+                  into a ``backend_dir``.
+    """
+
+    binary: str
+    env: dict[str, str] = field(default_factory=dict)
+    backend_dir: str | None = None
+    source: str = ""
+    python_backend: str | None = None
+    python_stub: str | None = None
+
+    @property
+    def needs_staging(self) -> bool:
+        return self.python_backend is not None and self.backend_dir is None
+
+    def child_env(self, base: Mapping[str, str] | None = None) -> dict[str, str]:
+        """``base`` (default: os.environ) with this install's variables applied."""
+        env = dict(os.environ if base is None else base)
+        env.update(self.env)
+        return env
+
+
+# --------------------------------------------------------------------------- discovery
+
+
+def _join_paths(*parts: str | None) -> str:
+    out: list[str] = []
+    for part in parts:
+        for item in (part or "").split(os.pathsep):
+            if item and item not in out:
+                out.append(item)
+    return os.pathsep.join(out)
+
+
+def _pytriton_binary() -> Path | None:
+    """tritonserver inside the nvidia-pytriton wheel of the running interpreter, if installed."""
+    try:
+        spec = importlib.util.find_spec("pytriton")  # does not import the package
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        binary = Path(location) / "tritonserver" / "bin" / "tritonserver"
+        if binary.is_file():
+            return binary
+    return None
+
+
+def _describe(binary: Path, source: str, environ: Mapping[str, str]) -> TritonInstall:
+    """Build a TritonInstall for ``binary``, recognising the nvidia-pytriton layout."""
+    root = Path(os.path.realpath(binary)).parent.parent  # <prefix>/bin/tritonserver -> <prefix>
+    python_backend = root / "backends" / "python"
+    stubs = root / "python_backend_stubs"
+    if stubs.is_dir() and (python_backend / "libtriton_python.so").is_file():
+        # nvidia-pytriton: <site-packages>/pytriton/tritonserver/{bin,backends,python_backend_stubs}
+        site_packages = root.parent.parent
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        ld_path = _join_paths(
+            # The interpreter's own libpython first: otherwise the stub may load a system
+            # libpython of the same soname and fail on C extensions such as _ssl.
+            sysconfig.get_config_var("LIBDIR"),
+            str(site_packages / "nvidia_pytriton.libs"),
+            environ.get("LD_LIBRARY_PATH"),
+        )
+        path = _join_paths(os.path.dirname(sys.executable), environ.get("PATH", os.defpath))
+        return TritonInstall(
+            binary=str(binary),
+            env={"LD_LIBRARY_PATH": ld_path, "PATH": path},
+            backend_dir=None,
+            source=source,
+            python_backend=str(python_backend),
+            python_stub=str(stubs / version / "triton_python_backend_stub"),
+        )
+    backends = root / "backends"
+    return TritonInstall(
+        binary=str(binary),
+        env={},
+        backend_dir=str(backends) if backends.is_dir() else None,
+        source=source,
+    )
+
+
+def _explicit(value: str, source: str, environ: Mapping[str, str]) -> TritonInstall:
+    if os.sep not in value:  # a bare name: look it up on PATH
+        found = shutil.which(value, path=environ.get("PATH", os.defpath))
+        if found is None:
+            raise LauncherError(f"tritonserver {value!r} given by {source} not found on PATH")
+        value = found
+    path = Path(value).expanduser()
+    if not path.is_file():
+        raise LauncherError(f"tritonserver {str(path)!r} given by {source} does not exist")
+    if not os.access(path, os.X_OK):
+        raise LauncherError(f"tritonserver {str(path)!r} given by {source} is not executable")
+    return _describe(path, source, environ)
+
+
+def find_tritonserver(
+    explicit: str | None = None, *, environ: Mapping[str, str] | None = None
+) -> TritonInstall:
+    """Find tritonserver: ``explicit``, $TRITONSERVER, PATH, /opt/tritonserver, nvidia-pytriton.
+
+    An explicit path (argument or $TRITONSERVER) that does not exist raises LauncherError; so
+    does finding none at all (the message lists what was tried).
+    """
+    environ = os.environ if environ is None else environ
+    if explicit:
+        return _explicit(explicit, "--tritonserver", environ)
+    from_env = environ.get("TRITONSERVER")
+    if from_env:
+        return _explicit(from_env, "$TRITONSERVER", environ)
+    on_path = shutil.which("tritonserver", path=environ.get("PATH", os.defpath))
+    if on_path:
+        return _describe(Path(on_path), "PATH", environ)
+    opt = Path(OPT_TRITONSERVER)
+    if opt.is_file() and os.access(opt, os.X_OK):
+        return _describe(opt, "/opt/tritonserver", environ)
+    bundled = _pytriton_binary()
+    if bundled is not None:
+        return _describe(bundled, "nvidia-pytriton", environ)
+    raise LauncherError(
+        "tritonserver not found (tried --tritonserver, $TRITONSERVER, PATH, "
+        f"{OPT_TRITONSERVER}, the nvidia-pytriton package)"
+    )
+
+
+# --------------------------------------------------------------------------- staging
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _sweep_stale_staging(tmp_root: str | None = None) -> None:
+    """Remove staging directories left behind by launchers that were SIGKILLed."""
+    tmp_root = tmp_root or tempfile.gettempdir()
+    pattern = re.compile(re.escape(STAGING_PREFIX) + r"(\d+)-")
+    try:
+        entries = list(os.scandir(tmp_root))
+    except OSError:
+        return
+    for entry in entries:
+        match = pattern.match(entry.name)
+        if not match or int(match.group(1)) == os.getpid():
+            continue
+        try:
+            if not entry.is_dir(follow_symlinks=False) or entry.stat().st_uid != os.getuid():
+                continue
+        except OSError:
+            continue
+        if not _pid_alive(int(match.group(1))):
+            shutil.rmtree(entry.path, ignore_errors=True)
+
+
+def stage_backends(install: TritonInstall, workdir: str | os.PathLike[str]) -> TritonInstall:
+    """Create ``<workdir>/backends/python`` for an install that needs it; return the install
+    with ``backend_dir`` set. Installs that need no staging are returned unchanged.
+
+    The directory holds symlinks to the bundled Python backend's files and a copy of the stub
+    that matches the running interpreter.
+    """
+    if not install.needs_staging:
+        return install
+    assert install.python_backend is not None and install.python_stub is not None
+    stub = Path(install.python_stub)
+    if not stub.is_file():
+        raise LauncherError(
+            f"{install.source} has no Python backend stub for Python "
+            f"{sys.version_info.major}.{sys.version_info.minor} (looked for {stub})"
+        )
+    backends = Path(workdir) / "backends"
+    target = backends / "python"
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in Path(install.python_backend).iterdir():
+        if entry.name == "__pycache__" or entry.name == stub.name:
+            continue
+        link = target / entry.name
+        if not link.exists():
+            link.symlink_to(entry)
+    shutil.copy2(stub, target / stub.name)
+    return dataclasses.replace(install, backend_dir=str(backends))
+
+
+@contextlib.contextmanager
+def staged(install: TritonInstall) -> Iterator[TritonInstall]:
+    """Context manager: a staged copy of ``install`` in a fresh temp dir, removed on exit."""
+    if not install.needs_staging:
+        yield install
+        return
+    _sweep_stale_staging()
+    workdir = tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-")
+    try:
+        yield stage_backends(install, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+class _OneLineErrorParser(argparse.ArgumentParser):
+    def error(self, message: str):  # type: ignore[override]
+        raise LauncherError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _OneLineErrorParser(
+        prog=PROG,
+        description="Start tritonserver (mpirun for world_size > 1) and supervise it in the foreground.",
+    )
+    p.add_argument("--world_size", type=int, default=1, help="number of ranks (tensor x pipeline parallel)")
+    p.add_argument("--model_repo", required=True, help="Triton model repository")
+    p.add_argument(
+        "--tritonserver",
+        default=None,
+        help="tritonserver binary (default: $TRITONSERVER, PATH, "
+        f"{OPT_TRITONSERVER}, then the one in nvidia-pytriton)",
+    )
+    p.add_argument("--grpc_port", type=int, default=8001)
+    p.add_argument("--http_port", type=int, default=8000)
+    p.add_argument("--metrics_port", type=int, default=8002)
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address that gRPC, HTTP and metrics listen on (default 127.0.0.1: Triton has no authentication)",
+    )
+    p.add_argument("--log", action="store_true", help="verbose Triton logging (rank 0)")
+    p.add_argument("--log-file", "--log_file", dest="log_file", default=None, help="Triton log file (rank 0)")
+    p.add_argument(
+        "--tensorrt_llm_model_name",
+        default="tensorrt_llm",
+        help="comma-separated models that ranks > 0 load (default tensorrt_llm)",
+    )
+    p.add_argument(
+        "--exit_timeout_secs",
+        type=int,
+        default=10,
+        help="tritonserver --exit-timeout-secs: how long it waits for in-flight requests on shutdown",
+    )
+    p.add_argument(
+        "--print_command",
+        action="store_true",
+        help="print the command line that would run (shell-quoted, one line) and exit",
+    )
+    return p
+
+
+def _validate(args: argparse.Namespace) -> None:
+    if args.world_size < 1:
+        raise LauncherError(f"--world_size must be >= 1, got {args.world_size}")
+    for name in ("grpc_port", "http_port", "metrics_port"):
+        port = getattr(args, name)
+        if not 0 < port < 65536:
+            raise LauncherError(f"--{name} must be in 1..65535, got {port}")
+    if args.exit_timeout_secs < 0:
+        raise LauncherError(f"--exit_timeout_secs must be >= 0, got {args.exit_timeout_secs}")
+    if not args.host:
+        raise LauncherError("--host must not be empty")
+
+
+def _rank_command(args: argparse.Namespace, install: TritonInstall, rank: int, unique: str) -> list[str]:
+    cmd = [
+        install.binary,
+        f"--model-repository={os.path.abspath(args.model_repo)}",
+        f"--grpc-port={args.grpc_port}",
+        f"--http-port={args.http_port}",
+        f"--metrics-port={args.metrics_port}",
+        f"--grpc-address={args.host}",
+        f"--http-address={args.host}",
+        f"--metrics-address={args.host}",
+        "--disable-auto-complete-config",
+        f"--backend-config=python,shm-region-prefix-name=prefix{rank}_{unique}_",
+        f"--exit-timeout-secs={args.exit_timeout_secs}",
+    ]
+    if install.backend_dir:
+        cmd.append(f"--backend-directory={install.backend_dir}")
+    if rank == 0:
+        if args.log:
+            cmd.append("--log-verbose=1")
+        if args.log_file:
+            cmd.append(f"--log-file={args.log_file}")
+    else:
+        # Ranks > 0 only host their shard of the engine: no endpoints, only the engine model.
+        cmd += ["--allow-http=false", "--allow-grpc=false", "--allow-metrics=false"]
+        cmd.append("--model-control-mode=explicit")
+        for name in args.tensorrt_llm_model_name.split(","):
+            if name.strip():
+                cmd.append(f"--load-model={name.strip()}")
+    return cmd
+
+
+def build_command(
+    args: argparse.Namespace,
+    install: TritonInstall,
+    *,
+    unique: str | int | None = None,
+    mpirun: str | None = None,
+) -> list[str]:
+    """The argv that starts Triton for ``args`` (as parsed by ``build_parser``).
+
+    ``unique`` goes into the Python backend's shared-memory prefix (default: this process's
+    pid) so that two servers on one host do not collide. For world_size > 1 the command is
+    ``mpirun --allow-run-as-root -n 1 <rank 0> : -n 1 <rank 1> ...``; ``mpirun`` defaults to the
+    one on PATH, or the bare name when there is none.
+    """
+    _validate(args)
+    unique = str(os.getpid() if unique is None else unique)
+    if install.needs_staging:
+        # Not staged yet (e.g. --print_command): show where a launch would stage it.
+        placeholder = os.path.join(tempfile.gettempdir(), f"{STAGING_PREFIX}{unique}-XXXXXXXX", "backends")
+        install = dataclasses.replace(install, backend_dir=placeholder)
+    if args.world_size == 1:
+        return _rank_command(args, install, 0, unique)
+    cmd = [mpirun or shutil.which("mpirun") or "mpirun", "--allow-run-as-root"]
+    for rank in range(args.world_size):
+        if rank:
+            cmd.append(":")
+        cmd += ["-n", "1", *_rank_command(args, install, rank, unique)]
+    return cmd
+
+
+# --------------------------------------------------------------------------- supervision
+
+
+def _log(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+def _pdeathsig_preexec(parent_pid: int) -> Callable[[], None] | None:
+    """A preexec_fn that makes the child receive SIGTERM when the launcher dies (Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+    prctl.restype = ctypes.c_int
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent_pid:  # the launcher died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+def _descendants(pid: int) -> list[int]:
+    """All descendant pids of ``pid`` (from /proc; empty where /proc is unavailable)."""
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # "pid (comm) state ppid ..." where comm may contain spaces and parentheses
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        if len(fields) >= 2:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    found: list[int] = []
+    queue = [pid]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            if child not in found:
+                found.append(child)
+                queue.append(child)
+    return found
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    victims = [proc.pid, *_descendants(proc.pid)]
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def supervise(cmd: Sequence[str], env: Mapping[str, str], *, kill_grace_secs: float) -> int:
+    """Run ``cmd`` as a child, forward termination signals, escalate, return its exit status."""
+    state: dict[str, object] = {"proc": None, "pending": None, "stopping": False}
+
+    def forward(signum: int) -> None:
+        proc = state["proc"]
+        if not isinstance(proc, subprocess.Popen):
+            state["pending"] = signum
+            return
+        sig = signal.SIGTERM if signum == signal.SIGHUP else signum
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+        if not state["stopping"]:
+            state["stopping"] = True
+            _log(
+                f"received {signal.Signals(signum).name}, stopping tritonserver "
+                f"(SIGKILL after {kill_grace_secs:g} s)"
+            )
+            signal.setitimer(signal.ITIMER_REAL, kill_grace_secs)
+
+    def on_signal(signum: int, _frame: object) -> None:
+        forward(signum)
+
+    def on_alarm(_signum: int, _frame: object) -> None:
+        proc = state["proc"]
+        if isinstance(proc, subprocess.Popen) and proc.poll() is None:
+            _log(f"tritonserver still running {kill_grace_secs:g} s after the stop signal: killing it")
+            _kill_tree(proc)
+
+    handled = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
+    previous = {sig: signal.signal(sig, on_signal) for sig in handled}
+    previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        try:
+            proc = subprocess.Popen(list(cmd), env=dict(env), preexec_fn=_pdeathsig_preexec(os.getpid()))
+        except OSError as exc:
+            raise LauncherError(f"cannot start {cmd[0]}: {exc.strerror or exc}") from exc
+        state["proc"] = proc
+        if state["pending"] is not None:
+            forward(int(state["pending"]))  # a signal arrived while the child was starting
+        returncode = proc.wait()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if returncode < 0:
+        return 128 - returncode
+    return returncode
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        _validate(args)
+        try:
+            install = find_tritonserver(args.tritonserver)
+        except LauncherError as exc:
+            if not args.print_command:
+                raise
+            # Showing a command for another machine: fall back to the path given, or upstream's.
+            _log(f"warning: {exc}")
+            install = TritonInstall(binary=args.tritonserver or OPT_TRITONSERVER, source="assumed")
+        if args.print_command:
+            print(shlex.join(build_command(args, install)))
+            return 0
+        if not os.path.isdir(args.model_repo):
+            raise LauncherError(f"--model_repo {args.model_repo!r} is not a directory")
+        mpirun = None
+        if args.world_size > 1:
+            mpirun = shutil.which("mpirun")
+            if mpirun is None:
+                raise LauncherError(f"--world_size {args.world_size} needs mpirun, which is not on PATH")
+        kill_grace = max(MIN_KILL_GRACE_SECS, args.exit_timeout_secs + 5.0)
+        with staged(install) as ready:
+            cmd = build_command(args, ready, mpirun=mpirun)
+            _log(f"tritonserver from {ready.source}: {shlex.join(cmd)}")
+            return supervise(cmd, ready.child_env(), kill_grace_secs=kill_grace)
+    except LauncherError as exc:
+        print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,354 @@
+"""launch_triton_server with a real tritonserver: serve, stream, stop the whole process tree."""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import queue
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from tensorrtllm_backend import LAUNCHER
+from tensorrtllm_backend.scripts.launch_triton_server import LauncherError, find_tritonserver
+
+pytestmark = pytest.mark.integration
+
+try:
+    find_tritonserver()
+    NO_TRITON = ""
+except LauncherError as exc:  # pragma: no cover - depends on the machine
+    NO_TRITON = str(exc)
+
+requires_triton = pytest.mark.skipif(bool(NO_TRITON), reason=f"no tritonserver: {NO_TRITON}")
+
+READY_TIMEOUT = 90.0
+STOP_TIMEOUT = 30.0
+
+CONFIG = """\
+name: "{name}"
+backend: "python"
+max_batch_size: 0
+model_transaction_policy {{ decoupled: true }}
+input [ {{ name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ kind: KIND_CPU count: 1 }} ]
+"""
+
+MODEL = """\
+import numpy as np
+import psutil  # noqa: F401  installed only in the virtualenv: proves the stub inherits it
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        {init}
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            count = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy().reshape(-1)[0])
+            for i in range(count):
+                out = pb_utils.Tensor("OUT", np.array([i * 10], dtype=np.int32))
+                sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+def make_repo(root: Path, name: str = "stream_ints", *, broken: bool = False) -> Path:
+    model_dir = root / name
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "config.pbtxt").write_text(CONFIG.format(name=name))
+    init = 'raise RuntimeError("broken on purpose")' if broken else "pass"
+    (model_dir / "1" / "model.py").write_text(textwrap.dedent(MODEL).replace("{init}", init))
+    return root
+
+
+def free_ports(n: int) -> list[int]:
+    sockets = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+@dataclass
+class Launched:
+    proc: subprocess.Popen
+    grpc_port: int
+    http_port: int
+    metrics_port: int
+    log: Path
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "<no log>"
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def tritonserver(self) -> psutil.Process:
+        servers = [p for p in self.descendants() if p.name() == "tritonserver"]
+        assert len(servers) == 1, [p.name() for p in self.descendants()]
+        return servers[0]
+
+
+def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
+    """Those still running; a zombie has exited (its reaper may be a PID 1 that does not reap)."""
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = alive(procs)
+        if not remaining or time.monotonic() > deadline:
+            return remaining
+        time.sleep(0.1)
+
+
+def staging_dirs(pid: int) -> list[Path]:
+    return sorted(Path(tempfile.gettempdir()).glob(f"triton-launch-{pid}-*"))
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Callable[..., Launched]]:
+    started: list[tuple[Launched, list[psutil.Process]]] = []
+
+    def start(repo: Path, *extra: str) -> Launched:
+        grpc_port, http_port, metrics_port = free_ports(3)
+        log = tmp_path / f"launcher-{len(started)}.log"
+        with open(log, "wb") as log_file:
+            proc = subprocess.Popen(
+                [
+                    sys.executable, str(LAUNCHER),
+                    "--model_repo", str(repo),
+                    "--grpc_port", str(grpc_port),
+                    "--http_port", str(http_port),
+                    "--metrics_port", str(metrics_port),
+                    "--exit_timeout_secs", "5",
+                    *extra,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        launched = Launched(proc, grpc_port, http_port, metrics_port, log)
+        started.append((launched, []))
+        return launched
+
+    def remember(launched: Launched) -> list[psutil.Process]:
+        procs = launched.descendants()
+        for entry, recorded in started:
+            if entry is launched:
+                recorded.extend(procs)
+        return procs
+
+    start.remember = remember  # type: ignore[attr-defined]
+    try:
+        yield start
+    finally:
+        for launched, recorded in started:
+            recorded.extend(launched.descendants())
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(launched.proc.pid, signal.SIGKILL)  # its session and process group
+            for p in alive(recorded):
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                launched.proc.wait(timeout=10)
+            for d in staging_dirs(launched.proc.pid):
+                shutil.rmtree(d, ignore_errors=True)
+
+
+def wait_ready(launched: Launched, timeout: float = READY_TIMEOUT) -> float:
+    t0 = time.monotonic()
+    url = f"http://127.0.0.1:{launched.http_port}/v2/health/ready"
+    while time.monotonic() - t0 < timeout:
+        if launched.proc.poll() is not None:
+            pytest.fail(f"launcher exited with {launched.proc.returncode}:\n{launched.log_tail()}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as resp:
+                if resp.status == 200:
+                    return time.monotonic() - t0
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"not ready after {timeout} s:\n{launched.log_tail()}")
+
+
+def stream_ints(grpc_port: int, count: int, model: str = "stream_ints") -> list[int]:
+    import tritonclient.grpc as grpcclient
+
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}")
+    try:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        inp = grpcclient.InferInput("COUNT", [1], "INT32")
+        inp.set_data_from_numpy(np.array([count], dtype=np.int32))
+        client.async_stream_infer(model, [inp], request_id="req-1", enable_empty_final_response=True)
+        values = []
+        while True:
+            result, error = results.get(timeout=30)
+            assert error is None, error
+            out = result.as_numpy("OUT")
+            if out is not None:
+                values.append(int(out[0]))
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return values
+    finally:
+        client.stop_stream()
+        client.close()
+
+
+def is_loopback(ip: str) -> bool:
+    addr = ipaddress.ip_address(ip)
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped  # gRPC listens on an IPv6 socket as [::ffff:127.0.0.1]
+    return addr.is_loopback
+
+
+@requires_triton
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_serve_stream_and_stop(launch, tmp_path: Path, stop_signal: signal.Signals):
+    launched = launch(make_repo(tmp_path / "repo"))
+    ready_s = wait_ready(launched)
+    print(f"ready after {ready_s:.1f} s")
+
+    assert stream_ints(launched.grpc_port, 5) == [0, 10, 20, 30, 40]
+
+    server = launched.tritonserver()
+    listening = [c for c in server.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    ports = {c.laddr.port for c in listening}
+    assert {launched.grpc_port, launched.http_port, launched.metrics_port} <= ports, listening
+    assert all(is_loopback(c.laddr.ip) for c in listening), listening
+
+    assert len(staging_dirs(launched.proc.pid)) == 1  # pytriton build: per-launch backend dir
+    tree = launch.remember(launched)
+    assert len(tree) >= 2, tree  # tritonserver + the Python backend stub
+
+    t0 = time.monotonic()
+    launched.proc.send_signal(stop_signal)
+    rc = launched.proc.wait(timeout=STOP_TIMEOUT)
+    stop_s = time.monotonic() - t0
+    print(f"stopped after {stop_s:.1f} s")
+    assert rc == 0, launched.log_tail()
+    assert wait_gone(tree, 5) == []
+    assert staging_dirs(launched.proc.pid) == []
+    assert f"received {stop_signal.name}" in launched.log.read_text()
+
+
+@requires_triton
+def test_launcher_sigkill_takes_tritonserver_down(launch, tmp_path: Path):
+    launched = launch(make_repo(tmp_path / "repo"))
+    wait_ready(launched)
+    tree = launch.remember(launched)
+    server = launched.tritonserver()
+
+    t0 = time.monotonic()
+    launched.proc.kill()
+    launched.proc.wait(timeout=10)
+    assert wait_gone(tree, STOP_TIMEOUT) == [], launched.log_tail()
+    print(f"tritonserver gone {time.monotonic() - t0:.1f} s after the launcher was SIGKILLed")
+    assert "Signal (15) received" in launched.log.read_text()  # PDEATHSIG -> graceful shutdown
+    assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
+
+
+@requires_triton
+def test_tritonserver_failure_is_the_launcher_exit_status(launch, tmp_path: Path):
+    launched = launch(make_repo(tmp_path / "repo", broken=True))
+    try:
+        rc = launched.proc.wait(timeout=READY_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"launcher still running with a broken model:\n{launched.log_tail()}")
+    log = launched.log.read_text(errors="replace")
+    assert rc != 0, log[-3000:]
+    assert "broken on purpose" in log
+    assert staging_dirs(launched.proc.pid) == []
+
+
+@requires_triton
+def test_two_servers_side_by_side(launch, tmp_path: Path):
+    """Distinct ports and shared-memory prefixes: two launches on one host do not collide."""
+    first = launch(make_repo(tmp_path / "a"))
+    second = launch(make_repo(tmp_path / "b"))
+    wait_ready(first)
+    wait_ready(second)
+    assert stream_ints(first.grpc_port, 2) == [0, 10]
+    assert stream_ints(second.grpc_port, 3) == [0, 10, 20]
+    for launched in (first, second):
+        tree = launch.remember(launched)
+        launched.proc.terminate()
+        assert launched.proc.wait(timeout=STOP_TIMEOUT) == 0
+        assert wait_gone(tree, 5) == []
+
+
+def test_escalates_to_sigkill_and_kills_descendants(tmp_path: Path):
+    """A child that ignores SIGTERM is SIGKILLed after the grace period, with its descendants."""
+    pidfile = tmp_path / "grandchild.pid"
+    fake_server = f"trap '' TERM INT; sleep 300 & echo $! > {pidfile}; wait"
+    code = textwrap.dedent(
+        f"""
+        import os, sys
+        sys.path.insert(0, {str(LAUNCHER.parent)!r})
+        import launch_triton_server as lts
+        sys.exit(lts.supervise(["sh", "-c", {fake_server!r}], dict(os.environ), kill_grace_secs=1.0))
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        grandchild = psutil.Process(int(pidfile.read_text()))
+        tree = [*psutil.Process(proc.pid).children(recursive=True)]
+        assert grandchild in tree
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=STOP_TIMEOUT)
+        elapsed = time.monotonic() - t0
+        assert proc.returncode == 128 + signal.SIGKILL, err
+        assert 0.9 < elapsed < 10, elapsed
+        assert "received SIGTERM" in err and "killing it" in err
+        assert wait_gone(tree, 5) == []
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)

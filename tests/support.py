@@ -1,0 +1,262 @@
+"""Test helpers: free ports, a real tritonserver started through our launcher, gRPC streaming."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from tensorrtllm_backend import LAUNCHER
+from tensorrtllm_backend.repository import build_repository, repository_values
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+class TritonServer:
+    """tritonserver (via launch_triton_server.py) on free loopback ports, stopped on exit."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        engine_dir: Path,
+        tokenizer_dir: Path,
+        overrides: Mapping[str, str] | None = None,
+        startup_timeout: float = 180.0,
+    ) -> None:
+        self.workdir = Path(workdir)
+        self.repo = build_repository(
+            self.workdir / "repo",
+            repository_values(engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, overrides=overrides),
+        )
+        self.grpc_port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.log_path = self.workdir / "triton.log"
+        self.startup_timeout = startup_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def __enter__(self) -> TritonServer:
+        command = [
+            sys.executable,
+            str(LAUNCHER),
+            "--model_repo",
+            str(self.repo),
+            "--grpc_port",
+            str(self.grpc_port),
+            "--http_port",
+            str(self.http_port),
+            "--metrics_port",
+            str(self.metrics_port),
+        ]
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                self.stop()
+                raise RuntimeError(f"tritonserver exited during start-up:\n{self.log()[-4000:]}")
+            if http_ok(f"{self.http_url}/v2/models/ensemble/ready"):
+                return self
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"tritonserver was not ready in {self.startup_timeout} s:\n{self.log()[-4000:]}")
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """SIGTERM to the launcher (it stops tritonserver), then SIGKILL to the group if needed."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=30)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of a Prometheus metric from Triton's metrics endpoint, filtered by labels."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        total = 0.0
+        for line in text.splitlines():
+            match = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})?\s+(\S+)$", line)
+            if not match:
+                continue
+            found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1) or ""))
+            if all(found.get(k) == v for k, v in labels.items()):
+                total += float(match.group(2))
+        return total
+
+
+def tensor(name: str, value: Any, dtype: Any = None) -> grpcclient.InferInput:
+    """An InferInput with a leading batch dimension, as Triton clients send scalars: [1, 1]."""
+    array = np.asarray(value, dtype=dtype)
+    if array.dtype.kind in "US":
+        array = np.char.encode(array.astype(str), "utf-8").astype(np.object_)
+    if array.ndim == 0:
+        array = array.reshape(1, 1)
+    elif array.ndim == 1:
+        array = array.reshape(1, -1)
+    infer_input = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+    infer_input.set_data_from_numpy(array)
+    return infer_input
+
+
+def text_inputs(prompt: str, max_tokens: int, **extra: Any) -> list[grpcclient.InferInput]:
+    """Ensemble inputs with upstream's names and dtypes."""
+    dtypes = {
+        "stream": np.bool_,
+        "temperature": np.float32,
+        "top_p": np.float32,
+        "top_k": np.int32,
+        "random_seed": np.uint64,
+        "end_id": np.int32,
+        "min_length": np.int32,
+        "repetition_penalty": np.float32,
+        "presence_penalty": np.float32,
+        "frequency_penalty": np.float32,
+        "return_log_probs": np.bool_,
+        "exclude_input_in_output": np.bool_,
+        "embedding_bias_weights": np.float32,
+    }
+    inputs = [tensor("text_input", [prompt]), tensor("max_tokens", max_tokens, np.int32)]
+    for name, value in extra.items():
+        inputs.append(tensor(name, value, dtypes.get(name)))
+    return inputs
+
+
+@dataclass
+class StreamResult:
+    """Everything one streamed request returned."""
+
+    chunks: list[bytes] = field(default_factory=list)
+    outputs: list[dict[str, np.ndarray]] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def text(self) -> str:
+        return b"".join(self.chunks).decode("utf-8")
+
+    def last(self, name: str) -> np.ndarray:
+        return [out[name] for out in self.outputs if name in out][-1]
+
+
+_OUTPUT_NAMES = {
+    "ensemble": ["text_output", "num_input_tokens", "num_output_tokens", "cum_log_probs", "output_log_probs"],
+    "tensorrt_llm_bls": ["text_output", "num_input_tokens", "num_output_tokens"],
+    "tensorrt_llm": ["output_ids", "sequence_length", "cum_log_probs", "output_log_probs"],
+}
+
+
+class Streamer:
+    """A gRPC bidirectional stream to Triton; one request at a time, read until final."""
+
+    def __init__(self, url: str) -> None:
+        self.client = grpcclient.InferenceServerClient(url)
+        self.responses: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        self.client.start_stream(callback=lambda result, error: self.responses.put((result, error)))
+
+    def close(self) -> None:
+        self.client.stop_stream(cancel_requests=True)
+        self.client.close()
+
+    def __enter__(self) -> Streamer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def send(
+        self, inputs: list[grpcclient.InferInput], model: str = "ensemble", request_id: str = ""
+    ) -> None:
+        outputs = [grpcclient.InferRequestedOutput(n) for n in _OUTPUT_NAMES[model]]
+        self.client.async_stream_infer(
+            model, inputs, outputs=outputs, request_id=request_id, enable_empty_final_response=True
+        )
+
+    def collect(self, max_responses: int | None = None, timeout: float = 120.0) -> StreamResult:
+        result = StreamResult()
+        count = 0
+        while max_responses is None or count < max_responses:
+            response, error = self.responses.get(timeout=timeout)
+            if error is not None:
+                result.error = str(error)
+                return result
+            count += 1
+            parsed = response.get_response()
+            outputs = {out.name: response.as_numpy(out.name) for out in parsed.outputs}
+            if "text_output" in outputs:
+                result.chunks.extend(outputs["text_output"].reshape(-1).tolist())
+            if outputs:
+                result.outputs.append(outputs)
+            if parsed.parameters["triton_final_response"].bool_param:
+                return result
+        return result
+
+
+def run_stream(
+    url: str, inputs: list[grpcclient.InferInput], model: str = "ensemble", request_id: str = ""
+) -> StreamResult:
+    with Streamer(url) as streamer:
+        streamer.send(inputs, model=model, request_id=request_id)
+        return streamer.collect()
+
+
+def infer_unary(url: str, inputs: list[grpcclient.InferInput], model: str = "ensemble") -> StreamResult:
+    """Non-streamed request over the same gRPC stream (decoupled models reject ModelInfer)."""
+    return run_stream(url, inputs, model=model)
+
+
+__all__ = [
+    "InferenceServerException",
+    "StreamResult",
+    "Streamer",
+    "TritonServer",
+    "free_port",
+    "infer_unary",
+    "run_stream",
+    "tensor",
+    "text_inputs",
+]

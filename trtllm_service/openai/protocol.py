@@ -1,0 +1,476 @@
+"""Pydantic models of the OpenAI API as this server speaks it.
+
+Request policy (what happens to each parameter a client sends):
+
+* Supported parameters are validated (types strictly, ranges as OpenAI documents them) and reduced to
+  ``SamplingParams`` by ``sampling_params()``.
+* Parameters we cannot honour (tools, logprobs, logit_bias, response_format other than text, best_of > 1,
+  suffix, audio, ...) are rejected with a 400 whose ``param`` names them and whose code is
+  ``unsupported_parameter``. Their "off" values (``null``, ``false``, ``{}``, ``[]``, ``{"type": "text"}``,
+  ``best_of: 1``, ...) are accepted, since clients often send defaults explicitly.
+* A few parameters that do not change the generated text are accepted and ignored: ``metadata``,
+  ``store``, ``service_tier``, ``prompt_cache_key``, ``safety_identifier``, ``user``, and
+  ``stream_options`` on a non-streaming request.
+* Every other unknown parameter is rejected (code ``unknown_parameter``), as OpenAI does: an unknown
+  field may be a sampling knob from another server (``min_p``, ``use_beam_search``), and silently
+  ignoring it would change the output without telling the caller.
+* ``null`` means "not set" for every parameter.
+
+All request errors surface as one pydantic ``ValidationError``; ``errors.from_validation_error`` turns it
+into an OpenAI error body whose ``param`` is a path like ``messages[1].content[0].type``. ``parse_request``
+does both steps for a raw body.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trtllm_service.openai.errors import APIError, from_validation_error, request_error
+from trtllm_service.sampling import SamplingParams
+
+MAX_STOP_STRINGS = 16
+MAX_N = 8
+MAX_PROMPTS = 64
+_UINT64_MASK = (1 << 64) - 1
+
+FinishReason = Literal["stop", "length"]
+
+_IGNORED_PARAMS = ("metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
+
+
+def _unset(value: Any) -> bool:
+    """The "off" value of an unsupported parameter: harmless to accept."""
+    return value is None or value is False or value == {} or value == [] or value == ""
+
+
+_NO_TOOLS = "tool and function calling is not supported by this server"
+_NO_LOGPROBS = "log probabilities are not returned by this server"
+
+# name -> (value is acceptable?, why we cannot honour it)
+_Rule = tuple[Callable[[Any], bool], str]
+_CHAT_UNSUPPORTED: dict[str, _Rule] = {
+    "logit_bias": (_unset, "logit_bias is not supported by this server"),
+    "logprobs": (_unset, _NO_LOGPROBS),
+    "top_logprobs": (lambda v: v in (None, 0), _NO_LOGPROBS),
+    "tools": (_unset, _NO_TOOLS),
+    "tool_choice": (lambda v: v in (None, "none", "auto"), _NO_TOOLS),
+    "functions": (_unset, _NO_TOOLS),
+    "function_call": (lambda v: v in (None, "none", "auto"), _NO_TOOLS),
+    "parallel_tool_calls": (lambda v: v is None, _NO_TOOLS),
+    "response_format": (
+        lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
+        "only the 'text' response format is supported (no JSON mode or structured outputs)",
+    ),
+    "audio": (_unset, "audio output is not supported"),
+    "modalities": (lambda v: v in (None, ["text"]), "only the 'text' modality is supported"),
+    "prediction": (_unset, "predicted outputs are not supported"),
+    "reasoning_effort": (_unset, "reasoning_effort is not supported"),
+    "verbosity": (_unset, "verbosity is not supported"),
+    "web_search_options": (_unset, "web search is not supported"),
+}
+_COMPLETION_UNSUPPORTED: dict[str, _Rule] = {
+    "logit_bias": (_unset, "logit_bias is not supported by this server"),
+    "logprobs": (lambda v: v is None or v is False, _NO_LOGPROBS),
+    "best_of": (lambda v: v in (None, 1), "best_of > 1 is not supported"),
+    "suffix": (_unset, "suffix (insertion) is not supported"),
+}
+# Keys of a chat message that only matter with tool calling or audio; accepted when "off".
+_MESSAGE_OFF_KEYS = ("tool_calls", "function_call", "refusal", "audio", "annotations")
+
+
+def new_id(prefix: str) -> str:
+    """A unique response id, e.g. ``chatcmpl-<32 hex>`` (unique across processes, unlike counters)."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def _now() -> int:
+    return int(time.time())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Requests
+
+
+class StreamOptions(BaseModel):
+    """Streaming options. Unknown keys (e.g. ``include_obfuscation``) only shape the stream; ignored."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    include_usage: bool = False
+
+
+class ChatMessage(BaseModel):
+    """One input message. ``developer`` is taken as ``system``; text parts are joined with newlines."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    role: Literal["system", "user", "assistant"]
+    content: str = Field(description="A string, or a list of {'type': 'text', 'text': ...} parts")
+    name: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _normalize(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = {k: v for k, v in data.items() if v is not None}
+        for key in _MESSAGE_OFF_KEYS:
+            if key in data:
+                if not _unset(data[key]):
+                    raise request_error("unsupported_parameter", f"'{key}' in messages: {_NO_TOOLS}", key)
+                del data[key]
+        role = data.get("role")
+        if role == "developer":
+            data["role"] = role = "system"
+        if role in ("tool", "function"):
+            raise request_error("unsupported_value", f"Role '{role}' is not supported: {_NO_TOOLS}.", "role")
+        if isinstance(role, str) and role not in ("system", "user", "assistant"):
+            raise request_error(
+                "invalid_value",
+                f"Invalid value: '{role}'. Supported roles are 'system', 'developer', 'user' and 'assistant'.",
+                "role",
+            )
+        if "content" not in data and role == "assistant":
+            data["content"] = ""  # OpenAI allows a null assistant content
+        content = data.get("content")
+        if isinstance(content, list):
+            data["content"] = _join_text_parts(content)
+        return data
+
+
+def _join_text_parts(parts: list[Any]) -> str:
+    texts: list[str] = []
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict):
+            raise request_error("invalid_type", "A content part must be an object.", "content", j)
+        kind = part.get("type")
+        if kind != "text":
+            raise request_error(
+                "unsupported_value",
+                f"Content part type {kind!r} is not supported: only 'text' parts are accepted.",
+                "content",
+                j,
+                "type",
+            )
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise request_error("invalid_type", "A text part needs a string 'text'.", "content", j, "text")
+        texts.append(text)
+    return "\n".join(texts)
+
+
+class _RequestBase(BaseModel):
+    """Fields and checks shared by chat and text completions."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    _unsupported: ClassVar[dict[str, _Rule]] = {}
+
+    model: str | None = Field(None, description="Model id; omitted means the served model")
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1, description="Extension: >= 1, or -1/0 for unset")
+    repetition_penalty: float | None = Field(None, gt=0, description="Extension: 1.0 is off")
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    seed: int | None = Field(None, ge=-(1 << 63), le=_UINT64_MASK)
+    stop: str | list[str] | None = Field(None, description=f"Up to {MAX_STOP_STRINGS} non-empty stop strings")
+    n: int = Field(1, ge=1, le=MAX_N)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(None, description="Accepted and ignored")
+    min_tokens: int | None = Field(None, ge=0, description="Extension")
+    ignore_eos: bool = Field(False, description="Extension: generate past end-of-sequence")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check_params(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = {k: v for k, v in data.items() if v is not None}
+        for name, (acceptable, why) in cls._unsupported.items():
+            if name in data:
+                if not acceptable(data[name]):
+                    raise request_error(
+                        "unsupported_parameter", f"Unsupported parameter: '{name}': {why}.", name
+                    )
+                del data[name]
+        for name in _IGNORED_PARAMS:
+            data.pop(name, None)
+        return data
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _check_stop(cls, value: Any) -> Any:
+        if not isinstance(value, (str, list)):
+            raise request_error("invalid_type", "'stop' must be a string or a list of strings.")
+        stops = [value] if isinstance(value, str) else value
+        if len(stops) > MAX_STOP_STRINGS:
+            raise request_error("invalid_value", f"At most {MAX_STOP_STRINGS} stop strings are allowed.")
+        for i, stop in enumerate(stops):
+            where = () if isinstance(value, str) else (i,)
+            if not isinstance(stop, str):
+                raise request_error("invalid_type", "Stop strings must be strings.", *where)
+            if not stop:
+                raise request_error("invalid_value", "Stop strings must not be empty.", *where)
+        return value
+
+    @model_validator(mode="after")
+    def _check_lengths(self) -> _RequestBase:
+        limit = self.max_new_tokens
+        if self.min_tokens is not None and limit is not None and self.min_tokens > limit:
+            raise request_error(
+                "invalid_value",
+                f"min_tokens ({self.min_tokens}) must not exceed the token limit ({limit}).",
+                "min_tokens",
+            )
+        return self
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        """The completion token limit the caller asked for (None: up to the context length)."""
+        return self.max_tokens
+
+    @property
+    def include_usage(self) -> bool:
+        """Whether a streaming response ends with a usage chunk."""
+        return self.stream and self.stream_options is not None and self.stream_options.include_usage
+
+    def stop_strings(self) -> tuple[str, ...]:
+        """Stop strings as a tuple, duplicates removed, order kept."""
+        if self.stop is None:
+            return ()
+        return tuple(dict.fromkeys([self.stop] if isinstance(self.stop, str) else self.stop))
+
+    def sampling_params(self) -> SamplingParams:
+        """The engine-neutral sampling parameters of this request."""
+        return SamplingParams(
+            max_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=None if self.top_k in (None, -1, 0) else self.top_k,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            # The engine's seed is unsigned 64-bit; negative seeds map to their two's complement.
+            seed=None if self.seed is None else self.seed & _UINT64_MASK,
+            min_tokens=self.min_tokens,
+            stop=self.stop_strings(),
+            ignore_eos=self.ignore_eos,
+        )
+
+
+_RequestT = TypeVar("_RequestT", bound=_RequestBase)
+
+
+class ChatCompletionRequest(_RequestBase):
+    """``POST /v1/chat/completions``."""
+
+    _unsupported: ClassVar[dict[str, _Rule]] = _CHAT_UNSUPPORTED
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, description="Wins over max_tokens")
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        """``max_completion_tokens`` if set (OpenAI's current name), else the deprecated ``max_tokens``."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def chat_messages(self) -> list[dict[str, str]]:
+        """Messages as plain dicts for ``PromptFormatter.render`` (``name`` only when given)."""
+        out: list[dict[str, str]] = []
+        for m in self.messages:
+            msg = {"role": m.role, "content": m.content}
+            if m.name is not None:
+                msg["name"] = m.name
+            out.append(msg)
+        return out
+
+
+class CompletionRequest(_RequestBase):
+    """``POST /v1/completions`` (text in, text out; no chat template)."""
+
+    _unsupported: ClassVar[dict[str, _Rule]] = _COMPLETION_UNSUPPORTED
+
+    prompt: str | list[str] = Field(
+        description=f"A string or up to {MAX_PROMPTS} strings; token ids are not accepted"
+    )
+    echo: bool = Field(False, description="Prepend the prompt to the completion")
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _check_prompt(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return value
+        if not isinstance(value, list):
+            raise request_error("invalid_type", "'prompt' must be a string or a list of strings.")
+        if not value:
+            raise request_error("invalid_value", "'prompt' must not be an empty list.")
+        if len(value) > MAX_PROMPTS:
+            raise request_error("invalid_value", f"At most {MAX_PROMPTS} prompts are allowed per request.")
+        if all(isinstance(x, int) for x in value) or any(isinstance(x, list) for x in value):
+            raise request_error("unsupported_value", "Token-id prompts are not supported; send text.")
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise request_error("invalid_type", "Each prompt must be a string.", i)
+        return value
+
+    def prompts(self) -> list[str]:
+        """The prompts as a list (a single string becomes one prompt)."""
+        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+
+
+def parse_request(model: type[_RequestT], body: bytes | str | Mapping[str, Any]) -> _RequestT:
+    """Validate a raw request body (JSON bytes/str or a decoded mapping).
+
+    Raises:
+        APIError: 400 naming the offending parameter (``from_validation_error``).
+    """
+    try:
+        if isinstance(body, (bytes, str)):
+            return model.model_validate_json(body)
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Responses (built by us, so no strictness or extra-field policy is needed)
+
+
+class UsageInfo(BaseModel):
+    """Token counts of one request."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ChatCompletionMessage(BaseModel):
+    """The assistant's reply."""
+
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatCompletionChoice(BaseModel):
+    """One of ``n`` non-streamed chat completions."""
+
+    index: int
+    message: ChatCompletionMessage
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    """Non-streamed ``chat.completion``."""
+
+    id: str = Field(default_factory=lambda: new_id("chatcmpl"))
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: UsageInfo
+    system_fingerprint: str | None = None
+
+
+class DeltaMessage(BaseModel):
+    """The new part of a streamed message: ``role`` in the first chunk, then ``content``."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatCompletionChunkChoice(BaseModel):
+    """One choice of a streamed chunk."""
+
+    index: int
+    delta: DeltaMessage
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One ``chat.completion.chunk``. On the hot path ``sse.ChatChunkEncoder`` writes this shape directly."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatCompletionChunkChoice]
+    usage: UsageInfo | None = None
+
+
+class CompletionChoice(BaseModel):
+    """One non-streamed text completion."""
+
+    index: int
+    text: str
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class CompletionResponse(BaseModel):
+    """Non-streamed ``text_completion``."""
+
+    id: str = Field(default_factory=lambda: new_id("cmpl"))
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo
+    system_fingerprint: str | None = None
+
+
+class CompletionChunk(BaseModel):
+    """One streamed ``text_completion`` chunk (OpenAI uses the same object name as the full response)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class ModelCard(BaseModel):
+    """One entry of ``GET /v1/models``."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=_now)
+    owned_by: str = "trtllm-service"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    """``GET /v1/models``."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorDetail(BaseModel):
+    """The inside of an error body."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """``{"error": {...}}``: the body of every non-2xx answer (and of an in-stream error event)."""
+
+    error: ErrorDetail
+
+    @classmethod
+    def of(cls, err: APIError) -> ErrorBody:
+        """The body of an ``APIError``."""
+        return cls.model_validate(err.body())
