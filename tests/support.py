@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import queue
 import re
@@ -12,7 +13,8 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Mapping
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,16 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 from tensorrtllm_backend import LAUNCHER
 from tensorrtllm_backend.repository import build_repository, repository_values
+
+
+def stable_text(tokenizer: Any, ids: list[int], look_back: int = 16) -> str:
+    """What our postprocessing emits for `ids`: the decoded text up to the last token boundary that
+    ends on a complete character (a trailing incomplete UTF-8 sequence is never emitted)."""
+    for end in range(len(ids), max(0, len(ids) - look_back) - 1, -1):
+        text = tokenizer.decode(ids[:end], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        if not text.endswith("\ufffd"):
+            return text
+    return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
 def free_port() -> int:
@@ -249,14 +261,204 @@ def infer_unary(url: str, inputs: list[grpcclient.InferInput], model: str = "ens
     return run_stream(url, inputs, model=model)
 
 
+# ---- helpers for the model-level integration tests ------------------------------------------------
+
+
+def engine_inputs(
+    input_ids: Sequence[int], max_tokens: int, *, end_id: int = -1, streaming: bool = False, **extra: Any
+) -> list[grpcclient.InferInput]:
+    """Inputs of the `tensorrt_llm` model itself: input_ids [1, L], scalars [1, 1]."""
+    dtypes = {
+        "temperature": np.float32,
+        "runtime_top_k": np.int32,
+        "runtime_top_p": np.float32,
+        "random_seed": np.uint64,
+        "exclude_input_in_output": np.bool_,
+        "stop": np.bool_,
+    }
+    inputs = [
+        tensor("input_ids", [list(input_ids)], np.int32),
+        tensor("input_lengths", len(input_ids), np.int32),
+        tensor("request_output_len", max_tokens, np.int32),
+        tensor("end_id", end_id, np.int32),
+        tensor("streaming", streaming, np.bool_),
+    ]
+    for name, value in extra.items():
+        inputs.append(tensor(name, value, dtypes.get(name)))
+    return inputs
+
+
+def output_ids(result: StreamResult) -> list[int]:
+    """All token ids of a `tensorrt_llm` stream, concatenated over its responses."""
+    return [int(t) for out in result.outputs if "output_ids" in out for t in out["output_ids"].reshape(-1)]
+
+
+def postprocess(client: grpcclient.InferenceServerClient, token_ids: Sequence[int], request_id: str) -> bytes:
+    """One unary call of the `postprocessing` model: TOKENS_BATCH [1, 1, n] -> its OUTPUT bytes."""
+    tokens = np.asarray(list(token_ids), dtype=np.int32).reshape(1, 1, -1)
+    batch = grpcclient.InferInput("TOKENS_BATCH", list(tokens.shape), "INT32")
+    batch.set_data_from_numpy(tokens)
+    length = grpcclient.InferInput("SEQUENCE_LENGTH", [1, 1], "INT32")
+    length.set_data_from_numpy(np.array([[tokens.shape[-1]]], dtype=np.int32))
+    result = client.infer(
+        "postprocessing",
+        [batch, length],
+        outputs=[grpcclient.InferRequestedOutput("OUTPUT")],
+        request_id=request_id,
+        client_timeout=60,
+    )
+    return result.as_numpy("OUTPUT").reshape(-1)[0]
+
+
+@functools.lru_cache(maxsize=4)
+def load_tokenizer(model_dir: str) -> Any:
+    """The demo model's tokenizer (cached: several test modules need it)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
+    """Polls `predicate` until it is true or `timeout` seconds have passed; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
+TOKENS_METRIC = "trtllm_reference_generated_tokens_total"
+REQUESTS_METRIC = "trtllm_reference_requests_total"
+
+
+def wait_engine_idle(server: TritonServer, quiet: float = 0.5, timeout: float = 60.0) -> bool:
+    """Waits until the reference engine generated no token for `quiet` seconds."""
+    deadline = time.monotonic() + timeout
+    last = server.metric(TOKENS_METRIC)
+    while time.monotonic() < deadline:
+        time.sleep(quiet)
+        now = server.metric(TOKENS_METRIC)
+        if now == last:
+            return True
+        last = now
+    return False
+
+
+OUTCOMES = ("completed", "cancelled", "stopped", "error")
+
+
+def send_stop(url: str, request_id: str) -> None:
+    """TRT-LLM's early-stop protocol: a `stop` request to the engine with the same request id."""
+    inputs = [
+        tensor("input_ids", [[0]], np.int32),
+        tensor("input_lengths", 1, np.int32),
+        tensor("request_output_len", 1, np.int32),
+        tensor("stop", True, np.bool_),
+    ]
+    with Streamer(url) as streamer:
+        streamer.client.async_stream_infer(
+            "tensorrt_llm", inputs, request_id=request_id, enable_empty_final_response=True
+        )
+        streamer.collect(timeout=30)
+
+
+def check_cancellation(
+    server: TritonServer, model: str, outcomes: tuple[str, ...], *, stop_request: bool = False
+) -> None:
+    """Closing a stream mid-generation ends the engine request at once, and the server serves on.
+
+    The engine must count the request under one of `outcomes` within 3 s, stop generating, and a new
+    request must complete quickly afterwards. With `stop_request`, the client also sends TRT-LLM's
+    `stop` request for its request id after closing the stream.
+    """
+    assert wait_engine_idle(server), "the engine is still busy with an earlier request"
+
+    def finished() -> float:
+        return sum(server.metric(REQUESTS_METRIC, outcome=name) for name in outcomes)
+
+    before = finished()
+    streamer = Streamer(server.grpc_url)
+    try:
+        request_id = uuid.uuid4().hex
+        streamer.send(
+            text_inputs("Tell me a very long story.", 1500, stream=True, end_id=-1),
+            model=model,
+            request_id=request_id,
+        )
+        partial = streamer.collect(max_responses=3, timeout=60)
+        assert partial.error is None, partial.error
+        assert len(partial.outputs) == 3
+        streamer.client.stop_stream(cancel_requests=True)
+        if stop_request:
+            send_stop(server.grpc_url, request_id)
+
+        assert wait_for(lambda: finished() >= before + 1, timeout=3.0), (
+            f"{model}: the engine did not count the request as {'/'.join(outcomes)} within 3 s; "
+            f"metrics: { {name: server.metric(REQUESTS_METRIC, outcome=name) for name in OUTCOMES} } "
+            f"before {before}"
+        )
+        tokens = server.metric(TOKENS_METRIC)
+        time.sleep(1.0)
+        assert server.metric(TOKENS_METRIC) == tokens, f"{model}: the engine is still generating"
+        assert finished() == before + 1
+
+        started = time.monotonic()
+        after = run_stream(server.grpc_url, text_inputs("Hello", 5), model=model, request_id=uuid.uuid4().hex)
+        assert after.error is None, after.error
+        assert int(after.last("num_output_tokens").reshape(-1)[0]) == 5
+        assert time.monotonic() - started < 5.0
+    finally:
+        streamer.client.close()
+        wait_engine_idle(server)  # a request that was not cancelled must not disturb later tests
+
+
+def upstream_client_text(
+    url: str, inputs: list[grpcclient.InferInput], model: str = "ensemble", request_id: str = ""
+) -> tuple[str, list[Any]]:
+    """Does what upstream's end_to_end_grpc_client.py does for a non-streamed request.
+
+    It opens a stream, sends one request, waits for the server to close the stream, then reads
+    every response and keeps the text of the last one (`output[0].decode()`). Returns that text
+    and all the results.
+    """
+    results: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        client.start_stream(callback=lambda result, error: results.put(error if error else result))
+        client.async_stream_infer(model, inputs, request_id=request_id)
+        client.stop_stream()
+    finally:
+        client.close()
+    received, text = [], ""
+    while not results.empty():
+        result = results.get()
+        if isinstance(result, InferenceServerException):
+            raise result
+        received.append(result)
+        text = result.as_numpy("text_output")[0].decode("utf-8")
+    return text, received
+
+
 __all__ = [
+    "REQUESTS_METRIC",
+    "TOKENS_METRIC",
     "InferenceServerException",
     "StreamResult",
     "Streamer",
     "TritonServer",
+    "check_cancellation",
+    "engine_inputs",
     "free_port",
     "infer_unary",
+    "load_tokenizer",
+    "output_ids",
+    "postprocess",
     "run_stream",
     "tensor",
     "text_inputs",
+    "upstream_client_text",
+    "wait_engine_idle",
+    "wait_for",
 ]

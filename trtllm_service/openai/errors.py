@@ -14,6 +14,8 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_core import PydanticCustomError
 
+from trtllm_service.stream import GenerationError
+
 PARAM_LOC_KEY = "param_loc"
 """Context key of a validator error that names a sub-location below the validated object."""
 
@@ -214,3 +216,14 @@ def _describe(err: Mapping[str, Any]) -> str:
     value = err.get("input")
     got = f" (got {value!r})" if isinstance(value, (int, float, str, bool)) and len(repr(value)) <= 40 else ""
     return f"Invalid '{param}': {msg}{got}" if param else f"{msg}{got}"
+
+
+def from_generation_error(exc: GenerationError, *, param: str | None = None) -> APIError:
+    """The API error for a failure of the runtime or of Triton."""
+    if exc.status == 503:
+        return APIError.unavailable(exc.message, retry_after=1)
+    if exc.status >= 500:
+        return APIError(exc.status, exc.message, type="server_error", code=exc.code)
+    if exc.code == "context_length_exceeded":
+        param = param or "max_tokens"
+    return APIError(exc.status, exc.message, param=param, code=exc.code)

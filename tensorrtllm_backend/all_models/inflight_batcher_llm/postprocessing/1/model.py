@@ -3,9 +3,14 @@
 Decoding each streamed response on its own loses leading spaces and turns characters split
 across byte tokens into U+FFFD (upstream's best-known streaming bugs). Here every request that
 has a request id keeps a small incremental decoder: it emits only text that is final, so the
-deltas concatenate to exactly the text of decoding all tokens at once. The engine ends every
-request with a response that carries no new tokens; the held-back tail is flushed and the state
-dropped then. Abandoned states (cancelled requests) expire.
+deltas concatenate to exactly the text of the same tokens decoded in one response. A request
+without an id is decoded per response with a fresh decoder, which gives the same text for a
+non-streamed request.
+
+"Final" text ends on a complete character: a trailing incomplete UTF-8 sequence (a model that
+stops in the middle of a character) is never emitted, streamed or not, so both paths agree
+without knowing which response is the last. The engine's empty last response of a stream drops
+the state; abandoned states (cancelled requests) expire.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ from transformers import AutoTokenizer
 MAX_STATES = 65536
 STATE_TTL_S = 600.0
 TRIM_AFTER = 512
+LOOK_BACK = 16
+REPLACEMENT = "\ufffd"
 
 
 def _param(model_config: dict[str, Any], key: str, default: str = "") -> str:
@@ -33,13 +40,14 @@ def _param(model_config: dict[str, Any], key: str, default: str = "") -> str:
 class IncrementalDecoder:
     """Emits the stable new suffix of the decoded text as tokens arrive.
 
-    It decodes a short window `ids[prefix:]` and compares it with `ids[prefix:read]`, so each step
-    costs O(window) rather than O(text). Text ending in U+FFFD is held back: more bytes of that
-    character may follow. The window starts where earlier text was complete, which keeps the
+    It decodes the short window `ids[prefix:]` and compares it with `ids[prefix:read]`, so each
+    step costs O(window) rather than O(text). Text ending in U+FFFD is held back, since more
+    bytes of that character may follow: it emits up to the last token boundary that ends on a
+    complete character instead. Windows start where earlier text was complete, which keeps the
     concatenated deltas equal to decoding all ids at once.
     """
 
-    __slots__ = ("count", "ids", "last_used", "prefix", "read", "skip_special", "tokenizer")
+    __slots__ = ("ids", "last_used", "prefix", "read", "skip_special", "tokenizer")
 
     def __init__(self, tokenizer: Any, skip_special: bool) -> None:
         self.tokenizer = tokenizer
@@ -47,7 +55,6 @@ class IncrementalDecoder:
         self.ids: list[int] = []
         self.prefix = 0
         self.read = 0
-        self.count = 0
         self.last_used = time.monotonic()
 
     def _decode(self, ids: list[int]) -> str:
@@ -57,23 +64,25 @@ class IncrementalDecoder:
 
     def push(self, new_ids: list[int]) -> str:
         self.last_used = time.monotonic()
-        self.count += len(new_ids)
         self.ids.extend(new_ids)
         before = self._decode(self.ids[self.prefix : self.read])
-        after = self._decode(self.ids[self.prefix :])
-        if len(after) <= len(before) or after.endswith("\ufffd"):
+        end = len(self.ids)
+        after = self._decode(self.ids[self.prefix : end])
+        while after.endswith(REPLACEMENT) and end > self.read + 1 and len(self.ids) - end < LOOK_BACK:
+            end -= 1
+            after = self._decode(self.ids[self.prefix : end])
+        if after.endswith(REPLACEMENT):
+            if len(self.ids) - end < LOOK_BACK:
+                return ""  # no complete character among the new tokens yet
+            end = len(self.ids)  # a long run of invalid bytes: emit it, as U+FFFD, like a full decode
+            after = self._decode(self.ids[self.prefix : end])
+        if len(after) <= len(before):
             return ""
-        self.prefix, self.read = self.read, len(self.ids)
+        self.prefix, self.read = self.read, end
         if self.prefix > TRIM_AFTER:
             del self.ids[: self.prefix]
             self.read -= self.prefix
             self.prefix = 0
-        return after[len(before) :]
-
-    def flush(self) -> str:
-        before = self._decode(self.ids[self.prefix : self.read])
-        after = self._decode(self.ids[self.prefix :])
-        self.prefix = self.read = len(self.ids)
         return after[len(before) :]
 
 
@@ -116,16 +125,15 @@ class TritonPythonModel:
             for beam in range(beams):
                 ids = tokens[row, beam, : int(lengths[row, beam])].tolist()
                 if not incremental:
-                    texts.append(self._decode_full(ids).encode("utf-8"))
+                    texts.append(
+                        IncrementalDecoder(self.tokenizer, self.skip_special).push(ids).encode("utf-8")
+                    )
                     continue
                 key = (request_id, beam)
                 state = self.states.pop(key, None) or IncrementalDecoder(self.tokenizer, self.skip_special)
-                text = state.push(ids)
-                if ids:
+                texts.append(state.push(ids).encode("utf-8"))
+                if ids:  # the engine's last response of a stream carries no tokens: the state goes then
                     self.states[key] = state
-                else:  # the engine's last response carries no tokens: the request is over
-                    text += state.flush()
-                texts.append(text.encode("utf-8"))
         self._expire()
 
         outputs = [pb_utils.Tensor("OUTPUT", np.array(texts, dtype=np.object_))]

@@ -99,6 +99,9 @@ class TritonPythonModel:
 
     def _preprocess(self, request: Any) -> pb_utils.InferenceResponse:
         queries = pb_utils.get_input_tensor_by_name(request, "QUERY").as_numpy().reshape(-1)
+        # An ensemble input declared required is not enforced by every Triton version: check it here.
+        if _optional(request, "REQUEST_OUTPUT_LEN") is None:
+            raise ValueError("max_tokens is required")
         bad = _optional(request, "BAD_WORDS_DICT")
         stop = _optional(request, "STOP_WORDS_DICT")
         bias_words = _optional(request, "EMBEDDING_BIAS_WORDS")
@@ -175,6 +178,10 @@ class TritonPythonModel:
                 responses.append(self._preprocess(request))
             except (ValueError, UnicodeDecodeError) as exc:
                 responses.append(
-                    pb_utils.InferenceResponse(error=pb_utils.TritonError(f"preprocessing: {exc}"))
+                    pb_utils.InferenceResponse(
+                        error=pb_utils.TritonError(
+                            f"invalid request: {exc}", pb_utils.TritonError.INVALID_ARG
+                        )
+                    )
                 )
         return responses

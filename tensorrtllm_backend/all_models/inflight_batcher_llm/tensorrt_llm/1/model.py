@@ -16,6 +16,7 @@ import json
 import queue
 import secrets
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,10 +26,15 @@ import triton_python_backend_utils as pb_utils
 from transformers import AutoModelForCausalLM, DynamicCache
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+STOP_TTL_S = 30.0
 
 
 class RequestError(ValueError):
-    """A request the engine refuses; the message goes back to the client."""
+    """A request the engine refuses; the message goes back to the client.
+
+    Such messages start with "invalid request: ": in-stream gRPC errors carry no status code, so
+    this prefix is how clients (our service included) tell a bad request from a server fault.
+    """
 
 
 def _param(model_config: dict[str, Any], key: str, default: str = "") -> str:
@@ -172,7 +178,7 @@ class TritonPythonModel:
         self.tokens_metric = self.tokens_family.Metric(labels={"model": self.model_name})
 
         self.inbox: queue.Queue[Sequence | None] = queue.Queue()
-        self.stop_ids: set[str] = set()
+        self.stop_ids: dict[str, float] = {}  # request id -> when its `stop` request arrived
         self.stop_lock = threading.Lock()
         self.worker = threading.Thread(target=self._run, name="reference-engine", daemon=True)
         self.worker.start()
@@ -189,14 +195,15 @@ class TritonPythonModel:
             sinks.append(sink)
             if _scalar(request, "stop", False):
                 with self.stop_lock:
-                    self.stop_ids.add(request.request_id())
+                    self.stop_ids[request.request_id()] = time.monotonic()
                 sink.send(pb_utils.InferenceResponse(output_tensors=[]) if not self.decoupled else None, True)
                 continue
             try:
                 self.inbox.put(self._parse(request, sink))
             except RequestError as exc:
                 self.outcomes["error"].increment(1)
-                sink.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), True)
+                error = pb_utils.TritonError(f"invalid request: {exc}", pb_utils.TritonError.INVALID_ARG)
+                sink.send(pb_utils.InferenceResponse(error=error), True)
         if self.decoupled:
             return None
         for sink in sinks:
@@ -314,13 +321,15 @@ class TritonPythonModel:
             )
 
     def _stop_requested(self, seq: Sequence) -> bool:
+        """Whether a `stop` request named this request's id (TRT-LLM's early-stop protocol)."""
         if not seq.request_id or not self.stop_ids:
             return False
         with self.stop_lock:
-            if seq.request_id in self.stop_ids:
-                self.stop_ids.discard(seq.request_id)
-                return True
-        return False
+            now = time.monotonic()
+            for request_id, since in list(self.stop_ids.items()):
+                if now - since > STOP_TTL_S:  # a stop for a request that never came
+                    del self.stop_ids[request_id]
+            return self.stop_ids.pop(seq.request_id, None) is not None
 
     def _advance(self, seq: Sequence) -> bool:
         """Generates one token of `seq`; returns True when the request is finished."""
@@ -332,8 +341,7 @@ class TritonPythonModel:
             seq.sink.send(self._response(seq, []), True)
             return True
         if self._stop_requested(seq):
-            self.outcomes["stopped"].increment(1)
-            return self._finish(seq)
+            return self._finish(seq, outcome="stopped")
 
         logits = self._forward(seq)
         token, log_prob = self._sample(seq, logits)
@@ -350,19 +358,16 @@ class TritonPythonModel:
             self._send_new(seq, final=False)
         return False
 
-    def _finish(self, seq: Sequence) -> bool:
+    def _finish(self, seq: Sequence, outcome: str = "completed") -> bool:
         if seq.streaming:
             if seq.unsent:
                 self._send_new(seq, final=False)
+            # The last response of a stream carries no new tokens: postprocessing drops its state then.
+            seq.sink.send(self._response(seq, []), True)
         else:
             ids = seq.generated if seq.exclude_input else seq.input_ids + seq.generated
-            seq.sink.send(
-                self._response(seq, ids, log_probs=seq.log_probs, all_logits=True), not self.decoupled
-            )
-        if self.decoupled:
-            # The last response carries no new tokens: it tells postprocessing the request is over.
-            seq.sink.send(self._response(seq, []), True)
-        self.outcomes["completed"].increment(1)
+            seq.sink.send(self._response(seq, ids, log_probs=seq.log_probs, all_logits=True), True)
+        self.outcomes[outcome].increment(1)
         return True
 
     def _send_new(self, seq: Sequence, final: bool) -> None:

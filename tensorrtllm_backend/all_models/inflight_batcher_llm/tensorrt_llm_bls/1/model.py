@@ -1,8 +1,9 @@
 """Triton `tensorrt_llm_bls` model: the ensemble's pipeline written as one Python model (BLS).
 
 It calls preprocessing, streams from the engine and runs postprocessing on each response itself,
-which lets it cancel the engine request when its own client goes away and, with
-`accumulate_tokens`, answer every streamed response with the whole text so far.
+which lets it stop the engine request when its own client goes away (with a TRT-LLM `stop`
+request: this Python backend cannot cancel a BLS stream) and, with `accumulate_tokens`, answer
+every streamed response with the whole text so far.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 PREPROCESSING_INPUTS = {
     "text_input": "QUERY",
+    "max_tokens": "REQUEST_OUTPUT_LEN",
     "bad_words": "BAD_WORDS_DICT",
     "stop_words": "STOP_WORDS_DICT",
     "embedding_bias_words": "EMBEDDING_BIAS_WORDS",
@@ -43,6 +45,8 @@ ENGINE_FROM_CLIENT = {
     "exclude_input_in_output": "exclude_input_in_output",
     "beam_width": "beam_width",
     "stream": "streaming",
+    "return_num_input_tokens": "return_num_input_tokens",
+    "return_num_output_tokens": "return_num_output_tokens",
 }
 ENGINE_FROM_PREPROCESSING = {
     "INPUT_ID": "input_ids",
@@ -141,7 +145,7 @@ class TritonPythonModel:
             self.threads.discard(threading.current_thread())
 
     def _pipeline(self, request: Any, cancelled: Any) -> Any:
-        client = _inputs(request, [*PREPROCESSING_INPUTS, *ENGINE_FROM_CLIENT])
+        client = _inputs(request, list({**PREPROCESSING_INPUTS, **ENGINE_FROM_CLIENT}))
         pre = _outputs(
             pb_utils.InferenceRequest(
                 model_name="preprocessing",
@@ -150,39 +154,53 @@ class TritonPythonModel:
             ).exec()
         )
         streaming = "stream" in client and bool(client["stream"].as_numpy().reshape(-1)[0])
+        # One id for the engine request (so it can be stopped) and postprocessing's decoder state.
+        request_id = uuid.uuid4().hex
         stream = pb_utils.InferenceRequest(
             model_name=self.engine,
             requested_output_names=list(POSTPROCESSING_FROM_ENGINE),
             inputs=_renamed(pre, ENGINE_FROM_PREPROCESSING) + _renamed(client, ENGINE_FROM_CLIENT),
+            request_id=request_id,
         ).exec(decoupled=True)
-        # Postprocessing keys its incremental decoder by request id: give this request its own.
-        decoder_id = uuid.uuid4().hex
         text_so_far = ""
-        try:
-            for response in stream:
-                if cancelled():
-                    return
-                engine_out = _outputs(response)
-                if "output_ids" not in engine_out:
-                    continue
-                post = _outputs(
-                    pb_utils.InferenceRequest(
-                        model_name="postprocessing",
-                        requested_output_names=list(CLIENT_OUTPUTS),
-                        inputs=_renamed(engine_out, POSTPROCESSING_FROM_ENGINE),
-                        request_id=decoder_id,
-                    ).exec()
-                )
-                tensors = _renamed(post, CLIENT_OUTPUTS)
-                if self.accumulate and streaming:
-                    text_so_far += post["OUTPUT"].as_numpy().reshape(-1)[0].decode("utf-8")
-                    tensors[0] = pb_utils.Tensor(
-                        "text_output", np.array([text_so_far.encode("utf-8")], np.object_)
-                    )
-                yield pb_utils.InferenceResponse(output_tensors=tensors)
-        finally:
+        for response in stream:
             if cancelled():
-                stream.cancel()
+                self._stop_engine(request_id)
+                return
+            engine_out = _outputs(response)
+            if "output_ids" not in engine_out:
+                continue
+            post = _outputs(
+                pb_utils.InferenceRequest(
+                    model_name="postprocessing",
+                    requested_output_names=list(CLIENT_OUTPUTS),
+                    inputs=_renamed(engine_out, POSTPROCESSING_FROM_ENGINE),
+                    request_id=request_id,
+                ).exec()
+            )
+            tensors = _renamed(post, CLIENT_OUTPUTS)
+            if self.accumulate and streaming:
+                text_so_far += post["OUTPUT"].as_numpy().reshape(-1)[0].decode("utf-8")
+                tensors[0] = pb_utils.Tensor(
+                    "text_output", np.array([text_so_far.encode("utf-8")], np.object_)
+                )
+            yield pb_utils.InferenceResponse(output_tensors=tensors)
+
+    def _stop_engine(self, request_id: str) -> None:
+        """TRT-LLM's way to end a request early: a `stop` request with the same request id."""
+        stop = pb_utils.InferenceRequest(
+            model_name=self.engine,
+            requested_output_names=[],
+            inputs=[
+                pb_utils.Tensor("input_ids", np.zeros((1, 1), np.int32)),
+                pb_utils.Tensor("input_lengths", np.ones((1, 1), np.int32)),
+                pb_utils.Tensor("request_output_len", np.ones((1, 1), np.int32)),
+                pb_utils.Tensor("stop", np.ones((1, 1), bool)),
+            ],
+            request_id=request_id,
+        )
+        for _ in stop.exec(decoupled=True):
+            pass
 
     def finalize(self) -> None:
         for thread in list(self.threads):

@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""Pack a TensorRT-LLM engine (or a Hugging Face checkpoint) into the BentoML model store.
+
+The model holds the engine, the tokenizer and a filled Triton model repository, and nothing else. The
+logic lives in ``trtllm_service.packing``; this file is the command line.
+
+Examples::
+
+    python pack_model.py --engine-dir engines/llama-3-8b-tp2 --tokenizer hf/Meta-Llama-3-8B-Instruct
+    python pack_model.py --hf-model hf/TinyLlama-1.1B-Chat --name tinyllama
+    python pack_model.py --demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from trtllm_service import packing
+from trtllm_service.packing import PackError, RuntimeOptions
+
+PROG = "pack_model"
+
+
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """Reports bad arguments as one line (no usage dump), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = RuntimeOptions()
+    parser = _OneLineErrorParser(
+        prog=PROG,
+        description=(
+            "Import ONE BentoML model holding a filled Triton model repository (repository/), the engine "
+            "(engine/), the tokenizer files (tokenizer/) and pack.json, and nothing else: no source trees, "
+            "no optimizer states, no original weights beside an engine. Bad input saves nothing."
+        ),
+        epilog=(
+            "Runtime options are written into the packed config.pbtxt files; to change one, pack again. "
+            "The model's repository uses absolute paths inside the model directory, so "
+            "'tritonserver --model-repository <model>/repository' works where the model lies; the service "
+            "relocates it at start-up (trtllm_service.packing.layout_runtime_repository)."
+        ),
+    )
+
+    source = parser.add_argument_group("source (exactly one of --engine-dir, --hf-model, --demo)")
+    mode = source.add_mutually_exclusive_group(required=True)
+    mode.add_argument(
+        "--engine-dir",
+        type=Path,
+        metavar="DIR",
+        help="prebuilt TensorRT-LLM engine (trtllm-build's output: config.json + rank<N>.engine per rank); "
+        "served by Triton's tensorrtllm backend; needs --tokenizer",
+    )
+    mode.add_argument(
+        "--hf-model",
+        type=Path,
+        metavar="DIR",
+        help="local Hugging Face checkpoint, served by the reference PyTorch engine (python backend); "
+        "only config.json, generation_config.json and the weights from_pretrained loads are packed",
+    )
+    mode.add_argument(
+        "--demo",
+        action="store_true",
+        help="build the offline demo model (tiny Llama, Llama-3 style tokenizer) and pack it like --hf-model",
+    )
+    source.add_argument(
+        "--tokenizer",
+        type=Path,
+        metavar="DIR",
+        help="directory with the tokenizer files (usually the HF checkpoint the engine was built from; "
+        "only tokenizer files, config.json and generation_config.json are copied). Required with "
+        "--engine-dir; defaults to the --hf-model directory",
+    )
+
+    model = parser.add_argument_group("model")
+    model.add_argument(
+        "--name",
+        metavar="NAME",
+        help="BentoML model name (lowercase letters, digits, '-', '_', '.'; at most 63). "
+        "Default: trtllm-<engine or checkpoint dir name>, or trtllm-demo",
+    )
+    model.add_argument(
+        "--chat-template",
+        type=Path,
+        metavar="FILE",
+        help="Jinja chat template that replaces the tokenizer's: stored as chat_template in the packed "
+        "tokenizer/tokenizer_config.json (your files are never modified); checked to parse and to render "
+        "a two-message conversation",
+    )
+
+    runtime = parser.add_argument_group("runtime (filled into the Triton model configs)")
+    runtime.add_argument(
+        "--max-batch-size",
+        type=int,
+        metavar="N",
+        help="Triton max_batch_size: most requests in flight in one batch. Default: the engine's "
+        "build_config.max_batch_size (it cannot be exceeded); 8 for --hf-model/--demo",
+    )
+    runtime.add_argument(
+        "--kv-cache-free-gpu-mem-fraction",
+        type=float,
+        default=defaults.kv_cache_free_gpu_mem_fraction,
+        metavar="F",
+        help="share of the GPU memory left free after loading the engine that the paged KV cache takes, "
+        "in (0, 1]; lower it if something else shares the GPU (default %(default)s). TRT-LLM engines only",
+    )
+    runtime.add_argument(
+        "--max-tokens-in-paged-kv-cache",
+        type=int,
+        metavar="N",
+        help="hard cap on the tokens the KV cache holds; the smaller of this and the fraction wins "
+        "(default: unset, the fraction alone decides). TRT-LLM engines only",
+    )
+    runtime.add_argument(
+        "--batch-scheduler-policy",
+        choices=packing.SCHEDULER_POLICIES,
+        default=defaults.batch_scheduler_policy,
+        help="max_utilization: admit as many requests as fit now, pausing some if the KV cache runs out "
+        "(best throughput); guaranteed_no_evict: admit a request only when its whole KV cache is "
+        "guaranteed (steadier latency) (default %(default)s)",
+    )
+    runtime.add_argument(
+        "--enable-kv-cache-reuse",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.enable_kv_cache_reuse,
+        help="reuse the KV cache of shared prompt prefixes (system prompts, chat history) across requests; "
+        "needs an engine built with --use_paged_context_fmha enable (default: off)",
+    )
+    runtime.add_argument(
+        "--enable-chunked-context",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.enable_chunked_context,
+        help="split long prompts into chunks scheduled alongside generation steps, so one long prompt "
+        "does not stall other requests; needs paged context FMHA in the engine (default: off)",
+    )
+    runtime.add_argument(
+        "--max-queue-delay-microseconds",
+        type=int,
+        default=defaults.max_queue_delay_microseconds,
+        metavar="US",
+        help="how long Triton may hold a request to form a larger batch; 0 sends it on at once, "
+        "in-flight batching does the rest (default %(default)s)",
+    )
+    runtime.add_argument(
+        "--max-queue-size",
+        type=int,
+        default=defaults.max_queue_size,
+        metavar="N",
+        help="requests Triton queues for the engine before rejecting new ones; 0 = unbounded "
+        "(default %(default)s)",
+    )
+    runtime.add_argument(
+        "--preprocessing-instances",
+        type=int,
+        default=defaults.preprocessing_instances,
+        metavar="N",
+        help="parallel instances of the tokenizing preprocessing model (default %(default)s). There is no "
+        "such option for postprocessing: it is one instance by design, because its incremental "
+        "detokenizer keeps per-request state keyed by request id and must see each request's tokens in "
+        "order",
+    )
+    runtime.add_argument(
+        "--exclude-input-in-output",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.exclude_input_in_output,
+        help="return only generated tokens, never echo the prompt (default: on)",
+    )
+
+    output = parser.add_argument_group("output")
+    output.add_argument(
+        "--quiet", action="store_true", help="no progress bar (it only shows when stderr is a terminal)"
+    )
+    return parser
+
+
+def _options(args: argparse.Namespace) -> RuntimeOptions:
+    options = RuntimeOptions(
+        max_batch_size=args.max_batch_size,
+        kv_cache_free_gpu_mem_fraction=args.kv_cache_free_gpu_mem_fraction,
+        max_tokens_in_paged_kv_cache=args.max_tokens_in_paged_kv_cache,
+        batch_scheduler_policy=args.batch_scheduler_policy,
+        enable_kv_cache_reuse=args.enable_kv_cache_reuse,
+        enable_chunked_context=args.enable_chunked_context,
+        max_queue_delay_microseconds=args.max_queue_delay_microseconds,
+        max_queue_size=args.max_queue_size,
+        preprocessing_instances=args.preprocessing_instances,
+        exclude_input_in_output=args.exclude_input_in_output,
+    )
+    options.validate()
+    return options
+
+
+def run(args: argparse.Namespace) -> packing.PackResult:
+    """Validates the arguments and packs; raises PackError for bad input."""
+    options = _options(args)
+    if args.name is not None:
+        packing.validate_name(args.name)
+    chat_template = packing.read_chat_template(args.chat_template) if args.chat_template else None
+
+    def pack(source: packing.ModelSource, tokenizer: Path, option: str = "--tokenizer") -> packing.PackResult:
+        return packing.pack(
+            source,
+            tokenizer,
+            options,
+            name=args.name,
+            chat_template=chat_template,
+            progress=not args.quiet,
+            tokenizer_option=option,
+        )
+
+    if args.engine_dir is not None:
+        if args.tokenizer is None:
+            raise PackError("--engine-dir needs --tokenizer DIR (the engine does not carry its tokenizer)")
+        return pack(packing.read_engine_dir(args.engine_dir), args.tokenizer)
+    if args.hf_model is not None:
+        source = packing.read_hf_checkpoint(args.hf_model)
+        if args.tokenizer is not None:
+            return pack(source, args.tokenizer)
+        return pack(source, source.directory, option="--hf-model")
+    if args.tokenizer is not None:
+        raise PackError("--tokenizer does not go with --demo (the demo model has its own)")
+    from trtllm_service.demo_model import build_demo_model
+
+    with tempfile.TemporaryDirectory(prefix="pack-demo-") as tmp:
+        source = packing.read_hf_checkpoint(build_demo_model(Path(tmp) / "model"), mode="demo")
+        return pack(source, source.directory)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        result = run(args)
+    except PackError as exc:
+        print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: error: interrupted, nothing was saved", file=sys.stderr)
+        return 130
+    info = result.info
+    print(f"tag: {result.tag}")
+    print(f"size: {result.human_size}")
+    print(f"path: {result.path}")
+    print(f"backend: {info.backend} (world_size {info.world_size}, max_batch_size {info.max_batch_size})")
+    print(f"launch_command: {info.launch_command}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

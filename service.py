@@ -1,0 +1,116 @@
+"""BentoML entry point: `bentoml serve .` starts TRTLLM, which supervises a Triton running the model.
+
+Thin on purpose: the work lives in `trtllm_service` (runtime, stream relay, prompting, OpenAI API).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+from collections.abc import AsyncGenerator
+from typing import Annotated
+
+import bentoml
+from annotated_types import Ge, Le
+from starlette.responses import JSONResponse
+
+from trtllm_service.openai.errors import APIError, from_generation_error
+from trtllm_service.runtime import Runtime, default_model_tag, first_and_rest
+from trtllm_service.sampling import SamplingParams
+from trtllm_service.settings import get_settings
+from trtllm_service.stream import Delta, GenerationError
+
+logger = logging.getLogger("trtllm_service")
+
+SETTINGS = get_settings()
+MODEL_TAG = default_model_tag(SETTINGS.model_tag)
+
+
+@bentoml.service(
+    name="trtllm",
+    traffic={"timeout": 600, "max_concurrency": 512},
+    resources={"gpu": 1, "gpu_type": "nvidia-l4"},
+    workers=1,
+)
+class TRTLLM:
+    """Streams text from a TensorRT-LLM engine served by a supervised Triton."""
+
+    model = bentoml.models.BentoModel(MODEL_TAG)
+
+    def __init__(self) -> None:
+        self.runtime = Runtime(self.model.path, str(self.model.tag.name), SETTINGS)
+        atexit.register(self.runtime.kill_now)
+
+    @bentoml.on_startup
+    async def start_triton(self) -> None:
+        await self.runtime.start()
+
+    @bentoml.on_shutdown
+    async def stop_triton(self) -> None:
+        await self.runtime.stop()
+
+    async def __is_ready__(self) -> bool:
+        return self.runtime.ready
+
+    @bentoml.api
+    async def generate(
+        self,
+        prompt: str = "Explain superconductors in plain English.",
+        system_prompt: str | None = None,
+        max_tokens: Annotated[int, Ge(1)] | None = None,
+        temperature: Annotated[float, Ge(0), Le(2)] | None = None,
+        top_p: Annotated[float, Ge(0), Le(1)] | None = None,
+        top_k: Annotated[int, Ge(0)] | None = None,
+        repetition_penalty: Annotated[float, Ge(0.01)] | None = None,
+        presence_penalty: Annotated[float, Ge(-2), Le(2)] | None = None,
+        frequency_penalty: Annotated[float, Ge(-2), Le(2)] | None = None,
+        seed: Annotated[int, Ge(0)] | None = None,
+        stop: list[str] | None = None,
+    ) -> AsyncGenerator[str, None]:
+        """Formats the prompt with the model's chat template and streams the answer as text.
+
+        Errors before the first chunk are JSON responses with a 4xx/5xx status, never text in
+        the stream: the first delta is awaited before the response starts.
+        """
+        try:
+            if stop is not None and any(not s for s in stop):
+                raise APIError.bad_request("stop strings must not be empty", param="stop")
+            params = SamplingParams(
+                max_tokens=max_tokens,
+                temperature=temperature,
+                top_p=top_p,
+                top_k=top_k,
+                repetition_penalty=repetition_penalty,
+                presence_penalty=presence_penalty,
+                frequency_penalty=frequency_penalty,
+                seed=seed,
+                stop=tuple(stop or ()),
+            )
+            try:
+                text = self.runtime.formatter.from_prompt(prompt, system_prompt)
+            except ValueError as exc:
+                raise APIError.bad_request(str(exc), param="prompt") from None
+            request = self.runtime.prepare(text, max_tokens, default_max_tokens=SETTINGS.default_max_tokens)
+            first, rest = await first_and_rest(self.runtime.stream(request, params))
+        except GenerationError as exc:
+            return error_response(from_generation_error(exc))  # type: ignore[return-value]
+        except APIError as exc:
+            return error_response(exc)  # type: ignore[return-value]
+        return relay_text(first, rest)
+
+
+def error_response(error: APIError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
+
+
+async def relay_text(first: Delta, rest: AsyncGenerator[Delta, None]) -> AsyncGenerator[str, None]:
+    """Yields the text deltas; closing it (client disconnect) cancels the Triton request."""
+    try:
+        if first.text:
+            yield first.text
+        if first.finish_reason is None:
+            async for delta in rest:
+                if delta.text:
+                    yield delta.text
+    finally:
+        await rest.aclose()

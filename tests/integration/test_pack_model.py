@@ -1,0 +1,632 @@
+"""pack_model.py as a subprocess against a throw-away BentoML store; the packed demo served by Triton."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import bentoml
+import pytest
+from bentoml._internal.models import ModelStore
+
+from tensorrtllm_backend.repository import MODELS
+from tensorrtllm_backend.scripts.launch_triton_server import LauncherError, find_tritonserver
+from trtllm_service import packing
+from trtllm_service.packing import TOKENIZER_FILES, layout_runtime_repository, read_pack_info
+
+pytestmark = pytest.mark.integration
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PACK_MODEL = REPO_ROOT / "pack_model.py"
+ALLOWED_TOP = {"model.yaml", "pack.json"}
+ALLOWED_DIRS = {"repository", "engine", "tokenizer"}
+
+
+@dataclass
+class Store:
+    """A private BENTOML_HOME and TMPDIR for one test; runs pack_model.py against them."""
+
+    home: Path
+    tmp: Path
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            BENTOML_HOME=str(self.home),
+            BENTOML_DO_NOT_TRACK="true",
+            TMPDIR=str(self.tmp),
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            PYTHONPATH=str(REPO_ROOT),
+        )
+        return env
+
+    def run(self, *args: Any, code: str | None = None) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-c", code] if code else [sys.executable, str(PACK_MODEL)]
+        argv += [str(a) for a in args]
+        return subprocess.run(argv, cwd=REPO_ROOT, env=self.env, capture_output=True, text=True, timeout=300)
+
+    def models(self) -> list[bentoml.Model]:
+        return bentoml.models.list(_model_store=ModelStore(self.home / "models"))
+
+    def only_model(self) -> bentoml.Model:
+        models = self.models()
+        assert len(models) == 1, models
+        return bentoml.models.get(models[0].tag, _model_store=ModelStore(self.home / "models"))
+
+    def assert_empty(self) -> None:
+        assert self.models() == []
+        leftovers = list((self.home / "models").rglob("*"))
+        assert leftovers == [], leftovers
+        assert self.temp_leftovers() == [], "temp files left behind"
+
+    def temp_leftovers(self) -> list[Path]:
+        # torch (imported by transformers) creates its inductor cache dir under $TMPDIR: not ours.
+        return [p for p in self.tmp.iterdir() if not p.name.startswith("torchinductor_")]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "bentoml" / "models").mkdir(parents=True)
+    return Store(home=tmp_path / "bentoml", tmp=tmp_path / "tmp")
+
+
+def engine_config(tp: int = 2, pp: int = 1) -> dict[str, Any]:
+    """config.json as trtllm-build (TensorRT-LLM 0.19) writes it, trimmed to a realistic subset."""
+    return {
+        "version": "0.19.0",
+        "pretrained_config": {
+            "architecture": "LlamaForCausalLM",
+            "dtype": "bfloat16",
+            "vocab_size": 1040,
+            "hidden_size": 128,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 2048,
+            "mapping": {
+                "world_size": tp * pp,
+                "gpus_per_node": 8,
+                "cp_size": 1,
+                "tp_size": tp,
+                "pp_size": pp,
+                "moe_tp_size": tp,
+                "moe_ep_size": 1,
+                "auto_parallel": False,
+            },
+            "quantization": {"quant_algo": None, "kv_cache_quant_algo": None},
+        },
+        "build_config": {
+            "max_input_len": 1024,
+            "max_seq_len": 2048,
+            "opt_batch_size": 8,
+            "max_batch_size": 16,
+            "max_beam_width": 1,
+            "max_num_tokens": 8192,
+            "kv_cache_type": "PAGED",
+            "plugin_config": {"use_paged_context_fmha": True, "paged_kv_cache": True},
+        },
+    }
+
+
+@pytest.fixture
+def engine_dir(tmp_path: Path) -> Path:
+    """A fake tp=2 engine dir: real config.json, dummy rank files, and clutter that must stay behind."""
+    directory = tmp_path / "llama-tp2"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(engine_config(), indent=2))
+    (directory / "rank0.engine").write_bytes(b"rank-0-engine")
+    (directory / "rank1.engine").write_bytes(b"rank-1-engine")
+    (directory / "model.cache").write_bytes(b"timing cache")
+    (directory / ".git").mkdir()
+    (directory / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    return directory
+
+
+def files_under(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() or p.is_symlink()}
+
+
+def assert_only_allowed_files(model_path: Path, engine_files: set[str]) -> None:
+    allowed = set(ALLOWED_TOP)
+    allowed |= {f"engine/{name}" for name in engine_files}
+    allowed |= {f"tokenizer/{name}" for name in TOKENIZER_FILES}
+    for model in MODELS:
+        allowed |= {f"repository/{model}/config.pbtxt", f"repository/{model}/1/model.py"}
+    present = files_under(model_path)
+    assert present <= allowed, sorted(present - allowed)
+    assert {p.name for p in model_path.iterdir()} == ALLOWED_TOP | ALLOWED_DIRS
+    assert {f"engine/{name}" for name in engine_files} <= present
+    assert {f"repository/{model}/config.pbtxt" for model in MODELS} <= present
+
+
+def absolute_paths(config: str) -> list[str]:
+    return re.findall(r'string_value: "(/[^"]*)"', config)
+
+
+def tree_digest(directory: Path) -> dict[str, tuple[str, int]]:
+    return {
+        str(p.relative_to(directory)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+def one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    assert result.returncode != 0, result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("pack_model: error: "), lines[0]
+    return lines[0]
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+@dataclass
+class Inputs:
+    """Paths the bad-input cases are built from."""
+
+    tmp: Path
+    engine: Path
+    tokenizer: Path
+
+    def engine_with(self, change: Callable[[Path], object]) -> Path:
+        broken = self.tmp / "broken-engine"
+        shutil.copytree(self.engine, broken, symlinks=True)
+        change(broken)
+        return broken
+
+    def file(self, name: str, text: str) -> Path:
+        path = self.tmp / name
+        path.write_text(text)
+        return path
+
+
+def _config(d: Path, config: dict[str, Any]) -> None:
+    (d / "config.json").write_text(json.dumps(config))
+
+
+def _world_size_mismatch(d: Path) -> None:
+    config = engine_config()
+    config["pretrained_config"]["mapping"]["world_size"] = 4
+    _config(d, config)
+
+
+def _rank_dir(d: Path) -> None:
+    (d / "rank1.engine").unlink()
+    (d / "rank1.engine").mkdir()
+
+
+def _rank_broken_link(d: Path) -> None:
+    (d / "rank1.engine").unlink()
+    (d / "rank1.engine").symlink_to(d / "nowhere.engine")
+
+
+def _no_weights(i: Inputs) -> Path:
+    model = i.tmp / "weightless"
+    model.mkdir()
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(i.tokenizer / name, model / name)
+    (model / "training_args.bin").write_bytes(b"not weights")
+    return model
+
+
+def _no_tokenizer_files(i: Inputs) -> Path:
+    directory = i.tmp / "not-a-tokenizer"
+    directory.mkdir()
+    (directory / "README.md").write_text("nothing here")
+    return directory
+
+
+BAD_INPUTS: dict[str, tuple[Callable[[Inputs], list[Any]], str]] = {
+    "missing-engine-dir": (
+        lambda i: ["--engine-dir", i.tmp / "absent", "--tokenizer", i.tokenizer],
+        "does not exist",
+    ),
+    "engine-not-a-dir": (
+        lambda i: ["--engine-dir", i.engine / "config.json", "--tokenizer", i.tokenizer],
+        "not a directory",
+    ),
+    "engine-without-config": (
+        lambda i: [
+            "--engine-dir",
+            i.engine_with(lambda d: (d / "config.json").unlink()),
+            "--tokenizer",
+            i.tokenizer,
+        ],
+        "has no config.json",
+    ),
+    "config-not-trtllm": (
+        lambda i: [
+            "--engine-dir",
+            i.engine_with(lambda d: _config(d, {"architectures": ["LlamaForCausalLM"], "vocab_size": 10})),
+            "--tokenizer",
+            i.tokenizer,
+        ],
+        "is not a TRT-LLM engine config",
+    ),
+    "config-not-json": (
+        lambda i: [
+            "--engine-dir",
+            i.engine_with(lambda d: (d / "config.json").write_text("build_config = 1")),
+            "--tokenizer",
+            i.tokenizer,
+        ],
+        "not valid JSON",
+    ),
+    "engine-without-tokenizer-option": (lambda i: ["--engine-dir", i.engine], "needs --tokenizer"),
+    "tokenizer-dir-missing": (
+        lambda i: ["--engine-dir", i.engine, "--tokenizer", i.tmp / "nope"],
+        "does not exist",
+    ),
+    "tokenizer-without-files": (
+        lambda i: ["--engine-dir", i.engine, "--tokenizer", _no_tokenizer_files(i)],
+        "holds no tokenizer",
+    ),
+    "tp2-only-rank0": (
+        lambda i: [
+            "--engine-dir",
+            i.engine_with(lambda d: (d / "rank1.engine").unlink()),
+            "--tokenizer",
+            i.tokenizer,
+        ],
+        "missing rank1.engine",
+    ),
+    "extra-rank": (
+        lambda i: [
+            "--engine-dir",
+            i.engine_with(lambda d: (d / "rank2.engine").write_bytes(b"x")),
+            "--tokenizer",
+            i.tokenizer,
+        ],
+        "beyond world_size 2",
+    ),
+    "world-size-mismatch": (
+        lambda i: ["--engine-dir", i.engine_with(_world_size_mismatch), "--tokenizer", i.tokenizer],
+        "mapping.world_size 4 != tp_size 2 x pp_size 1",
+    ),
+    "rank-is-directory": (
+        lambda i: ["--engine-dir", i.engine_with(_rank_dir), "--tokenizer", i.tokenizer],
+        "not a regular file",
+    ),
+    "rank-broken-symlink": (
+        lambda i: ["--engine-dir", i.engine_with(_rank_broken_link), "--tokenizer", i.tokenizer],
+        "not a regular file",
+    ),
+    "hf-without-weights": (lambda i: ["--hf-model", _no_weights(i)], "has no weights"),
+    "hf-missing": (lambda i: ["--hf-model", i.tmp / "absent"], "does not exist"),
+    "invalid-name": (lambda i: ["--demo", "--name", "Not A Name!"], "not a valid BentoML model name"),
+    "name-too-long": (lambda i: ["--demo", "--name", "x" * 64], "not a valid BentoML model name"),
+    "two-modes": (lambda i: ["--demo", "--hf-model", i.tokenizer], "not allowed with"),
+    "no-mode": (lambda i: [], "required"),
+    "demo-with-tokenizer": (lambda i: ["--demo", "--tokenizer", i.tokenizer], "does not go with --demo"),
+    "fraction-zero": (lambda i: ["--demo", "--kv-cache-free-gpu-mem-fraction", "0"], "(0, 1]"),
+    "fraction-above-one": (lambda i: ["--demo", "--kv-cache-free-gpu-mem-fraction", "1.01"], "(0, 1]"),
+    "fraction-not-number": (
+        lambda i: ["--demo", "--kv-cache-free-gpu-mem-fraction", "most"],
+        "invalid float",
+    ),
+    "negative-batch": (lambda i: ["--demo", "--max-batch-size", "-1"], "--max-batch-size must be >= 1"),
+    "batch-above-engine": (
+        lambda i: ["--engine-dir", i.engine, "--tokenizer", i.tokenizer, "--max-batch-size", "17"],
+        "exceeds the engine's build_config.max_batch_size 16",
+    ),
+    "negative-kv-tokens": (lambda i: ["--demo", "--max-tokens-in-paged-kv-cache", "-8"], ">= 1"),
+    "negative-queue-size": (lambda i: ["--demo", "--max-queue-size", "-1"], "--max-queue-size must be >= 0"),
+    "negative-queue-delay": (lambda i: ["--demo", "--max-queue-delay-microseconds", "-5"], ">= 0"),
+    "zero-preprocessing": (lambda i: ["--demo", "--preprocessing-instances", "0"], ">= 1"),
+    "bad-policy": (lambda i: ["--demo", "--batch-scheduler-policy", "fifo"], "invalid choice"),
+    "chat-template-missing": (
+        lambda i: ["--demo", "--chat-template", i.tmp / "absent.jinja"],
+        "is not a file",
+    ),
+    "chat-template-syntax": (
+        lambda i: [
+            "--demo",
+            "--chat-template",
+            i.file("bad.jinja", "{% for m in messages %}{{ m.content }}"),
+        ],
+        "--chat-template",
+    ),
+    "chat-template-fails-to-render": (
+        lambda i: [
+            "--hf-model",
+            i.tokenizer,
+            "--chat-template",
+            i.file("raises.jinja", "{{ raise_exception('system messages only') }}"),
+        ],
+        "does not render a two-message conversation",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_is_one_line_and_saves_nothing(
+    case: str, store: Store, engine_dir: Path, demo_model_dir: Path, tmp_path: Path
+) -> None:
+    make_args, message = BAD_INPUTS[case]
+    inputs = Inputs(tmp=tmp_path, engine=engine_dir, tokenizer=demo_model_dir)
+    before = tree_digest(demo_model_dir)
+    result = store.run(*make_args(inputs))
+    line = one_error_line(result)
+    assert message in line, line
+    assert result.stdout == ""
+    store.assert_empty()
+    assert tree_digest(demo_model_dir) == before
+
+
+def test_failure_midway_saves_nothing(store: Store, engine_dir: Path, demo_model_dir: Path) -> None:
+    """An unexpected exception after some files were copied: the model store stays empty."""
+    code = textwrap.dedent(
+        """
+        import sys
+        import pack_model
+        from trtllm_service import packing
+
+        real = packing._copy_one
+        calls = []
+
+        def flaky(source, target, progress):
+            calls.append(source)
+            if len(calls) == 2:
+                raise RuntimeError("disk fell off")
+            real(source, target, progress)
+
+        packing._copy_one = flaky
+        sys.exit(pack_model.main(sys.argv[1:]))
+        """
+    )
+    result = store.run("--engine-dir", engine_dir, "--tokenizer", demo_model_dir, code=code)
+    assert result.returncode != 0
+    assert "RuntimeError: disk fell off" in result.stderr
+    store.assert_empty()
+
+
+# --------------------------------------------------------------------------- packing
+
+
+def test_packs_tp2_engine(store: Store, engine_dir: Path, demo_model_dir: Path) -> None:
+    result = store.run(
+        "--engine-dir",
+        engine_dir,
+        "--tokenizer",
+        demo_model_dir,
+        "--max-batch-size",
+        "4",
+        "--kv-cache-free-gpu-mem-fraction",
+        "0.5",
+        "--enable-kv-cache-reuse",
+        "--batch-scheduler-policy",
+        "guaranteed_no_evict",
+        "--preprocessing-instances",
+        "2",
+        "--max-queue-size",
+        "64",
+        "--max-tokens-in-paged-kv-cache",
+        "32768",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    model = store.only_model()
+    assert model.tag.name == "trtllm-llama-tp2"
+    path = Path(model.path)
+    assert f"tag: {model.tag}" in result.stdout
+
+    labels = model.info.labels
+    assert all(isinstance(v, str) for v in labels.values())
+    assert labels["backend"] == "tensorrtllm" and labels["mode"] == "engine"
+    assert (labels["world_size"], labels["tp_size"], labels["pp_size"]) == ("2", "2", "1")
+    assert (labels["max_input_len"], labels["max_seq_len"]) == ("1024", "2048")
+    assert (labels["dtype"], labels["architecture"]) == ("bfloat16", "LlamaForCausalLM")
+    metadata = model.info.metadata
+    assert metadata["engine"]["max_batch_size"] == 16 and metadata["engine"]["max_num_tokens"] == 8192
+    versions = metadata["versions"]
+    assert versions["tensorrt_llm"] == "0.19.0"
+    assert versions["bentoml"] == bentoml.__version__
+    assert {"transformers", "trtllm-service"} <= set(versions)
+
+    info = read_pack_info(path)
+    assert info.packed_root == str(path.resolve())
+    assert info.launch_command == metadata["launch_command"]
+    argv = info.launch_argv
+    assert argv[:2] == ["mpirun", "--allow-run-as-root"]
+    assert argv.count("-n") == 2 and argv.count(packing.PRODUCTION_TRITONSERVER) == 2
+    assert f"--model-repository={path.resolve()}/repository" in argv
+    assert "--load-model=tensorrt_llm" in argv
+    assert f"launch_command: {info.launch_command}" in result.stdout
+
+    assert_only_allowed_files(path, {"config.json", "rank0.engine", "rank1.engine"})
+    assert files_under(path / "engine") == {"config.json", "rank0.engine", "rank1.engine"}
+    for name in ("config.json", "rank0.engine", "rank1.engine"):
+        assert (path / "engine" / name).read_bytes() == (engine_dir / name).read_bytes()
+    assert not (path / "tokenizer" / "model.safetensors").exists()
+
+    llm = (path / "repository" / "tensorrt_llm" / "config.pbtxt").read_text()
+    assert 'backend: "tensorrtllm"' in llm
+    assert "max_batch_size: 4" in llm
+    assert not (path / "repository" / "tensorrt_llm" / "1" / "model.py").exists()
+    for key, value in {
+        "kv_cache_free_gpu_mem_fraction": "0.5",
+        "enable_kv_cache_reuse": "true",
+        "batch_scheduler_policy": "guaranteed_no_evict",
+        "max_tokens_in_paged_kv_cache": "32768",
+        "gpt_model_path": f"{path.resolve()}/engine",
+    }.items():
+        assert f'key: "{key}" value: {{ string_value: "{value}" }}' in llm, key
+    assert "max_queue_size: 64" in llm
+    preprocessing = (path / "repository" / "preprocessing" / "config.pbtxt").read_text()
+    assert "count: 2" in preprocessing
+
+
+def test_packs_demo_into_its_own_dir(store: Store) -> None:
+    result = store.run("--demo", "--quiet")
+    assert result.returncode == 0, result.stderr
+    model = store.only_model()
+    assert model.tag.name == "trtllm-demo"
+    path = Path(model.path).resolve()
+    assert model.info.labels["backend"] == "python" and model.info.labels["world_size"] == "1"
+    assert_only_allowed_files(path, {"config.json", "generation_config.json", "model.safetensors"})
+    paths = []
+    for name in MODELS:
+        paths += absolute_paths((path / "repository" / name / "config.pbtxt").read_text())
+    assert sorted(set(paths)) == [f"{path}/engine", f"{path}/tokenizer"]
+    info = read_pack_info(path)
+    assert info.packed_root == str(path)
+    assert info.template_values["engine_dir"] == f"{path}/engine"
+    assert "mpirun" not in info.launch_command
+    assert shlex.split(info.launch_command)[0] == packing.PRODUCTION_TRITONSERVER
+    assert store.temp_leftovers() == []
+
+
+def test_packs_hf_model_without_clutter(store: Store, demo_model_dir: Path, tmp_path: Path) -> None:
+    model_dir = tmp_path / "My_Model"
+    shutil.copytree(demo_model_dir, model_dir)
+    (model_dir / "optimizer.pt").write_bytes(b"adam state")
+    (model_dir / "training_args.bin").write_bytes(b"args")
+    (model_dir / "src").mkdir()
+    (model_dir / "src" / "train.py").write_text("print('hi')\n")
+    result = store.run("--hf-model", model_dir)
+    assert result.returncode == 0, result.stderr
+    model = store.only_model()
+    assert model.tag.name == "trtllm-my_model"
+    assert model.info.labels["mode"] == "hf"
+    assert_only_allowed_files(
+        Path(model.path), {"config.json", "generation_config.json", "model.safetensors"}
+    )
+
+
+def test_layout_after_moving_the_store(store: Store, tmp_path: Path) -> None:
+    assert store.run("--demo").returncode == 0
+    old_path = Path(store.only_model().path).resolve()
+    moved_home = tmp_path / "moved" / "bentoml"
+    shutil.copytree(store.home, moved_home)
+    shutil.rmtree(store.home)
+    moved = bentoml.models.list(_model_store=ModelStore(moved_home / "models"))
+    new_path = Path(moved[0].path).resolve()
+    assert new_path != old_path
+
+    dest = layout_runtime_repository(new_path, tmp_path / "runtime-repo")
+    paths = []
+    for name in MODELS:
+        text = (dest / name / "config.pbtxt").read_text()
+        assert str(old_path) not in text
+        paths += absolute_paths(text)
+    assert sorted(set(paths)) == [f"{new_path}/engine", f"{new_path}/tokenizer"]
+    for name in ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm_bls", "tensorrt_llm"):
+        assert (dest / name / "config.pbtxt").is_file()
+
+
+def test_chat_template_override(store: Store, demo_model_dir: Path, tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    user_tokenizer = tmp_path / "user-tokenizer"
+    shutil.copytree(demo_model_dir, user_tokenizer)
+    (user_tokenizer / "chat_template.jinja").write_text("OLD {{ messages[0]['content'] }}")
+    template = tmp_path / "chat.jinja"
+    template.write_text(
+        "{%- for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{%- endfor %}"
+        "{%- if add_generation_prompt %}<|assistant|>{%- endif %}"
+    )
+    before = tree_digest(user_tokenizer)
+    template_before = (template.read_bytes(), template.stat().st_mtime_ns)
+
+    result = store.run("--hf-model", user_tokenizer, "--chat-template", template, "--name", "custom-chat")
+    assert result.returncode == 0, result.stderr
+    path = Path(store.only_model().path)
+    packed = json.loads((path / "tokenizer" / "tokenizer_config.json").read_text())
+    assert packed["chat_template"] == template.read_text()
+    assert not (path / "tokenizer" / "chat_template.jinja").exists()
+    assert AutoTokenizer.from_pretrained(path / "tokenizer").chat_template == template.read_text()
+    assert read_pack_info(path).chat_template_overridden is True
+
+    assert tree_digest(user_tokenizer) == before
+    assert (template.read_bytes(), template.stat().st_mtime_ns) == template_before
+
+
+def test_tokenizer_chat_template_file_kept_without_override(
+    store: Store, demo_model_dir: Path, tmp_path: Path
+) -> None:
+    user = tmp_path / "with-jinja"
+    shutil.copytree(demo_model_dir, user)
+    (user / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    assert store.run("--hf-model", user).returncode == 0
+    path = Path(store.only_model().path)
+    assert (path / "tokenizer" / "chat_template.jinja").read_text() == (
+        user / "chat_template.jinja"
+    ).read_text()
+    assert read_pack_info(path).chat_template_overridden is False
+
+
+def test_help_mentions_every_knob(store: Store) -> None:
+    result = store.run("--help")
+    assert result.returncode == 0
+    for option in (
+        "--engine-dir",
+        "--hf-model",
+        "--demo",
+        "--tokenizer",
+        "--name",
+        "--chat-template",
+        "--max-batch-size",
+        "--kv-cache-free-gpu-mem-fraction",
+        "--max-tokens-in-paged-kv-cache",
+        "--batch-scheduler-policy",
+        "--enable-kv-cache-reuse",
+        "--no-enable-kv-cache-reuse",
+        "--enable-chunked-context",
+        "--no-enable-chunked-context",
+        "--max-queue-delay-microseconds",
+        "--max-queue-size",
+        "--preprocessing-instances",
+        "--exclude-input-in-output",
+        "--no-exclude-input-in-output",
+        "--quiet",
+    ):
+        assert option in result.stdout, option
+    text = " ".join(result.stdout.split())
+    assert "postprocessing: it is one instance by design" in text
+    assert "max_utilization" in text and "guaranteed_no_evict" in text
+
+
+# --------------------------------------------------------------------------- serving the packed model
+
+try:
+    find_tritonserver()
+    NO_TRITON = ""
+except LauncherError as exc:  # pragma: no cover - depends on the machine
+    NO_TRITON = str(exc)
+
+
+@pytest.mark.skipif(bool(NO_TRITON), reason=f"no tritonserver: {NO_TRITON}")
+def test_packed_demo_serves_after_relocation(store: Store, tmp_path: Path) -> None:
+    """The relocated repository of a packed model loads in a real tritonserver and generates."""
+    from tests.support import TritonServer, run_stream, text_inputs
+
+    assert store.run("--demo").returncode == 0
+    moved_home = tmp_path / "elsewhere"
+    shutil.move(store.home, moved_home)
+    model_path = Path(bentoml.models.list(_model_store=ModelStore(moved_home / "models"))[0].path)
+    repo = layout_runtime_repository(model_path, tmp_path / "runtime-repo")
+
+    server = TritonServer(
+        tmp_path / "triton", engine_dir=model_path / "engine", tokenizer_dir=model_path / "tokenizer"
+    )
+    server.repo = repo  # serve the relocated packed repository, not a freshly built one
+    with server:
+        result = run_stream(server.grpc_url, text_inputs("The quick brown fox", 8, stream=True))
+    assert result.error is None, result.error
+    assert result.text

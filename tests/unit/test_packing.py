@@ -1,0 +1,486 @@
+"""trtllm_service.packing: engine/checkpoint reading, options, names, pack.json and relocation."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tensorrtllm_backend.repository import MODELS, build_repository, repository_values
+from trtllm_service import packing
+from trtllm_service.packing import (
+    ModelSource,
+    PackError,
+    PackInfo,
+    RuntimeOptions,
+    check_tokenizer,
+    default_name,
+    launch_command,
+    layout_runtime_repository,
+    read_chat_template,
+    read_engine_dir,
+    read_hf_checkpoint,
+    read_pack_info,
+    tokenizer_files,
+    validate_name,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def engine_config(tp: int = 2, pp: int = 1, **build: Any) -> dict[str, Any]:
+    """config.json as trtllm-build (TensorRT-LLM 0.19) writes it, trimmed to a realistic subset."""
+    return {
+        "version": "0.19.0",
+        "pretrained_config": {
+            "architecture": "LlamaForCausalLM",
+            "dtype": "bfloat16",
+            "vocab_size": 128256,
+            "hidden_size": 4096,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "max_position_embeddings": 8192,
+            "position_embedding_type": "rope_gpt_neox",
+            "mapping": {
+                "world_size": tp * pp,
+                "gpus_per_node": 8,
+                "cp_size": 1,
+                "tp_size": tp,
+                "pp_size": pp,
+                "moe_tp_size": tp,
+                "moe_ep_size": 1,
+                "auto_parallel": False,
+            },
+            "quantization": {"quant_algo": None, "kv_cache_quant_algo": None, "group_size": 128},
+        },
+        "build_config": {
+            "max_input_len": 1024,
+            "max_seq_len": 2048,
+            "opt_batch_size": 8,
+            "max_batch_size": 16,
+            "max_beam_width": 1,
+            "max_num_tokens": 8192,
+            "kv_cache_type": "PAGED",
+            "plugin_config": {"use_paged_context_fmha": True, "paged_kv_cache": True},
+            **build,
+        },
+    }
+
+
+def write_engine(directory: Path, config: dict[str, Any] | None = None, ranks: int = 2) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config or engine_config(), indent=2))
+    for rank in range(ranks):
+        (directory / f"rank{rank}.engine").write_bytes(b"\x00engine" * 4)
+    return directory
+
+
+# --------------------------------------------------------------------------- engine dirs
+
+
+def test_reads_engine_config(tmp_path: Path) -> None:
+    source = read_engine_dir(write_engine(tmp_path / "llama-tp2"))
+    assert source.mode == "engine" and source.backend == "tensorrtllm"
+    assert (source.tp_size, source.pp_size, source.world_size) == (2, 1, 2)
+    assert (source.max_batch_size, source.max_input_len, source.max_seq_len) == (16, 1024, 2048)
+    assert (source.max_num_tokens, source.max_beam_width) == (8192, 1)
+    assert (source.architecture, source.dtype, source.trtllm_version) == (
+        "LlamaForCausalLM",
+        "bfloat16",
+        "0.19.0",
+    )
+    assert source.files == ("config.json", "rank0.engine", "rank1.engine")
+
+
+def test_engine_dir_ignores_other_files(tmp_path: Path) -> None:
+    engine = write_engine(tmp_path / "e")
+    (engine / "model.cache").write_bytes(b"timing cache")
+    (engine / ".git").mkdir()
+    assert read_engine_dir(engine).files == ("config.json", "rank0.engine", "rank1.engine")
+
+
+def test_pipeline_parallel_world_size(tmp_path: Path) -> None:
+    source = read_engine_dir(write_engine(tmp_path / "e", engine_config(tp=2, pp=2), ranks=4))
+    assert source.world_size == 4
+    assert source.files[-1] == "rank3.engine"
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda d: d.rmdir(), "does not exist"),
+        (lambda d: (d / "config.json").unlink(), "has no config.json"),
+        (lambda d: (d / "config.json").write_text("{not json"), "not valid JSON"),
+        (lambda d: (d / "config.json").write_text("[1, 2]"), "not a JSON object"),
+        (
+            lambda d: (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]})),
+            "--hf-model",
+        ),
+        (
+            lambda d: (d / "config.json").write_text(
+                json.dumps({"architecture": "LlamaForCausalLM", "mapping": {"tp_size": 2}})
+            ),
+            "trtllm-build",
+        ),
+        (lambda d: (d / "rank1.engine").unlink(), "missing rank1.engine"),
+        (lambda d: (d / "rank2.engine").write_bytes(b"x"), "rank2.engine beyond world_size 2"),
+        (
+            lambda d: (d / "config.json").write_text(
+                json.dumps(
+                    {
+                        **engine_config(),
+                        "pretrained_config": {
+                            **engine_config()["pretrained_config"],
+                            "mapping": {"world_size": 4, "tp_size": 2, "pp_size": 1},
+                        },
+                    }
+                )
+            ),
+            "mapping.world_size 4 != tp_size 2 x pp_size 1",
+        ),
+        (
+            lambda d: (d / "config.json").write_text(json.dumps(engine_config(max_batch_size=-1))),
+            "max_batch_size must be a positive integer",
+        ),
+        (lambda d: ((d / "rank1.engine").unlink(), (d / "rank1.engine").mkdir()), "not a regular file"),
+        (
+            lambda d: ((d / "rank1.engine").unlink(), (d / "rank1.engine").symlink_to(d / "gone")),
+            "not a regular file",
+        ),
+    ],
+    ids=[
+        "missing-dir",
+        "no-config",
+        "bad-json",
+        "not-object",
+        "hf-config",
+        "trtllm-checkpoint",
+        "tp2-one-rank",
+        "extra-rank",
+        "world-size-mismatch",
+        "negative-batch",
+        "rank-is-dir",
+        "rank-broken-link",
+    ],
+)
+def test_bad_engine_dirs(tmp_path: Path, setup: Any, message: str) -> None:
+    engine = write_engine(tmp_path / "e")
+    if message == "does not exist":
+        shutil.rmtree(engine)
+    else:
+        setup(engine)
+    with pytest.raises(PackError, match=re.escape(message)) as info:
+        read_engine_dir(engine)
+    assert "\n" not in str(info.value)
+
+
+# --------------------------------------------------------------------------- HF checkpoints
+
+
+def write_checkpoint(directory: Path, *weights: str, config: dict[str, Any] | None = None) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    default = {
+        "architectures": ["LlamaForCausalLM"],
+        "torch_dtype": "bfloat16",
+        "max_position_embeddings": 4096,
+    }
+    (directory / "config.json").write_text(json.dumps(config or default))
+    for name in weights:
+        (directory / name).write_bytes(b"w")
+    return directory
+
+
+def test_reads_hf_checkpoint(tmp_path: Path) -> None:
+    model = write_checkpoint(
+        tmp_path / "m", "model.safetensors", "pytorch_model.bin", "training_args.bin", "optimizer.pt"
+    )
+    (model / "generation_config.json").write_text("{}")
+    source = read_hf_checkpoint(model)
+    assert (source.mode, source.backend, source.world_size) == ("hf", "python", 1)
+    assert source.files == ("config.json", "generation_config.json", "model.safetensors")
+    assert (source.architecture, source.dtype, source.max_seq_len, source.max_input_len) == (
+        "LlamaForCausalLM",
+        "bfloat16",
+        4096,
+        4095,
+    )
+    assert source.max_batch_size is None
+
+
+def test_hf_sharded_weights_follow_the_index(tmp_path: Path) -> None:
+    shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    model = write_checkpoint(tmp_path / "m", *shards, "consolidated.safetensors")
+    index = {"metadata": {}, "weight_map": {"a": shards[0], "b": shards[1], "c": shards[0]}}
+    (model / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert read_hf_checkpoint(model).files == ("config.json", "model.safetensors.index.json", *shards)
+    (model / shards[1]).unlink()
+    with pytest.raises(PackError, match="missing"):
+        read_hf_checkpoint(model)
+
+
+def test_hf_bin_only_when_no_safetensors(tmp_path: Path) -> None:
+    model = write_checkpoint(tmp_path / "m", "pytorch_model.bin", "training_args.bin")
+    assert read_hf_checkpoint(model).files == ("config.json", "pytorch_model.bin")
+
+
+def test_hf_checkpoint_errors(tmp_path: Path) -> None:
+    with pytest.raises(PackError, match="has no weights"):
+        read_hf_checkpoint(write_checkpoint(tmp_path / "noweights", "training_args.bin"))
+    with pytest.raises(PackError, match="does not exist"):
+        read_hf_checkpoint(tmp_path / "absent")
+    (tmp_path / "noconfig").mkdir()
+    with pytest.raises(PackError, match=r"has no config\.json"):
+        read_hf_checkpoint(tmp_path / "noconfig")
+    with pytest.raises(PackError, match="--engine-dir"):
+        read_hf_checkpoint(write_engine(tmp_path / "engine"))
+
+
+# --------------------------------------------------------------------------- tokenizers
+
+
+def test_tokenizer_files_only(demo_model_dir: Path) -> None:
+    names = tokenizer_files(demo_model_dir)
+    assert "model.safetensors" not in names
+    assert set(names) == {
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "generation_config.json",
+        "config.json",
+    }
+
+
+def test_no_tokenizer(tmp_path: Path) -> None:
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "tokenizer_config.json").write_text("{}")
+    with pytest.raises(PackError, match="holds no tokenizer"):
+        tokenizer_files(tmp_path / "t")
+    with pytest.raises(PackError, match="does not exist"):
+        tokenizer_files(tmp_path / "absent")
+
+
+def test_check_tokenizer_renders_templates(demo_model_dir: Path) -> None:
+    check_tokenizer(demo_model_dir)
+    check_tokenizer(
+        demo_model_dir, "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    )
+    with pytest.raises(PackError, match="does not render"):
+        check_tokenizer(demo_model_dir, "{{ raise_exception('no assistant messages') }}")
+    with pytest.raises(PackError, match="does not render"):
+        check_tokenizer(demo_model_dir, "{{ messages[5]['content'].upper() }}")
+
+
+def test_read_chat_template(tmp_path: Path) -> None:
+    good = tmp_path / "good.jinja"
+    good.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    assert read_chat_template(good) == good.read_text()
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% for m in messages %}{{ m['content'] }}")
+    with pytest.raises(PackError, match="line 1"):
+        read_chat_template(bad)
+    with pytest.raises(PackError, match="not a file"):
+        read_chat_template(tmp_path / "absent.jinja")
+    (tmp_path / "empty.jinja").write_text("  \n")
+    with pytest.raises(PackError, match="is empty"):
+        read_chat_template(tmp_path / "empty.jinja")
+
+
+# --------------------------------------------------------------------------- options and names
+
+
+def hf_source(tmp_path: Path) -> ModelSource:
+    return read_hf_checkpoint(write_checkpoint(tmp_path / "m", "model.safetensors"))
+
+
+def test_template_values_from_engine(tmp_path: Path) -> None:
+    source = read_engine_dir(write_engine(tmp_path / "e"))
+    values = RuntimeOptions().template_values(source)
+    assert values["triton_max_batch_size"] == "16"
+    assert values["kv_cache_free_gpu_mem_fraction"] == "0.9"
+    assert values["exclude_input_in_output"] == "true"
+    assert values["enable_kv_cache_reuse"] == "false"
+    assert "max_tokens_in_paged_kv_cache" not in values
+    values = RuntimeOptions(
+        max_batch_size=4,
+        max_tokens_in_paged_kv_cache=65536,
+        enable_chunked_context=True,
+        batch_scheduler_policy="guaranteed_no_evict",
+        preprocessing_instances=3,
+        max_queue_size=100,
+    ).template_values(source)
+    assert values["triton_max_batch_size"] == "4"
+    assert values["max_tokens_in_paged_kv_cache"] == "65536"
+    assert values["enable_chunked_context"] == "true"
+    assert values["batch_scheduler_policy"] == "guaranteed_no_evict"
+    assert values["preprocessing_instance_count"] == "3"
+    assert values["max_queue_size"] == "100"
+    with pytest.raises(PackError, match=r"exceeds the engine's build_config\.max_batch_size 16"):
+        RuntimeOptions(max_batch_size=17).template_values(source)
+
+
+def test_template_values_for_checkpoint(tmp_path: Path) -> None:
+    values = RuntimeOptions().template_values(hf_source(tmp_path))
+    assert values["triton_max_batch_size"] == "8"
+    assert values["max_seq_len"] == "4096"
+    assert (
+        RuntimeOptions(max_batch_size=64).template_values(hf_source(tmp_path))["triton_max_batch_size"]
+        == "64"
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (RuntimeOptions(kv_cache_free_gpu_mem_fraction=0.0), r"in \(0, 1\]"),
+        (RuntimeOptions(kv_cache_free_gpu_mem_fraction=1.5), r"in \(0, 1\]"),
+        (RuntimeOptions(kv_cache_free_gpu_mem_fraction=float("nan")), r"in \(0, 1\]"),
+        (RuntimeOptions(max_batch_size=0), "--max-batch-size"),
+        (RuntimeOptions(max_tokens_in_paged_kv_cache=-5), "--max-tokens-in-paged-kv-cache"),
+        (RuntimeOptions(max_queue_delay_microseconds=-1), "--max-queue-delay-microseconds"),
+        (RuntimeOptions(max_queue_size=-1), "--max-queue-size"),
+        (RuntimeOptions(preprocessing_instances=0), "--preprocessing-instances"),
+        (RuntimeOptions(batch_scheduler_policy="fifo"), "--batch-scheduler-policy"),
+    ],
+)
+def test_bad_options(options: RuntimeOptions, message: str) -> None:
+    with pytest.raises(PackError, match=message):
+        options.validate()
+
+
+def test_names(tmp_path: Path) -> None:
+    assert validate_name("llama-3.1_8b") == "llama-3.1_8b"
+    for bad in ("Bad Name", "UPPER", "-x", "x-", "a:b", "a" * 64, ""):
+        with pytest.raises(PackError, match="not a valid BentoML model name"):
+            validate_name(bad)
+    engine = read_engine_dir(write_engine(tmp_path / "Llama-3.1-8B Instruct__"))
+    assert default_name(engine) == "trtllm-llama-3.1-8b-instruct"
+    demo = ModelSource(
+        mode="demo", backend="python", directory=tmp_path, files=(), architecture="x", dtype="y"
+    )
+    assert default_name(demo) == "trtllm-demo"
+
+
+def test_launch_command_uses_mpirun_for_ranks() -> None:
+    single = shlex.split(launch_command(Path("/m/repository"), 1, unique="v1"))
+    assert single[0] == packing.PRODUCTION_TRITONSERVER
+    assert "--model-repository=/m/repository" in single
+    multi = shlex.split(launch_command(Path("/m/repository"), 2, unique="v1"))
+    assert multi[:2] == ["mpirun", "--allow-run-as-root"]
+    assert multi.count(packing.PRODUCTION_TRITONSERVER) == 2
+    assert multi.count("-n") == 2 and ":" in multi
+
+
+# --------------------------------------------------------------------------- pack.json and relocation
+
+
+def fake_packed_model(root: Path) -> Path:
+    """A model dir laid out as pack() does, without going through the model store."""
+    (root / "engine").mkdir(parents=True)
+    (root / "tokenizer").mkdir()
+    values = repository_values(
+        engine_dir=root / "engine", tokenizer_dir=root / "tokenizer", backend="python", overrides={}
+    )
+    build_repository(root / "repository", values)
+    info = PackInfo(
+        tag="trtllm-x:v1",
+        mode="hf",
+        backend="python",
+        packed_root=str(root.resolve()),
+        world_size=1,
+        tp_size=1,
+        pp_size=1,
+        architecture="LlamaForCausalLM",
+        dtype="float32",
+        max_batch_size=8,
+        max_input_len=2047,
+        max_seq_len=2048,
+        max_beam_width=1,
+        template_values=values,
+        versions={"bentoml": "1.4.39"},
+        launch_command=launch_command(root / "repository", 1, unique="v1"),
+    )
+    (root / "pack.json").write_text(info.to_json())
+    return root
+
+
+def test_pack_info_round_trip(tmp_path: Path) -> None:
+    model = fake_packed_model(tmp_path / "store" / "trtllm-x" / "v1")
+    info = read_pack_info(model)
+    assert info.tag == "trtllm-x:v1" and info.packed_root == str(model.resolve())
+    assert info.launch_argv[0] == packing.PRODUCTION_TRITONSERVER
+    assert PackInfo.from_dict(json.loads(info.to_json())) == info
+
+
+def test_read_pack_info_errors(tmp_path: Path) -> None:
+    with pytest.raises(PackError, match=r"not packed by pack_model\.py"):
+        read_pack_info(tmp_path)
+    model = fake_packed_model(tmp_path / "m")
+    data = json.loads((model / "pack.json").read_text())
+    (model / "pack.json").write_text(json.dumps({**data, "format": 99}))
+    with pytest.raises(PackError, match="format 99"):
+        read_pack_info(model)
+    del data["backend"]
+    (model / "pack.json").write_text(json.dumps(data))
+    with pytest.raises(PackError, match="lacks backend"):
+        read_pack_info(model)
+
+
+def test_layout_runtime_repository_relocates(tmp_path: Path) -> None:
+    old = fake_packed_model(tmp_path / "old-store" / "trtllm-x" / "v1")
+    new = tmp_path / "new store" / "trtllm-x" / "v1"
+    new.parent.mkdir(parents=True)
+    shutil.move(old, new)
+    dest = layout_runtime_repository(new, tmp_path / "runtime")
+    assert sorted(p.name for p in dest.iterdir()) == sorted(MODELS)
+    for model in MODELS:
+        text = (dest / model / "config.pbtxt").read_text()
+        assert str(tmp_path / "old-store") not in text
+    assert f'string_value: "{new.resolve()}/engine"' in (dest / "tensorrt_llm" / "config.pbtxt").read_text()
+    for model in ("preprocessing", "postprocessing"):
+        assert f'string_value: "{new.resolve()}/tokenizer"' in (dest / model / "config.pbtxt").read_text()
+    assert (dest / "tensorrt_llm" / "1" / "model.py").is_file()
+    # The model's own repository is left as packed; a second layout into the same dest replaces it.
+    assert str(tmp_path / "old-store") in (new / "repository" / "tensorrt_llm" / "config.pbtxt").read_text()
+    (dest / "tensorrt_llm" / "stale").write_text("x")
+    layout_runtime_repository(new, dest)
+    assert not (dest / "tensorrt_llm" / "stale").exists()
+
+
+def test_layout_runtime_repository_errors(tmp_path: Path) -> None:
+    model = fake_packed_model(tmp_path / "m")
+    shutil.rmtree(model / "engine")
+    with pytest.raises(PackError, match="lacks engine/"):
+        layout_runtime_repository(model, tmp_path / "out")
+    with pytest.raises(PackError, match=r"no pack\.json"):
+        layout_runtime_repository(tmp_path, tmp_path / "out")
+
+
+def test_layout_does_not_touch_lookalike_paths(tmp_path: Path) -> None:
+    model = fake_packed_model(tmp_path / "m")
+    config = model / "repository" / "tensorrt_llm" / "config.pbtxt"
+    root = str(model.resolve())
+    config.write_text(config.read_text() + f'# "{root}-other/file"\n')
+    dest = layout_runtime_repository(model, tmp_path / "out")
+    assert f'"{root}-other/file"' in (dest / "tensorrt_llm" / "config.pbtxt").read_text()
+
+
+def test_copy_is_chunked_and_reports_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(packing, "_COPY_CHUNK", 7)
+    source = tmp_path / "big.engine"
+    source.write_bytes(os.urandom(100))
+    seen: list[int] = []
+
+    class Recorder(packing._Progress):
+        def update(self, count: int) -> None:
+            seen.append(count)
+
+    packing._copy_files([(source, tmp_path / "out" / "big.engine")], Recorder(100, enabled=False))
+    assert (tmp_path / "out" / "big.engine").read_bytes() == source.read_bytes()
+    assert sum(seen) == 100 and max(seen) == 7

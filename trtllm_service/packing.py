@@ -1,0 +1,918 @@
+"""Pack a model for serving: engine + tokenizer + filled Triton model repository -> BentoML model store.
+
+One BentoML model holds exactly what serving needs, and nothing else::
+
+    <model>/repository/   the filled Triton model repository (5 models)
+    <model>/engine/       a TRT-LLM engine (config.json + rank*.engine), or the Hugging Face checkpoint
+                          files the reference engine loads (config, generation config, weights)
+    <model>/tokenizer/    tokenizer files only (+ config.json / generation_config.json for the eos ids)
+    <model>/pack.json     what was packed (PackInfo)
+
+The repository is filled with absolute paths inside the model directory, so
+``tritonserver --model-repository <model>/repository`` works right where the model lies. pack.json
+records that root (``packed_root``); ``layout_runtime_repository`` copies the repository elsewhere with
+the root replaced by the model's current path, so serving never depends on the working directory or on
+where the store was when the model was packed.
+
+All validation happens before anything is written: a bad input raises ``PackError`` (one line) and the
+model store is left untouched. The model is built inside ``bentoml.models.create``, which saves it only
+on a clean exit, so an unexpected failure midway leaves nothing behind either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import json
+import os
+import re
+import shlex
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tensorrtllm_backend.repository import DEFAULTS, RepositoryError, build_repository, repository_values
+
+PACK_FORMAT = 1
+PACK_FILE = "pack.json"
+REPOSITORY_DIR = "repository"
+ENGINE_DIR = "engine"
+TOKENIZER_DIR = "tokenizer"
+PRODUCTION_TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
+
+MODES = ("engine", "hf", "demo")
+SCHEDULER_POLICIES = ("max_utilization", "guaranteed_no_evict")
+
+# Files copied from a tokenizer directory (top level only), when present.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "chat_template.jinja",
+    "chat_template.json",
+    # Not tokenizer files, but the preprocessing model reads the eos ids from them.
+    "generation_config.json",
+    "config.json",
+)
+# At least one of these must be present: the files a tokenizer's vocabulary is loaded from.
+TOKENIZER_VOCAB_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+    "vocab.json",
+    "vocab.txt",
+)
+# Where transformers looks for a chat template before tokenizer_config.json's; dropped on override.
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+
+_RANK_FILE = re.compile(r"^rank(\d+)\.engine$")
+_TAG_NAME = re.compile(r"^[a-z0-9]([-._a-z0-9]*[a-z0-9])?$")
+_TAG_MAX_LENGTH = 63
+_COPY_CHUNK = 16 * 1024 * 1024
+# Characters a path must not contain to be written into a config.pbtxt string value.
+_UNSAFE_PATH_CHARS = re.compile(r'["\\\x00-\x1f]')
+
+
+class PackError(ValueError):
+    """The input cannot be packed; the message (one line) says why."""
+
+
+# --------------------------------------------------------------------------- sources
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """What goes into ``<model>/engine``: the files to copy and what they describe.
+
+    Attributes:
+        mode: "engine" (prebuilt TRT-LLM engine), "hf" (Hugging Face checkpoint) or "demo".
+        backend: The Triton backend of the ``tensorrt_llm`` model: "tensorrtllm" or "python".
+        directory: The source directory.
+        files: File names (relative to ``directory``) copied into ``<model>/engine``.
+        architecture, dtype: As the engine or checkpoint config declares them.
+        tp_size, pp_size, cp_size: Tensor, pipeline and context parallel sizes.
+        max_batch_size: The engine's build limit (None for a checkpoint: no build limit).
+        max_input_len, max_seq_len: Prompt and prompt + output token limits (None when unknown).
+        max_num_tokens: The engine's per-iteration token budget (None for a checkpoint).
+        max_beam_width: The engine's beam limit.
+        trtllm_version: The TensorRT-LLM version that built the engine.
+    """
+
+    mode: str
+    backend: str
+    directory: Path
+    files: tuple[str, ...]
+    architecture: str
+    dtype: str
+    tp_size: int = 1
+    pp_size: int = 1
+    cp_size: int = 1
+    max_batch_size: int | None = None
+    max_input_len: int | None = None
+    max_seq_len: int | None = None
+    max_num_tokens: int | None = None
+    max_beam_width: int = 1
+    trtllm_version: str | None = None
+
+    @property
+    def world_size(self) -> int:
+        return self.tp_size * self.pp_size * self.cp_size
+
+
+def _existing_dir(path: Path | str, what: str) -> Path:
+    directory = Path(path).expanduser()
+    if not directory.exists():
+        raise PackError(f"{what} {str(directory)!r} does not exist")
+    if not directory.is_dir():
+        raise PackError(f"{what} {str(directory)!r} is not a directory")
+    return directory.absolute()
+
+
+def _read_json_object(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PackError(f"cannot read {what} {str(path)!r}: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise PackError(f"{what} {str(path)!r} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise PackError(f"{what} {str(path)!r} is not a JSON object")
+    return data
+
+
+def _positive_int(section: Mapping[str, Any], key: str, where: str, default: int | None = None) -> int | None:
+    value = section.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PackError(f"{where}.{key} must be a positive integer, got {value!r}")
+    return value
+
+
+def read_engine_dir(engine_dir: Path | str) -> ModelSource:
+    """Reads a TRT-LLM engine directory (``trtllm-build`` output) and checks it is complete.
+
+    Raises:
+        PackError: No such directory, no or not a TRT-LLM engine ``config.json``, or rank files that
+            do not match the parallel mapping.
+    """
+    directory = _existing_dir(engine_dir, "--engine-dir")
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise PackError(
+            f"engine dir {str(directory)!r} has no config.json (is it trtllm-build's output dir?)"
+        )
+    config = _read_json_object(config_path, "engine config")
+    build = config.get("build_config")
+    pretrained = config.get("pretrained_config")
+    if not isinstance(build, dict) or not isinstance(pretrained, dict):
+        if "architectures" in config:
+            hint = "it is a Hugging Face config: pack the checkpoint with --hf-model"
+        elif "mapping" in config and "architecture" in config:
+            hint = "it is a TRT-LLM checkpoint: build an engine from it with trtllm-build first"
+        else:
+            hint = "no build_config/pretrained_config objects (engines of TRT-LLM < 0.8 are not supported)"
+        raise PackError(f"{str(config_path)!r} is not a TRT-LLM engine config: {hint}")
+
+    where = "build_config"
+    max_batch_size = _positive_int(build, "max_batch_size", where)
+    max_input_len = _positive_int(build, "max_input_len", where)
+    max_seq_len = _positive_int(build, "max_seq_len", where)
+    max_num_tokens = _positive_int(build, "max_num_tokens", where)
+    max_beam_width = _positive_int(build, "max_beam_width", where, default=1)
+    if max_batch_size is None or max_seq_len is None:
+        raise PackError(f"{str(config_path)!r}: build_config lacks max_batch_size or max_seq_len")
+
+    mapping = pretrained.get("mapping", {})
+    if not isinstance(mapping, dict):
+        raise PackError(f"{str(config_path)!r}: pretrained_config.mapping is not an object")
+    where = "pretrained_config.mapping"
+    tp_size = _positive_int(mapping, "tp_size", where, default=1) or 1
+    pp_size = _positive_int(mapping, "pp_size", where, default=1) or 1
+    cp_size = _positive_int(mapping, "cp_size", where, default=1) or 1
+    world_size = tp_size * pp_size * cp_size
+    declared = _positive_int(mapping, "world_size", where)
+    if declared is not None and declared != world_size:
+        raise PackError(
+            f"{str(config_path)!r}: mapping.world_size {declared} != tp_size {tp_size} x pp_size {pp_size}"
+            + (f" x cp_size {cp_size}" if cp_size != 1 else "")
+        )
+
+    ranks: dict[int, str] = {}
+    for entry in directory.iterdir():
+        match = _RANK_FILE.match(entry.name)
+        if match:
+            ranks[int(match.group(1))] = entry.name
+    expected = [f"rank{rank}.engine" for rank in range(world_size)]
+    missing = [name for name in expected if name not in ranks.values()]
+    if missing:
+        raise PackError(
+            f"engine dir {str(directory)!r}: world_size {world_size} (tp {tp_size} x pp {pp_size}) needs "
+            f"{', '.join(expected)}; missing {', '.join(missing)}"
+        )
+    extra = sorted(name for rank, name in ranks.items() if rank >= world_size)
+    if extra:
+        raise PackError(
+            f"engine dir {str(directory)!r}: {', '.join(extra)} beyond world_size {world_size} "
+            f"(tp {tp_size} x pp {pp_size}): the config does not match the engine files"
+        )
+    for name in expected:
+        if not (directory / name).is_file():
+            raise PackError(f"engine dir {str(directory)!r}: {name} is not a regular file (or a broken link)")
+
+    version = config.get("version")
+    return ModelSource(
+        mode="engine",
+        backend="tensorrtllm",
+        directory=directory,
+        files=("config.json", *expected),
+        architecture=str(pretrained.get("architecture") or "unknown"),
+        dtype=str(pretrained.get("dtype") or "unknown"),
+        tp_size=tp_size,
+        pp_size=pp_size,
+        cp_size=cp_size,
+        max_batch_size=max_batch_size,
+        max_input_len=max_input_len,
+        max_seq_len=max_seq_len,
+        max_num_tokens=max_num_tokens,
+        max_beam_width=max_beam_width or 1,
+        trtllm_version=str(version) if version is not None else None,
+    )
+
+
+def _indexed_weights(directory: Path, index_name: str) -> tuple[str, ...]:
+    index = _read_json_object(directory / index_name, "weight index")
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise PackError(f"{str(directory / index_name)!r} has no weight_map")
+    shards = sorted({str(name) for name in weight_map.values()})
+    for shard in shards:
+        if "/" in shard or not (directory / shard).is_file():
+            raise PackError(f"{str(directory)!r}: shard {shard!r} listed in {index_name} is missing")
+    return (index_name, *shards)
+
+
+def _checkpoint_weights(directory: Path) -> tuple[str, ...]:
+    """The weight files ``from_pretrained`` loads, in its order of preference: safetensors first."""
+    for index_name, single in (
+        ("model.safetensors.index.json", "model.safetensors"),
+        ("pytorch_model.bin.index.json", "pytorch_model.bin"),
+    ):
+        if (directory / index_name).is_file():
+            return _indexed_weights(directory, index_name)
+        if (directory / single).is_file():
+            return (single,)
+    raise PackError(
+        f"--hf-model {str(directory)!r} has no weights "
+        "(model.safetensors, model.safetensors.index.json, pytorch_model.bin or its index)"
+    )
+
+
+def read_hf_checkpoint(model_dir: Path | str, *, mode: str = "hf") -> ModelSource:
+    """Reads a local Hugging Face checkpoint for the reference engine (python backend).
+
+    Raises:
+        PackError: No such directory, no ``config.json``, a TRT-LLM engine dir, or no weights.
+    """
+    directory = _existing_dir(model_dir, "--hf-model")
+    config_path = directory / "config.json"
+    if not config_path.is_file():
+        raise PackError(f"--hf-model {str(directory)!r} has no config.json")
+    config = _read_json_object(config_path, "model config")
+    if "build_config" in config:
+        raise PackError(f"{str(directory)!r} is a TRT-LLM engine dir: pack it with --engine-dir")
+    weights = _checkpoint_weights(directory)
+    architectures = config.get("architectures")
+    architecture = architectures[0] if isinstance(architectures, list) and architectures else "unknown"
+    dtype = config.get("dtype") or config.get("torch_dtype") or "unknown"
+    max_seq_len: int | None = None
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+            max_seq_len = value
+            break
+    files = ["config.json"]
+    if (directory / "generation_config.json").is_file():
+        files.append("generation_config.json")
+    return ModelSource(
+        mode=mode,
+        backend="python",
+        directory=directory,
+        files=(*files, *weights),
+        architecture=str(architecture),
+        dtype=str(dtype),
+        max_input_len=max_seq_len - 1 if max_seq_len else None,
+        max_seq_len=max_seq_len,
+    )
+
+
+def tokenizer_files(tokenizer_dir: Path | str, *, option: str = "--tokenizer") -> tuple[str, ...]:
+    """The tokenizer files of a directory (see TOKENIZER_FILES), checked to hold a vocabulary.
+
+    Raises:
+        PackError: No such directory, or no tokenizer vocabulary in it.
+    """
+    directory = _existing_dir(tokenizer_dir, option)
+    present = tuple(name for name in TOKENIZER_FILES if (directory / name).is_file())
+    if not any(name in present for name in TOKENIZER_VOCAB_FILES):
+        raise PackError(
+            f"{option} {str(directory)!r} holds no tokenizer (none of {', '.join(TOKENIZER_VOCAB_FILES)})"
+        )
+    return present
+
+
+def _load_tokenizer(directory: Path) -> Any:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    except Exception as exc:  # transformers raises many types for a broken tokenizer
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        raise PackError(f"the tokenizer in {str(directory)!r} does not load: {message}") from exc
+
+
+def check_tokenizer(tokenizer_dir: Path, chat_template: str | None = None) -> Any:
+    """Loads the tokenizer as the Triton models will, and renders a two-message conversation.
+
+    The chat template checked is ``chat_template`` when given, else the tokenizer's own (if any).
+    Returns the tokenizer.
+
+    Raises:
+        PackError: The tokenizer does not load, or the template does not parse or render.
+    """
+    from trtllm_service.prompting import PromptFormatter
+
+    tokenizer = _load_tokenizer(tokenizer_dir)
+    if chat_template is None and not getattr(tokenizer, "chat_template", None):
+        return tokenizer
+    which = "--chat-template" if chat_template is not None else f"the chat template of {str(tokenizer_dir)!r}"
+    try:
+        formatter = PromptFormatter(tokenizer, chat_template=chat_template)
+        text = formatter.render(
+            [{"role": "user", "content": "Hello!"}, {"role": "assistant", "content": "Hi, how can I help?"}],
+            add_generation_prompt=False,
+        )
+    except Exception as exc:  # a user's template can fail in any way: report it, not a traceback
+        message = " ".join(str(exc).split()) or type(exc).__name__
+        raise PackError(f"{which} does not render a two-message conversation: {message}") from exc
+    if not text.strip():
+        raise PackError(f"{which} renders a two-message conversation as empty text")
+    return tokenizer
+
+
+def read_chat_template(path: Path | str) -> str:
+    """The text of a ``--chat-template`` file, checked to be Jinja that parses."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise PackError(f"--chat-template {str(file)!r} is not a file")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PackError(f"cannot read --chat-template {str(file)!r}: {exc}") from exc
+    if not text.strip():
+        raise PackError(f"--chat-template {str(file)!r} is empty")
+    try:
+        ImmutableSandboxedEnvironment(extensions=["jinja2.ext.loopcontrols"]).parse(text)
+    except jinja2.TemplateSyntaxError as exc:
+        raise PackError(f"--chat-template {str(file)!r} line {exc.lineno}: {exc.message}") from exc
+    return text
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """Runtime knobs filled into the Triton model configs (see ``pack_model.py --help``)."""
+
+    max_batch_size: int | None = None
+    kv_cache_free_gpu_mem_fraction: float = 0.9
+    max_tokens_in_paged_kv_cache: int | None = None
+    batch_scheduler_policy: str = DEFAULTS["batch_scheduler_policy"]
+    enable_kv_cache_reuse: bool = False
+    enable_chunked_context: bool = False
+    max_queue_delay_microseconds: int = 0
+    max_queue_size: int = 0
+    preprocessing_instances: int = 1
+    exclude_input_in_output: bool = True
+
+    def validate(self) -> None:
+        """Raises PackError for a value out of range."""
+        if self.max_batch_size is not None and self.max_batch_size < 1:
+            raise PackError(f"--max-batch-size must be >= 1, got {self.max_batch_size}")
+        fraction = self.kv_cache_free_gpu_mem_fraction
+        if not 0.0 < fraction <= 1.0:
+            raise PackError(f"--kv-cache-free-gpu-mem-fraction must be in (0, 1], got {fraction}")
+        if self.max_tokens_in_paged_kv_cache is not None and self.max_tokens_in_paged_kv_cache < 1:
+            raise PackError(
+                f"--max-tokens-in-paged-kv-cache must be >= 1, got {self.max_tokens_in_paged_kv_cache}"
+            )
+        if self.batch_scheduler_policy not in SCHEDULER_POLICIES:
+            raise PackError(
+                f"--batch-scheduler-policy must be one of {', '.join(SCHEDULER_POLICIES)}, "
+                f"got {self.batch_scheduler_policy!r}"
+            )
+        if self.max_queue_delay_microseconds < 0:
+            raise PackError(
+                f"--max-queue-delay-microseconds must be >= 0, got {self.max_queue_delay_microseconds}"
+            )
+        if self.max_queue_size < 0:
+            raise PackError(f"--max-queue-size must be >= 0, got {self.max_queue_size}")
+        if self.preprocessing_instances < 1:
+            raise PackError(f"--preprocessing-instances must be >= 1, got {self.preprocessing_instances}")
+
+    def template_values(self, source: ModelSource) -> dict[str, str]:
+        """The template values these options and the source's limits give (paths not included).
+
+        Raises:
+            PackError: An option exceeds what the engine was built for.
+        """
+        self.validate()
+        batch = self.max_batch_size
+        if source.max_batch_size is not None and batch is not None and batch > source.max_batch_size:
+            raise PackError(
+                f"--max-batch-size {batch} exceeds the engine's build_config.max_batch_size "
+                f"{source.max_batch_size}"
+            )
+        batch = batch or source.max_batch_size or int(DEFAULTS["triton_max_batch_size"])
+        values = {
+            "triton_max_batch_size": str(batch),
+            "max_beam_width": str(source.max_beam_width),
+            "kv_cache_free_gpu_mem_fraction": repr(float(self.kv_cache_free_gpu_mem_fraction)),
+            "batch_scheduler_policy": self.batch_scheduler_policy,
+            "enable_kv_cache_reuse": _bool(self.enable_kv_cache_reuse),
+            "enable_chunked_context": _bool(self.enable_chunked_context),
+            "max_queue_delay_microseconds": str(self.max_queue_delay_microseconds),
+            "max_queue_size": str(self.max_queue_size),
+            "preprocessing_instance_count": str(self.preprocessing_instances),
+            "exclude_input_in_output": _bool(self.exclude_input_in_output),
+            "max_seq_len": str(source.max_seq_len or 0),
+        }
+        if self.max_tokens_in_paged_kv_cache is not None:
+            values["max_tokens_in_paged_kv_cache"] = str(self.max_tokens_in_paged_kv_cache)
+        return values
+
+
+def _bool(value: bool) -> str:
+    return "true" if value else "false"
+
+
+# --------------------------------------------------------------------------- names
+
+
+def validate_name(name: str) -> str:
+    """Returns ``name`` if it is a valid BentoML model name (no version), else raises PackError."""
+    if len(name) > _TAG_MAX_LENGTH or not _TAG_NAME.match(name):
+        raise PackError(
+            f"--name {name!r} is not a valid BentoML model name: use at most {_TAG_MAX_LENGTH} lowercase "
+            "letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+        )
+    return name
+
+
+def default_name(source: ModelSource) -> str:
+    """``trtllm-demo``, or ``trtllm-<source dir name>`` made into a valid model name."""
+    if source.mode == "demo":
+        return "trtllm-demo"
+    stem = re.sub(r"[^a-z0-9._-]+", "-", source.directory.name.lower())
+    name = f"trtllm-{stem}"[:_TAG_MAX_LENGTH]
+    name = re.sub(r"[^a-z0-9]+$", "", name)
+    return name if _TAG_NAME.match(name) else "trtllm-model"
+
+
+# --------------------------------------------------------------------------- pack.json
+
+
+@dataclass(frozen=True)
+class PackInfo:
+    """The contents of ``<model>/pack.json``: what was packed, and how to serve it.
+
+    Attributes:
+        tag: The BentoML tag the model was saved under.
+        mode: "engine", "hf" or "demo".
+        backend: Triton backend of the ``tensorrt_llm`` model: "tensorrtllm" or "python".
+        packed_root: The model directory the repository's paths point into (where it was saved).
+        world_size, tp_size, pp_size: Ranks, tensor and pipeline parallel sizes.
+        architecture, dtype: As the engine or checkpoint declares them.
+        max_batch_size: The filled ``triton_max_batch_size``.
+        max_input_len, max_seq_len: Token limits (None when the source does not say).
+        max_beam_width: The engine's beam limit.
+        template_values: Every value the Triton templates were filled with.
+        versions: Tool versions (tensorrt_llm, bentoml, transformers, trtllm-service, ...).
+        launch_command: The production command line (shell-quoted) that serves ``<model>/repository``.
+        chat_template_overridden: Whether ``--chat-template`` replaced the tokenizer's template.
+        format: Layout version of pack.json.
+    """
+
+    tag: str
+    mode: str
+    backend: str
+    packed_root: str
+    world_size: int
+    tp_size: int
+    pp_size: int
+    architecture: str
+    dtype: str
+    max_batch_size: int
+    max_input_len: int | None
+    max_seq_len: int | None
+    max_beam_width: int
+    template_values: dict[str, str] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    launch_command: str = ""
+    chat_template_overridden: bool = False
+    format: int = PACK_FORMAT
+
+    @property
+    def launch_argv(self) -> list[str]:
+        return shlex.split(self.launch_command)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PackInfo:
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = sorted(f.name for f in dataclasses.fields(cls) if f.name not in data and _required(f))
+        if missing:
+            raise PackError(f"pack.json lacks {', '.join(missing)}")
+        return cls(**{key: value for key, value in data.items() if key in names})
+
+
+def _required(f: dataclasses.Field[Any]) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+def read_pack_info(model_path: Path | str) -> PackInfo:
+    """Reads ``<model_path>/pack.json``.
+
+    Raises:
+        PackError: No pack.json (not a model packed by pack_model.py), or it is unreadable.
+    """
+    path = Path(model_path) / PACK_FILE
+    if not path.is_file():
+        raise PackError(f"{str(model_path)!r} has no {PACK_FILE}: it was not packed by pack_model.py")
+    data = _read_json_object(path, PACK_FILE)
+    if data.get("format") != PACK_FORMAT:
+        raise PackError(f"{str(path)!r} has format {data.get('format')!r}, this code reads {PACK_FORMAT}")
+    return PackInfo.from_dict(data)
+
+
+def _check_path_safe(path: Path) -> None:
+    if _UNSAFE_PATH_CHARS.search(str(path)):
+        raise PackError(f"path {str(path)!r} contains a quote, backslash or control character")
+
+
+def layout_runtime_repository(model_path: Path | str, dest: Path | str) -> Path:
+    """Copies ``<model_path>/repository`` to ``dest`` with its paths pointing at ``model_path``.
+
+    Every config.pbtxt has the recorded ``packed_root`` replaced by ``model_path``'s absolute path, so
+    the result is right wherever the model store is now. ``dest`` is created if needed; model
+    directories already in it are replaced. Returns ``dest``.
+
+    Raises:
+        PackError: ``model_path`` is not a packed model, or lacks its engine or tokenizer.
+    """
+    model = Path(model_path).resolve()
+    info = read_pack_info(model)
+    for part in (REPOSITORY_DIR, ENGINE_DIR, TOKENIZER_DIR):
+        if not (model / part).is_dir():
+            raise PackError(f"packed model {str(model)!r} lacks {part}/")
+    _check_path_safe(model)
+    old_root = re.compile(re.escape(info.packed_root.rstrip("/")) + r'(?=[/"])')
+    new_root = str(model)
+    out = Path(dest)
+    out.mkdir(parents=True, exist_ok=True)
+    for source in sorted((model / REPOSITORY_DIR).iterdir()):
+        if not source.is_dir():
+            continue
+        target = out / source.name
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(source, target)
+        config = target / "config.pbtxt"
+        if config.is_file():
+            config.write_text(old_root.sub(lambda _m: new_root, config.read_text()))
+    return out
+
+
+# --------------------------------------------------------------------------- copying
+
+
+class _Progress:
+    """A byte progress bar on stderr (tqdm); silent when disabled or stderr is not a terminal."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self._bar: Any = None
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self._bar = tqdm(
+                total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="packing", file=sys.stderr
+            )
+
+    def update(self, count: int) -> None:
+        if self._bar is not None:
+            self._bar.update(count)
+
+    def describe(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.set_postfix_str(text, refresh=False)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+
+def _copy_one(source: Path, target: Path, progress: _Progress) -> None:
+    """Chunked copy (so the progress bar moves within multi-GB engine files)."""
+    progress.describe(source.name)
+    with open(source, "rb") as reader, open(target, "wb") as writer:
+        while chunk := reader.read(_COPY_CHUNK):
+            writer.write(chunk)
+            progress.update(len(chunk))
+
+
+def _copy_files(copies: Sequence[tuple[Path, Path]], progress: _Progress) -> None:
+    for source, target in copies:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            _copy_one(source, target, progress)
+        except OSError as exc:
+            raise PackError(f"copying {str(source)!r}: {exc.strerror or exc}") from exc
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def _check_space(total: int, store_dir: Path) -> None:
+    """BentoML writes the model to a temp dir, then copies it into the store: both need room."""
+    tmp = Path(tempfile.gettempdir())
+    store = _nearest_existing(store_dir)
+    need = {tmp: total, store: total}
+    if tmp.stat().st_dev == store.stat().st_dev:
+        need = {store: 2 * total}
+    for path, size in need.items():
+        free = shutil.disk_usage(path).free
+        if free < size:
+            raise PackError(
+                f"not enough disk space on {str(path)!r}: {_human(size)} needed, {_human(free)} free "
+                "(BentoML stages the model in $TMPDIR, then copies it into $BENTOML_HOME)"
+            )
+
+
+def _human(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
+            return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
+def directory_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+# --------------------------------------------------------------------------- packing
+
+
+@dataclass(frozen=True)
+class PackResult:
+    """A saved model: its tag, store path, size in bytes and pack.json contents."""
+
+    tag: str
+    path: Path
+    size: int
+    info: PackInfo
+
+    @property
+    def human_size(self) -> str:
+        return _human(self.size)
+
+
+def _package_version() -> str:
+    try:
+        return importlib.metadata.version("trtllm-service")
+    except importlib.metadata.PackageNotFoundError:
+        # Not installed (run from a checkout or a Bento): read pyproject.toml next to the package.
+        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        try:
+            match = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(), re.MULTILINE)
+        except OSError:
+            match = None
+        return match.group(1) if match else "unknown"
+
+
+def tool_versions(source: ModelSource) -> dict[str, str]:
+    versions = {"trtllm-service": _package_version(), "python": sys.version.split()[0]}
+    if source.trtllm_version:
+        versions["tensorrt_llm"] = source.trtllm_version
+    packages = ["bentoml", "transformers", "tokenizers"] + (["torch"] if source.backend == "python" else [])
+    for package in packages:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = "not installed"
+    return versions
+
+
+def launch_command(repository: Path, world_size: int, unique: str) -> str:
+    """The production command line (tritonserver, or mpirun for world_size > 1), shell-quoted."""
+    from tensorrtllm_backend.scripts.launch_triton_server import TritonInstall, build_command, build_parser
+
+    args = build_parser().parse_args(
+        [
+            "--world_size",
+            str(world_size),
+            "--model_repo",
+            str(repository),
+            "--tritonserver",
+            PRODUCTION_TRITONSERVER,
+        ]
+    )
+    install = TritonInstall(binary=PRODUCTION_TRITONSERVER, source="assumed")
+    return shlex.join(build_command(args, install, unique=unique, mpirun="mpirun"))
+
+
+def _labels(source: ModelSource, max_batch_size: int) -> dict[str, str]:
+    labels = {
+        "packed_by": "pack_model",
+        "mode": source.mode,
+        "backend": source.backend,
+        "architecture": source.architecture,
+        "dtype": source.dtype,
+        "world_size": str(source.world_size),
+        "tp_size": str(source.tp_size),
+        "pp_size": str(source.pp_size),
+        "max_batch_size": str(max_batch_size),
+    }
+    if source.max_input_len is not None:
+        labels["max_input_len"] = str(source.max_input_len)
+    if source.max_seq_len is not None:
+        labels["max_seq_len"] = str(source.max_seq_len)
+    return labels
+
+
+def _metadata(source: ModelSource, options: RuntimeOptions, versions: Mapping[str, str]) -> dict[str, Any]:
+    engine: dict[str, Any] = {
+        "architecture": source.architecture,
+        "dtype": source.dtype,
+        "world_size": source.world_size,
+        "tp_size": source.tp_size,
+        "pp_size": source.pp_size,
+        "cp_size": source.cp_size,
+        "max_beam_width": source.max_beam_width,
+    }
+    for key in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens"):
+        value = getattr(source, key)
+        if value is not None:
+            engine[key] = value
+    runtime = {key: value for key, value in dataclasses.asdict(options).items() if value is not None}
+    return {
+        "source": str(source.directory) if source.mode != "demo" else "demo",
+        "engine": engine,
+        "runtime": runtime,
+        "versions": dict(versions),
+    }
+
+
+def _apply_chat_template(tokenizer_dir: Path, template: str) -> None:
+    """Stores ``template`` as tokenizer_config.json's chat_template (of the packed copy only)."""
+    config_path = tokenizer_dir / "tokenizer_config.json"
+    config = _read_json_object(config_path, "tokenizer config") if config_path.is_file() else {}
+    config["chat_template"] = template
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def pack(
+    source: ModelSource,
+    tokenizer_dir: Path | str,
+    options: RuntimeOptions,
+    *,
+    name: str | None = None,
+    chat_template: str | None = None,
+    progress: bool = True,
+    tokenizer_option: str = "--tokenizer",
+) -> PackResult:
+    """Packs ``source`` and the tokenizer into one BentoML model; returns what was saved.
+
+    Everything is validated before the model store is touched. Bad input raises PackError and saves
+    nothing; any other failure propagates, and ``bentoml.models.create`` saves nothing either.
+    """
+    import bentoml
+    from bentoml._internal.configuration.containers import BentoMLContainer
+
+    tokenizer_path = _existing_dir(tokenizer_dir, tokenizer_option)
+    tokenizer_names = tokenizer_files(tokenizer_path, option=tokenizer_option)
+    values = options.template_values(source)
+    name = validate_name(name) if name is not None else default_name(source)
+    check_tokenizer(tokenizer_path, chat_template)
+
+    tag = bentoml.Tag(name).make_new_version()
+    assert tag.version is not None
+    packed_root = Path(BentoMLContainer.model_store_dir.get()).expanduser().resolve() / tag.name / tag.version
+    _check_path_safe(packed_root)
+    if chat_template is not None:
+        tokenizer_names = tuple(n for n in tokenizer_names if n not in CHAT_TEMPLATE_FILES)
+    copies = [(source.directory / n, Path(ENGINE_DIR) / n) for n in source.files]
+    copies += [(tokenizer_path / n, Path(TOKENIZER_DIR) / n) for n in tokenizer_names]
+    total = sum((src.stat().st_size for src, _ in copies), 0)
+    _check_space(total, packed_root.parent)
+
+    try:
+        values = repository_values(
+            engine_dir=packed_root / ENGINE_DIR,
+            tokenizer_dir=packed_root / TOKENIZER_DIR,
+            backend=source.backend,
+            overrides=values,
+        )
+    except RepositoryError as exc:
+        raise PackError(str(exc)) from exc
+    versions = tool_versions(source)
+    info = PackInfo(
+        tag=str(tag),
+        mode=source.mode,
+        backend=source.backend,
+        packed_root=str(packed_root),
+        world_size=source.world_size,
+        tp_size=source.tp_size,
+        pp_size=source.pp_size,
+        architecture=source.architecture,
+        dtype=source.dtype,
+        max_batch_size=int(values["triton_max_batch_size"]),
+        max_input_len=source.max_input_len,
+        max_seq_len=source.max_seq_len,
+        max_beam_width=source.max_beam_width,
+        template_values=values,
+        versions=versions,
+        launch_command=launch_command(packed_root / REPOSITORY_DIR, source.world_size, unique=tag.version),
+        chat_template_overridden=chat_template is not None,
+    )
+    metadata = _metadata(source, options, versions)
+    metadata["launch_command"] = info.launch_command
+
+    staging: Path | None = None
+    bar = _Progress(total, progress)
+    try:
+        with bentoml.models.create(
+            tag, labels=_labels(source, info.max_batch_size), metadata=metadata
+        ) as model:
+            staging = Path(model.path)
+            _copy_files([(src, staging / rel) for src, rel in copies], bar)
+            bar.close()
+            if chat_template is not None:
+                _apply_chat_template(staging / TOKENIZER_DIR, chat_template)
+                packed = _load_tokenizer(staging / TOKENIZER_DIR)
+                if packed.chat_template != chat_template:
+                    raise PackError("the packed tokenizer does not pick up --chat-template")
+            try:
+                build_repository(staging / REPOSITORY_DIR, values)
+            except RepositoryError as exc:
+                raise PackError(str(exc)) from exc
+            (staging / PACK_FILE).write_text(info.to_json())
+    finally:
+        bar.close()
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    saved = Path(bentoml.models.get(tag).path)
+    return PackResult(tag=str(tag), path=saved, size=directory_size(saved), info=info)
+
+
+__all__ = [
+    "PACK_FILE",
+    "ModelSource",
+    "PackError",
+    "PackInfo",
+    "PackResult",
+    "RuntimeOptions",
+    "check_tokenizer",
+    "default_name",
+    "layout_runtime_repository",
+    "pack",
+    "read_chat_template",
+    "read_engine_dir",
+    "read_hf_checkpoint",
+    "read_pack_info",
+    "tokenizer_files",
+    "validate_name",
+]

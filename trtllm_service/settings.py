@@ -1,0 +1,89 @@
+"""One typed settings object for the service, read from the environment once.
+
+Every knob has a default that works on a fresh machine; the README's configuration table lists
+them. Ports default to 0, which means "pick a free one", so two services can share a host.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import BaseModel, Field, ValidationError, field_validator
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value the service cannot use."""
+
+
+class Settings(BaseModel, frozen=True):
+    """Service configuration; field names map to upper-case environment variables below."""
+
+    model_tag: str | None = Field(
+        None, description="TRTLLM_MODEL: model store tag; default the newest packed"
+    )
+    triton_host: str = Field("127.0.0.1", description="TRITON_HOST: Triton has no auth, keep it on loopback")
+    triton_grpc_port: int = Field(0, ge=0, le=65535, description="TRITON_GRPC_PORT: 0 picks a free port")
+    triton_http_port: int = Field(0, ge=0, le=65535, description="TRITON_HTTP_PORT: 0 picks a free port")
+    triton_metrics_port: int = Field(
+        0, ge=0, le=65535, description="TRITON_METRICS_PORT: 0 picks a free port"
+    )
+    triton_startup_timeout_s: float = Field(600.0, gt=0, description="TRITON_STARTUP_TIMEOUT: seconds")
+    triton_max_restarts: int = Field(5, ge=0, description="TRITON_MAX_RESTARTS: restarts after a crash")
+    triton_restart_backoff_s: float = Field(
+        1.0, gt=0, description="TRITON_RESTART_BACKOFF: first delay, doubles"
+    )
+    triton_log_verbose: bool = Field(False, description="TRITON_LOG_VERBOSE: verbose Triton logging")
+    run_dir: Path | None = Field(
+        None, description="TRTLLM_RUN_DIR: runtime repository and logs; default a temp dir"
+    )
+    api_keys: tuple[str, ...] = Field((), description="TRTLLM_API_KEYS: comma-separated; empty = no auth")
+    default_max_tokens: int = Field(1024, ge=1, description="TRTLLM_DEFAULT_MAX_TOKENS for `generate`")
+    stream_timeout_s: float = Field(600.0, gt=0, description="TRTLLM_STREAM_TIMEOUT: per request, seconds")
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(key.strip() for key in value.split(",") if key.strip())
+        return value
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
+        env = os.environ if environ is None else environ
+        names = {
+            "model_tag": "TRTLLM_MODEL",
+            "triton_host": "TRITON_HOST",
+            "triton_grpc_port": "TRITON_GRPC_PORT",
+            "triton_http_port": "TRITON_HTTP_PORT",
+            "triton_metrics_port": "TRITON_METRICS_PORT",
+            "triton_startup_timeout_s": "TRITON_STARTUP_TIMEOUT",
+            "triton_max_restarts": "TRITON_MAX_RESTARTS",
+            "triton_restart_backoff_s": "TRITON_RESTART_BACKOFF",
+            "triton_log_verbose": "TRITON_LOG_VERBOSE",
+            "run_dir": "TRTLLM_RUN_DIR",
+            "api_keys": "TRTLLM_API_KEYS",
+            "default_max_tokens": "TRTLLM_DEFAULT_MAX_TOKENS",
+            "stream_timeout_s": "TRTLLM_STREAM_TIMEOUT",
+        }
+        raw = {field: env[var] for field, var in names.items() if env.get(var, "") != ""}
+        try:
+            return cls(**raw)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{names[str(err['loc'][0])]}: {err['msg']}" for err in exc.errors() if err["loc"]
+            )
+            raise SettingsError(f"invalid service settings: {problems}") from None
+
+    def __repr__(self) -> str:  # API keys never reach a log line
+        shown = self.model_dump(exclude={"api_keys"})
+        return f"Settings({shown}, api_keys=<{len(self.api_keys)} keys>)"
+
+    __str__ = __repr__
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once."""
+    return Settings.from_env()
