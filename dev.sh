@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# From a fresh clone:  ./dev.sh serve  (install, pack the demo model if none, `bentoml serve .` on :3000)
+#                      ./dev.sh test   (install, lint, run every test)
+set -euo pipefail
+cd "$(dirname "$0")"
+
+VENV="${VENV:-.venv}"
+PY="$VENV/bin/python"
+export BENTOML_DO_NOT_TRACK=true HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+
+pick_python() {
+  # The pinned CPU torch wheel is built for CPython 3.11; any 3.10+ works where torch is available.
+  for candidate in python3.11 python3; do
+    if command -v "$candidate" >/dev/null 2>&1; then echo "$candidate"; return; fi
+  done
+  echo "dev.sh: python3 (3.10+) not found" >&2
+  exit 1
+}
+
+setup() {
+  if [ ! -x "$PY" ]; then
+    "$(pick_python)" -m venv "$VENV"
+  fi
+  local want stamp="$VENV/.requirements.sha256"
+  want=$(cat requirements.txt requirements-dev.txt | sha256sum | cut -d' ' -f1)
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    "$PY" -m pip install --quiet --disable-pip-version-check --upgrade pip
+    "$PY" -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+    echo "$want" >"$stamp"
+  fi
+}
+
+ensure_chromium() {
+  # The Swagger UI test drives Debian's Chromium headless (Playwright cannot download browsers here).
+  if command -v chromium >/dev/null 2>&1; then return; fi
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "dev.sh: installing chromium (for the Swagger UI test)" >&2
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "dev.sh: chromium is missing; install it (e.g. 'sudo apt-get install chromium') to run the UI test" >&2
+  fi
+}
+
+case "${1:-}" in
+  serve)
+    setup
+    if ! "$PY" -c "from trtllm_service.runtime import default_model_tag; import os; default_model_tag(os.environ.get('TRTLLM_MODEL'))" 2>/dev/null; then
+      "$PY" pack_model.py --demo
+    fi
+    exec "$VENV/bin/bentoml" serve . --port "${PORT:-3000}"
+    ;;
+  test)
+    shift
+    setup
+    ensure_chromium
+    "$VENV/bin/ruff" check .
+    "$VENV/bin/ruff" format --check .
+    exec "$PY" -m pytest "$@"
+    ;;
+  *)
+    echo "usage: ./dev.sh serve | ./dev.sh test [pytest args]" >&2
+    exit 2
+    ;;
+esac

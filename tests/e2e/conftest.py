@@ -1,0 +1,157 @@
+"""End-to-end fixtures: the demo model packed into a temp model store, and `bentoml serve .`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.support import free_port, http_ok
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def bentoml_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model store holding the demo model, packed by pack_model.py as a user would."""
+    home = tmp_path_factory.mktemp("bentoml_home")
+    env = {**os.environ, "BENTOML_HOME": str(home), "BENTOML_DO_NOT_TRACK": "true"}
+    subprocess.run(
+        [sys.executable, "pack_model.py", "--demo", "--quiet"],
+        cwd=REPO_ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return home
+
+
+class BentoService:
+    """`bentoml serve .` on free ports (service and Triton), stopped like a user stops it."""
+
+    def __init__(self, home: Path, workdir: Path, extra_env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.triton_grpc_port, self.triton_http_port, self.triton_metrics_port = (
+            free_port(),
+            free_port(),
+            free_port(),
+        )
+        self.log_path = workdir / f"bentoml-{self.port}.log"
+        self.env = {
+            **os.environ,
+            "BENTOML_HOME": str(home),
+            "BENTOML_DO_NOT_TRACK": "true",
+            "TRITON_GRPC_PORT": str(self.triton_grpc_port),
+            "TRITON_HTTP_PORT": str(self.triton_http_port),
+            "TRITON_METRICS_PORT": str(self.triton_metrics_port),
+            "TRTLLM_RUN_DIR": str(workdir / f"run-{self.port}"),
+            **(extra_env or {}),
+        }
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.triton_metrics_port}/metrics"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def start(self, timeout: float = 240.0) -> BentoService:
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "bentoml",
+                    "serve",
+                    ".",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                ],
+                cwd=REPO_ROOT,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"bentoml serve exited:\n{self.log()[-5000:]}")
+            if http_ok(f"{self.url}/readyz"):
+                return self
+            time.sleep(0.5)
+        self.stop()
+        raise RuntimeError(f"bentoml serve was not ready in {timeout} s:\n{self.log()[-5000:]}")
+
+    def descendants(self) -> list[psutil.Process]:
+        if self.process is None:
+            return []
+        try:
+            return psutil.Process(self.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def tritonserver_pids(self) -> list[int]:
+        return [p.pid for p in self.descendants() if _name(p) == "tritonserver"]
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = 60.0) -> None:
+        """Signals `bentoml serve` itself (as Ctrl-C or a container stop would), then cleans up."""
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=timeout)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+def _name(process: psutil.Process) -> str:
+    try:
+        return process.name()
+    except psutil.Error:
+        return ""
+
+
+@pytest.fixture(scope="session")
+def service(bentoml_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BentoService]:
+    """One `bentoml serve .` on the demo model, shared by the e2e tests that do not break it."""
+    server = BentoService(bentoml_home, tmp_path_factory.mktemp("serve")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def make_service(bentoml_home: Path, tmp_path: Path) -> Iterator[Callable[..., BentoService]]:
+    """A private `bentoml serve .` per call (for fault tests and other settings), always stopped."""
+    started: list[BentoService] = []
+
+    def make(extra_env: dict[str, str] | None = None) -> BentoService:
+        server = BentoService(bentoml_home, tmp_path, extra_env)
+        started.append(server)
+        return server.start()
+
+    try:
+        yield make
+    finally:
+        for server in started:
+            server.stop()
