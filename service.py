@@ -14,6 +14,8 @@ import bentoml
 from annotated_types import Ge, Le
 from starlette.responses import JSONResponse
 
+from trtllm_service.auth import APIKeyMiddleware, APIKeys
+from trtllm_service.openai import routes as openai_routes
 from trtllm_service.openai.errors import APIError, from_generation_error
 from trtllm_service.runtime import Runtime, default_model_tag, first_and_rest
 from trtllm_service.sampling import SamplingParams
@@ -26,6 +28,7 @@ SETTINGS = get_settings()
 MODEL_TAG = default_model_tag(SETTINGS.model_tag)
 
 
+@bentoml.asgi_app(openai_routes.app, path="/v1")
 @bentoml.service(
     name="trtllm",
     traffic={"timeout": 600, "max_concurrency": 512},
@@ -40,6 +43,7 @@ class TRTLLM:
     def __init__(self) -> None:
         self.runtime = Runtime(self.model.path, str(self.model.tag.name), SETTINGS)
         atexit.register(self.runtime.kill_now)
+        openai_routes.bind(self.runtime)
 
     @bentoml.on_startup
     async def start_triton(self) -> None:
@@ -97,6 +101,10 @@ class TRTLLM:
         except APIError as exc:
             return error_response(exc)  # type: ignore[return-value]
         return relay_text(first, rest)
+
+
+if SETTINGS.api_keys:  # covers /generate and /v1/*; probes, metrics and docs stay open
+    TRTLLM.add_asgi_middleware(APIKeyMiddleware, api_keys=APIKeys(SETTINGS.api_keys))
 
 
 def error_response(error: APIError) -> JSONResponse:

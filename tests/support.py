@@ -129,17 +129,22 @@ class TritonServer:
 
     def metric(self, name: str, **labels: str) -> float:
         """Sum of a Prometheus metric from Triton's metrics endpoint, filtered by labels."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as response:
-            text = response.read().decode()
-        total = 0.0
-        for line in text.splitlines():
-            match = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})?\s+(\S+)$", line)
-            if not match:
-                continue
-            found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1) or ""))
-            if all(found.get(k) == v for k, v in labels.items()):
-                total += float(match.group(2))
-        return total
+        return prometheus_metric(f"http://127.0.0.1:{self.metrics_port}/metrics", name, **labels)
+
+
+def prometheus_metric(url: str, name: str, **labels: str) -> float:
+    """Sum of a Prometheus metric at `url` (a /metrics endpoint), filtered by labels."""
+    with urllib.request.urlopen(url, timeout=5) as response:
+        text = response.read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        match = re.match(rf"^{re.escape(name)}(\{{[^}}]*\}})?\s+(\S+)$", line)
+        if not match:
+            continue
+        found = dict(re.findall(r'(\w+)="([^"]*)"', match.group(1) or ""))
+        if all(found.get(k) == v for k, v in labels.items()):
+            total += float(match.group(2))
+    return total
 
 
 def tensor(name: str, value: Any, dtype: Any = None) -> grpcclient.InferInput:
@@ -455,6 +460,7 @@ __all__ = [
     "load_tokenizer",
     "output_ids",
     "postprocess",
+    "prometheus_metric",
     "run_stream",
     "tensor",
     "text_inputs",

@@ -163,7 +163,7 @@ class TritonStream:
         """Streams text deltas; the last delta carries the finish reason.
 
         Empty deltas are not yielded, except the last one. Closing the iterator early (client
-        disconnect) cancels the Triton request.
+        disconnect) ends the Triton request (see `_stop_later`).
         """
         inputs = build_inputs(prompt, params, max_tokens)
         request_id = request_id or uuid.uuid4().hex
@@ -176,8 +176,17 @@ class TritonStream:
         responses = self._get_client().stream_infer(requests(), stream_timeout=self.stream_timeout_s)
         completion_tokens = 0
         finished = False
+        reading: asyncio.Future[Any] | None = None
         try:
-            async for result, error in responses:
+            while True:
+                # Shielded: cancelling a pending read (the client went away) would cancel the RPC,
+                # which Triton's ensemble never recovers from (see `_stop_later`).
+                reading = asyncio.ensure_future(responses.__anext__())
+                try:
+                    result, error = await asyncio.shield(reading)
+                except StopAsyncIteration:
+                    break
+                reading = None
                 if error is not None:
                     raise _error_from(error)
                 text = result.as_numpy("text_output").reshape(-1)[0].decode("utf-8")
@@ -203,22 +212,36 @@ class TritonStream:
         except (grpc.aio.AioRpcError, InferenceServerException) as exc:
             raise _error_from(exc) from None
         finally:
-            responses.cancel()
-            if not finished:
-                self._stop_later(request_id)
+            if finished:
+                responses.cancel()
+            else:
+                self._stop_later(request_id, responses, reading)
 
-    def _stop_later(self, request_id: str) -> None:
-        """Stops the engine request in the background (a cancelled generator cannot await).
+    def _stop_later(self, request_id: str, responses: Any, reading: asyncio.Future[Any] | None) -> None:
+        """Ends the request in the background (a cancelled generator cannot await).
 
-        Cancelling the gRPC stream cancels the ensemble, but Triton's ensemble does not pass the
-        cancellation to a step that is already running, so the engine gets TRT-LLM's own signal
-        too: a `stop` request with the same request id.
+        The engine gets TRT-LLM's own signal, a `stop` request with the same request id, and the
+        request's stream is then read up to its final response before it is closed. Cancelling
+        the stream instead is no good: Triton's ensemble does not pass the cancellation to a step
+        that is already running, and it never releases a request whose stream was cancelled while
+        it was in flight (each one stays "in flight" until the server exits).
         """
-        task = asyncio.get_running_loop().create_task(self._stop_engine(request_id))
+        task = asyncio.get_running_loop().create_task(self._stop_engine(request_id, responses, reading))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    async def _stop_engine(self, request_id: str) -> None:
+    async def _stop_engine(
+        self, request_id: str, responses: Any, reading: asyncio.Future[Any] | None
+    ) -> None:
+        try:
+            await self._send_stop(request_id)
+            await asyncio.wait_for(_drain(responses, reading), STOP_DRAIN_TIMEOUT_S)
+        except Exception as exc:  # best effort: Triton may be gone already
+            logger.debug("ending request %s: %s", request_id, exc)
+        finally:
+            responses.cancel()
+
+    async def _send_stop(self, request_id: str) -> None:
         inputs = [
             _input("input_ids", np.zeros((1, 1), dtype=np.int32)),
             _input("input_lengths", np.ones((1, 1), dtype=np.int32)),
@@ -235,3 +258,21 @@ class TritonStream:
                 break
         except Exception as exc:  # best effort: Triton may be gone already
             logger.debug("stop request for %s failed: %s", request_id, exc)
+
+
+STOP_DRAIN_TIMEOUT_S = 30.0
+"""How long a stopped request's stream is read for its final response before it is cancelled."""
+
+
+async def _drain(responses: Any, reading: asyncio.Future[Any] | None) -> None:
+    """Reads a request's responses up to its final one (or an error, or the end of the stream),
+    starting with the read that was pending when the request was given up, if any."""
+
+    def last(result: Any, error: Any) -> bool:
+        return error is not None or result.get_response().parameters["triton_final_response"].bool_param
+
+    if reading is not None and last(*await reading):
+        return
+    async for result, error in responses:
+        if last(result, error):
+            return

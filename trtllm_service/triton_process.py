@@ -13,6 +13,7 @@ import contextlib
 import ctypes
 import logging
 import os
+import re
 import signal
 import socket
 import sys
@@ -29,6 +30,7 @@ from tensorrtllm_backend import LAUNCHER
 logger = logging.getLogger("trtllm_service.triton")
 
 _PR_SET_PDEATHSIG = 1
+_GLOG_ERROR = re.compile(r"^E\d{4} ")  # tritonserver's own ERROR log lines
 
 
 class TritonStartupError(RuntimeError):
@@ -45,6 +47,18 @@ def _die_with_parent() -> None:
     """Runs in the child before exec: SIGTERM it when the service process dies."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+async def _exit_code(process: asyncio.subprocess.Process, poll_s: float = 0.1) -> int:
+    """The exit code of `process`, as soon as it has exited.
+
+    Not `process.wait()`: asyncio's wait() also waits for EOF on the child's pipes, and a process
+    that inherited the launcher's stdout (an orphaned Python-backend stub after tritonserver was
+    killed mid-request) can hold the pipe open for good, so wait() would never return.
+    """
+    while process.returncode is None:
+        await asyncio.sleep(poll_s)
+    return process.returncode
 
 
 @dataclass(frozen=True)
@@ -91,6 +105,7 @@ class TritonSupervisor:
         self._ready = False
         self._stopping = False
         self._tail: deque[str] = deque(maxlen=80)
+        self._errors: deque[str] = deque(maxlen=10)
         self._pump: asyncio.Task[None] | None = None
         self._watch: asyncio.Task[None] | None = None
 
@@ -108,6 +123,13 @@ class TritonSupervisor:
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(list(self._tail)[-lines:])
+
+    def failure_details(self) -> str:
+        """Triton's own error lines (the cause, which the tail of its shutdown output often misses),
+        then the log tail."""
+        errors = "\n".join(self._errors)
+        details = f"Triton errors:\n{errors}\n" if errors else ""
+        return f"{details}Last log lines ({self.log_path}):\n{self.log_tail()}"
 
     def command(self) -> list[str]:
         command = [
@@ -138,6 +160,7 @@ class TritonSupervisor:
 
     async def _spawn_and_wait(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._errors.clear()
         self.process = await asyncio.create_subprocess_exec(
             *self.command(),
             stdin=asyncio.subprocess.DEVNULL,
@@ -165,7 +188,7 @@ class TritonSupervisor:
                         await asyncio.wait([self._pump], timeout=5)
                     raise TritonStartupError(
                         f"tritonserver exited with code {process.returncode} during start-up. "
-                        f"Last log lines ({self.log_path}):\n{self.log_tail()}"
+                        f"{self.failure_details()}"
                     )
                 with contextlib.suppress(Exception):
                     if await client.is_server_ready() and await client.is_model_ready("ensemble"):
@@ -174,8 +197,7 @@ class TritonSupervisor:
         finally:
             await client.close()
         raise TritonStartupError(
-            f"tritonserver was not ready within {self.startup_timeout_s:.0f} s. "
-            f"Last log lines ({self.log_path}):\n{self.log_tail()}"
+            f"tritonserver was not ready within {self.startup_timeout_s:.0f} s. {self.failure_details()}"
         )
 
     async def _pump_log(self, process: asyncio.subprocess.Process) -> None:
@@ -187,13 +209,15 @@ class TritonSupervisor:
                 log_file.flush()
                 line = raw.decode("utf-8", "replace").rstrip()
                 self._tail.append(line)
+                if _GLOG_ERROR.match(line):
+                    self._errors.append(line)
                 logger.info("[triton] %s", line)
 
     async def _supervise(self) -> None:
         """Restarts Triton with backoff when it dies; readiness is false meanwhile."""
         while not self._stopping:
             assert self.process is not None
-            code = await self.process.wait()
+            code = await _exit_code(self.process)
             if self._stopping:
                 return
             self._set_ready(False)
@@ -242,12 +266,12 @@ class TritonSupervisor:
         if process.returncode is None:
             await self._kill_group(signal.SIGTERM)
             try:
-                await asyncio.wait_for(process.wait(), timeout_s)
+                await asyncio.wait_for(_exit_code(process), timeout_s)
             except asyncio.TimeoutError:
                 logger.warning("Triton launcher did not stop in %.0f s; killing its process group", timeout_s)
         await self._kill_group(signal.SIGKILL)
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(process.wait(), 5)
+            await asyncio.wait_for(_exit_code(process), 5)
         if self._pump is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._pump, 5)

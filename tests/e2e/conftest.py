@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.support import free_port, http_ok
+from tests.support import free_port, http_ok, prometheus_metric
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,7 +69,12 @@ class BentoService:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
-    def start(self, timeout: float = 240.0) -> BentoService:
+    def metric(self, name: str, **labels: str) -> float:
+        """Sum of one of Triton's Prometheus metrics (the reference engine's counters), by labels."""
+        return prometheus_metric(self.metrics_url, name, **labels)
+
+    def spawn(self) -> BentoService:
+        """Starts `bentoml serve .` without waiting for readiness (for services meant to fail)."""
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 [
@@ -89,6 +94,11 @@ class BentoService:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        return self
+
+    def start(self, timeout: float = 240.0) -> BentoService:
+        self.spawn()
+        assert self.process is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -131,6 +141,14 @@ def _name(process: psutil.Process) -> str:
 
 
 @pytest.fixture(scope="session")
+def packed_model_dir(bentoml_home: Path) -> Path:
+    """The directory of the model pack_model.py --demo packed (engine/, tokenizer/, pack.json)."""
+    found = sorted((bentoml_home / "models").glob("*/*/pack.json"))
+    assert len(found) == 1, f"expected one packed model in {bentoml_home}: {found}"
+    return found[0].parent
+
+
+@pytest.fixture(scope="session")
 def service(bentoml_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BentoService]:
     """One `bentoml serve .` on the demo model, shared by the e2e tests that do not break it."""
     server = BentoService(bentoml_home, tmp_path_factory.mktemp("serve")).start()
@@ -145,10 +163,10 @@ def make_service(bentoml_home: Path, tmp_path: Path) -> Iterator[Callable[..., B
     """A private `bentoml serve .` per call (for fault tests and other settings), always stopped."""
     started: list[BentoService] = []
 
-    def make(extra_env: dict[str, str] | None = None) -> BentoService:
+    def make(extra_env: dict[str, str] | None = None, *, wait_ready: bool = True) -> BentoService:
         server = BentoService(bentoml_home, tmp_path, extra_env)
         started.append(server)
-        return server.start()
+        return server.start() if wait_ready else server.spawn()
 
     try:
         yield make

@@ -1,0 +1,232 @@
+"""Faults, on private `bentoml serve .` instances: Triton crashing mid-request, stopping the service
+with SIGTERM or Ctrl-C, and models that cannot be served."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from tests.e2e.conftest import BentoService, _name
+from tests.support import http_ok, wait_for
+
+# Greedy decoding of this prompt runs to max_tokens (about 8 s for 1500 on the demo engine).
+LONG_REQUEST = {"prompt": "Tell me a very long story.", "max_tokens": 1500, "temperature": 0}
+FAST_RESTART = {"TRITON_RESTART_BACKOFF": "0.5"}
+
+
+def alive(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """The processes still running (a zombie is as good as gone)."""
+    running = []
+    for process in processes:
+        try:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                running.append(process)
+        except psutil.NoSuchProcess:
+            pass
+    return running
+
+
+def describe(processes: list[psutil.Process]) -> str:
+    lines = []
+    for process in processes:
+        try:
+            lines.append(f"{process.pid} {' '.join(process.cmdline())[:160]}")
+        except psutil.Error:
+            lines.append(f"{process.pid} (gone)")
+    return "\n".join(lines)
+
+
+def triton_processes(server: BentoService) -> list[psutil.Process]:
+    """Every process of this service's Triton, wherever it is in the process tree (an orphan
+    re-parented to init included): the launcher, tritonserver and the backend stubs all name the
+    model repository in the service's own run directory."""
+    run_dir = server.env["TRTLLM_RUN_DIR"]
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if any(run_dir in arg for arg in process.cmdline()):
+                found.append(process)
+        except psutil.Error:
+            pass
+    return found
+
+
+def wait_gone(processes: list[psutil.Process], timeout: float) -> list[psutil.Process]:
+    """Waits up to `timeout` s for the processes to end; returns those still running."""
+    wait_for(lambda: not alive(processes), timeout=timeout, interval=0.2)
+    return alive(processes)
+
+
+def stop_gracefully(server: BentoService, send: Any, timeout: float = 45.0) -> None:
+    """Delivers a stop signal with `send(process)`, then checks that `bentoml serve` exits on its own
+    and that every process it started (Triton included) is gone."""
+    assert server.process is not None
+    processes = server.descendants() + triton_processes(server)
+    assert any(_name(p) == "tritonserver" for p in alive(processes)), describe(processes)
+    started = time.monotonic()
+    send(server.process)
+    try:
+        server.process.wait(timeout=timeout)
+    except Exception:
+        pytest.fail(f"bentoml serve did not exit within {timeout} s:\n{server.log()[-3000:]}")
+    left = wait_gone(processes, timeout=10)
+    assert not left, f"processes left behind after stopping:\n{describe(left)}"
+    assert not alive(triton_processes(server)), describe(triton_processes(server))
+    assert time.monotonic() - started < timeout
+
+
+class StreamReader(threading.Thread):
+    """Reads a /generate stream in the background, recording how and when it ended."""
+
+    def __init__(self, url: str, body: dict[str, Any]) -> None:
+        super().__init__(daemon=True)
+        self.url, self.body = url, body
+        self.chunks: list[bytes] = []
+        self.status: int | None = None
+        self.error: BaseException | None = None
+        self.ended_at: float | None = None
+        self.streaming = threading.Event()
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        try:
+            with httpx.stream("POST", f"{self.url}/generate", json=self.body, timeout=120) as response:
+                self.status = response.status_code
+                for chunk in response.iter_raw():
+                    self.chunks.append(chunk)
+                    if len(self.chunks) >= 3:
+                        self.streaming.set()
+        except httpx.HTTPError as exc:
+            self.error = exc
+        finally:
+            self.ended_at = time.monotonic()
+            self.done.set()
+
+
+def test_triton_crash_mid_stream_then_recovery_then_sigterm(make_service: Any) -> None:
+    """SIGKILL tritonserver during a long stream: readiness drops, the stream ends at once with an
+    error, Triton comes back with nothing of the old one left, and SIGTERM then stops everything."""
+    server = make_service(FAST_RESTART)
+    readyz = f"{server.url}/readyz"
+    first_triton = triton_processes(server)
+    [tritonserver] = server.tritonserver_pids()
+
+    reader = StreamReader(server.url, LONG_REQUEST)
+    reader.start()
+    assert reader.streaming.wait(60), f"the stream did not start: {reader.status} {reader.error}"
+    killed_at = time.monotonic()
+    os.kill(tritonserver, signal.SIGKILL)
+
+    assert wait_for(lambda: not http_ok(readyz), timeout=5), "/readyz still 200 after Triton died"
+    assert reader.done.wait(10), "the in-flight stream did not end after Triton died"
+    assert reader.ended_at is not None and reader.ended_at - killed_at < 5, "the stream ended late"
+    assert reader.status == 200
+
+    assert wait_for(lambda: http_ok(readyz), timeout=60, interval=0.5), (
+        f"/readyz did not recover within 60 s:\n{server.log()[-3000:]}"
+    )
+    answer = httpx.post(
+        f"{server.url}/generate", json={"prompt": "Hello!", "max_tokens": 5, "temperature": 0}, timeout=60
+    )
+    assert answer.status_code == 200 and answer.text, answer.text
+    assert tritonserver not in server.tritonserver_pids()
+    left = wait_gone(first_triton, timeout=10)
+    assert not left, f"processes of the killed Triton are still running:\n{describe(left)}"
+
+    stop_gracefully(server, lambda process: process.send_signal(signal.SIGTERM))
+
+    # Last, so that the checks above run either way: a stream cut short by a crash must not look
+    # like a complete answer. Plain HTTP has one way to say so: no end of the chunked body.
+    assert isinstance(reader.error, httpx.RemoteProtocolError), (
+        f"the stream broken by the crash ended like a complete answer ({len(reader.chunks)} chunks, "
+        f"error {reader.error!r}): a client cannot tell it was cut short"
+    )
+
+
+def end_requests_early(server: BentoService) -> None:
+    """One request ended by a stop string, one by the client going away mid-stream."""
+    url = f"{server.url}/generate"
+    text = httpx.post(url, json={**LONG_REQUEST, "max_tokens": 30}, timeout=60).text
+    stop = next(text[i : i + 3] for i in range(8, len(text) - 3) if "\ufffd" not in text[i : i + 3])
+    stopped = httpx.post(url, json={**LONG_REQUEST, "stop": [stop]}, timeout=60)
+    assert stopped.status_code == 200 and stop not in stopped.text, stopped.text
+    with httpx.Client(timeout=60) as client, client.stream("POST", url, json=LONG_REQUEST) as response:
+        chunks = response.iter_raw()
+        for _ in range(3):
+            next(chunks)
+    # Both engine requests end within a second or two; give the service time to settle them.
+    assert wait_for(lambda: not busy(server), timeout=15), "the engine is still generating"
+
+
+def busy(server: BentoService) -> bool:
+    tokens = server.metric("trtllm_reference_generated_tokens_total")
+    time.sleep(0.5)
+    return server.metric("trtllm_reference_generated_tokens_total") != tokens
+
+
+def test_ctrl_c_after_requests_that_ended_early(make_service: Any) -> None:
+    """Ctrl-C in a terminal: SIGINT to the foreground process group (`bentoml serve` and its
+    worker; Triton runs in a session of its own). Requests that ended early (stop string, client
+    gone) are no longer in flight in Triton, and nothing is left behind."""
+    server = make_service()
+    end_requests_early(server)
+    stop_gracefully(server, lambda process: os.killpg(process.pid, signal.SIGINT))
+
+    triton_log = (Path(server.env["TRTLLM_RUN_DIR"]) / "triton.log").read_text(errors="replace")
+    assert "Waiting for in-flight requests to complete" in triton_log, "Triton was not stopped gracefully"
+    in_flight = [line for line in triton_log.splitlines() if "in-flight inferences" in line]
+    assert in_flight and all("Found 0 model versions" in line for line in in_flight), (
+        "requests that ended early were still in flight in Triton at shutdown:\n" + "\n".join(in_flight[:4])
+    )
+
+
+def test_unknown_model_tag_fails_clearly(make_service: Any) -> None:
+    server = make_service({"TRTLLM_MODEL": "no-such-model:v1"}, wait_ready=False)
+    assert server.process is not None
+    try:
+        code = server.process.wait(timeout=90)
+    except Exception:
+        code = None
+    log = server.log()
+    assert "TRTLLM_MODEL='no-such-model:v1' is not in the BentoML model store" in log, log[-3000:]
+    assert code not in (None, 0), f"bentoml serve did not exit with an error (code {code})"
+    assert not alive(triton_processes(server))
+
+
+def test_broken_engine_fails_clearly_and_leaves_nothing(
+    make_service: Any, bentoml_home: Path, packed_model_dir: Path, tmp_path: Path
+) -> None:
+    """A model whose weights cannot be loaded: Triton exits during start-up, the log says why, the
+    service never becomes ready, and stopping it leaves no Triton behind (BentoML may be retrying)."""
+    home = tmp_path / "broken-home"
+    shutil.copytree(bentoml_home / "models", home / "models", symlinks=True)
+    weights = home / packed_model_dir.relative_to(bentoml_home) / "engine" / "model.safetensors"
+    weights.write_bytes(b"not a safetensors file")
+
+    server = make_service({"BENTOML_HOME": str(home)}, wait_ready=False)
+    assert wait_for(lambda: "TritonStartupError" in server.log(), timeout=120, interval=0.5), (
+        f"no start-up error in the log:\n{server.log()[-3000:]}"
+    )
+    log = server.log()
+    assert "tritonserver exited with code" in log, log[-3000:]
+    assert "SafetensorError" in log, f"the log does not say what failed:\n{log[-4000:]}"
+    assert not http_ok(f"{server.url}/readyz")
+
+    assert server.process is not None
+    processes = server.descendants() + triton_processes(server)
+    server.process.send_signal(signal.SIGTERM)
+    try:
+        server.process.wait(timeout=90)
+    except Exception:
+        pytest.fail(f"bentoml serve did not exit within 90 s of SIGTERM:\n{server.log()[-3000:]}")
+    left = wait_gone(processes + triton_processes(server), timeout=10)
+    assert not left, f"processes left behind:\n{describe(left)}"

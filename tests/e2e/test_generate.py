@@ -1,0 +1,282 @@
+"""The plain `generate` API end to end: `bentoml serve .` on the demo model, real clients.
+
+Greedy output is compared with `transformers` run on the checkpoint and tokenizer that pack_model.py
+put into the model store, with the chat prompt built by the tokenizer's own `apply_chat_template`;
+none of the service's code takes part in the reference. Engine-side effects (stopped, cancelled,
+tokens generated) are read from the reference engine's Prometheus counters on Triton's metrics port.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import bentoml
+import httpx
+import pytest
+
+from tests.e2e.conftest import BentoService
+from tests.support import stable_text, wait_for
+
+SYSTEM_PROMPT = "You are a terse assistant."
+PROMPT = "Tell me a story about a fox."
+# Greedy decoding of this prompt runs to well over 1500 tokens without an end token, so requests
+# for it only end early when the service ends them.
+LONG_PROMPT = "Tell me a very long story."
+
+REQUESTS_METRIC = "trtllm_reference_requests_total"
+TOKENS_METRIC = "trtllm_reference_generated_tokens_total"
+OUTCOMES = ("completed", "cancelled", "stopped", "error")
+
+
+class GreedyReference:
+    """Greedy decoding with `transformers` on the packed checkpoint."""
+
+    def __init__(self, model_dir: Path) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.torch = torch
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir / "tokenizer"))
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir / "engine"), dtype=torch.float32)
+        self.model.eval()
+        # The service stops on <|eot_id|> (the engine's end id) and <|end_of_text|>.
+        self.end_ids = [self.tokenizer.convert_tokens_to_ids(t) for t in ("<|eot_id|>", "<|end_of_text|>")]
+        assert self.end_ids == [1033, 1025], self.end_ids
+
+    def chat_ids(self, prompt: str, system_prompt: str | None = None) -> list[int]:
+        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        messages.append({"role": "user", "content": prompt})
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def greedy_ids(self, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+        """The generated ids, without the end token that stopped generation (if one did)."""
+        torch = self.torch
+        with torch.inference_mode():
+            out = self.model.generate(
+                torch.tensor([prompt_ids]),
+                attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                do_sample=False,
+                max_new_tokens=max_new_tokens,
+                eos_token_id=self.end_ids,
+                pad_token_id=self.end_ids[0],
+            )
+        ids = out[0, len(prompt_ids) :].tolist()
+        return ids[:-1] if ids and ids[-1] in self.end_ids else ids
+
+    def text(self, ids: list[int]) -> str:
+        return stable_text(self.tokenizer, ids)
+
+
+@pytest.fixture(scope="module")
+def reference(packed_model_dir: Path) -> GreedyReference:
+    return GreedyReference(packed_model_dir)
+
+
+def engine_counts(service: BentoService) -> dict[str, float]:
+    counts = {outcome: service.metric(REQUESTS_METRIC, outcome=outcome) for outcome in OUTCOMES}
+    counts["tokens"] = service.metric(TOKENS_METRIC)
+    return counts
+
+
+def delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {key: after[key] - before[key] for key in before}
+
+
+def wait_engine_idle(service: BentoService, quiet: float = 0.5, timeout: float = 60.0) -> dict[str, float]:
+    """Waits until the engine generated no token for `quiet` s (earlier tests may still be
+    winding down) and returns its counters."""
+    deadline = time.monotonic() + timeout
+    last = engine_counts(service)
+    while time.monotonic() < deadline:
+        time.sleep(quiet)
+        now = engine_counts(service)
+        if now == last:
+            return now
+        last = now
+    pytest.fail(f"the engine did not become idle in {timeout} s: {last}")
+
+
+def post_generate(service: BentoService, body: dict[str, Any]) -> tuple[httpx.Response, str]:
+    """POSTs `body` to /generate; returns the response and its whole body as text."""
+    with (
+        httpx.Client(timeout=120) as client,
+        client.stream("POST", f"{service.url}/generate", json=body) as response,
+    ):
+        text = b"".join(response.iter_raw()).decode("utf-8")
+    return response, text
+
+
+# ---- streaming ----------------------------------------------------------------------------------
+
+
+def test_sync_client_streams_the_greedy_reference(service: BentoService, reference: GreedyReference) -> None:
+    """BentoML's own client streams `generate`, and greedy text equals `transformers` greedy."""
+    generated = reference.greedy_ids(reference.chat_ids(PROMPT, SYSTEM_PROMPT), 40)
+    expected = reference.text(generated)
+    assert len(expected) > 20, f"the reference is too short to tell anything: {expected!r}"
+
+    with bentoml.SyncHTTPClient(service.url, timeout=120) as client:
+        result = client.generate(prompt=PROMPT, system_prompt=SYSTEM_PROMPT, max_tokens=40, temperature=0)
+        output_schema = client.endpoints["generate"].output
+        chunks = [result] if isinstance(result, str) else list(result)
+
+    assert "".join(chunks) == expected
+    assert not isinstance(result, str), (
+        "bentoml.SyncHTTPClient got generate's answer as one string, not as a stream: the service's "
+        f"schema does not mark the output as a stream ({output_schema})"
+    )
+    assert len(chunks) > 1, f"the answer arrived in one chunk: {chunks!r}"
+
+
+def test_prompt_and_max_tokens_only(service: BentoService) -> None:
+    """The upstream example's request shape: only `prompt` and `max_tokens` (sampling defaults)."""
+    before = wait_engine_idle(service)
+    response, text = post_generate(service, {"prompt": "What is the capital of France?", "max_tokens": 16})
+    assert response.status_code == 200, text
+    assert response.headers["content-type"].startswith("text/plain")
+    assert wait_for(lambda: engine_counts(service)["completed"] == before["completed"] + 1, timeout=5)
+    change = delta(engine_counts(service), before)
+    # The engine ran this one request, to at most max_tokens (it may sample an end token sooner).
+    assert 1 <= change["tokens"] <= 16, change
+    assert change["completed"] == 1 and change["cancelled"] == change["stopped"] == change["error"] == 0
+    if change["tokens"] > 1:  # more than just an end token was generated
+        assert text, "tokens were generated but no text came back"
+
+
+# ---- stop strings -------------------------------------------------------------------------------
+
+
+def straddling_stop(reference: GreedyReference, ids: list[int]) -> tuple[str, str]:
+    """A 4-character stop string across a token boundary in the greedy text, whose first occurrence
+    is well inside the text; returns it and the text before that occurrence."""
+    text = reference.text(ids)
+    ends = [len(reference.text(ids[:k])) for k in range(len(ids) + 1)]
+    for k in range(6, len(ids) // 2):
+        boundary = ends[k]
+        if not ends[k - 1] < boundary < ends[k + 1]:  # tokens k-1 and k both have text
+            continue
+        stop = text[boundary - 2 : boundary + 2]
+        first = text.find(stop)
+        before = text[:first]
+        if (
+            "\ufffd" not in stop
+            and stop.strip()
+            and first > 0
+            # what comes before must not end in a prefix of the stop string, so that "nothing of
+            # the stop string is emitted" is a check of its own
+            and not any(before.endswith(stop[:n]) for n in range(1, len(stop)))
+        ):
+            return stop, before
+    raise AssertionError(f"no usable stop string in {text!r}")
+
+
+def test_stop_string_ends_stream_and_engine_request(
+    service: BentoService, reference: GreedyReference
+) -> None:
+    """The text stops right before the stop string (nothing of it is sent), and the engine request
+    is stopped instead of running on to max_tokens."""
+    generated = reference.greedy_ids(reference.chat_ids(LONG_PROMPT), 48)
+    assert len(generated) == 48, "the greedy reference ended early; LONG_PROMPT no longer fits this test"
+    stop, expected = straddling_stop(reference, generated)
+    max_tokens = 600
+
+    before = wait_engine_idle(service)
+    response, streamed = post_generate(
+        service, {"prompt": LONG_PROMPT, "max_tokens": max_tokens, "temperature": 0, "stop": [stop]}
+    )
+    assert response.status_code == 200, streamed
+
+    assert streamed == expected, f"stop={stop!r}"
+    assert stop not in streamed
+    assert not any(streamed.endswith(stop[:n]) for n in range(1, len(stop))), (
+        f"part of the stop string {stop!r} was sent: {streamed[-8:]!r}"
+    )
+    assert wait_for(lambda: engine_counts(service)["stopped"] >= before["stopped"] + 1, timeout=5), (
+        f"the engine did not count the request as stopped: {delta(engine_counts(service), before)}"
+    )
+    wait_engine_idle(service)
+    change = delta(engine_counts(service), before)
+    assert change["stopped"] == 1 and change["completed"] == 0, change
+    assert change["tokens"] < max_tokens / 2, f"the engine ran on after the stop string: {change}"
+
+
+# ---- bad requests -------------------------------------------------------------------------------
+
+BAD_REQUESTS = {
+    "max_tokens_not_an_int": ({"prompt": "Hi", "max_tokens": "abc"}, "max_tokens", None),
+    "max_tokens_zero": ({"prompt": "Hi", "max_tokens": 0}, "max_tokens", None),
+    "temperature_too_high": ({"prompt": "Hi", "temperature": 5}, "temperature", None),
+    "beyond_context": ({"prompt": "Hi", "max_tokens": 5000}, "max_tokens", "context_length_exceeded"),
+    "empty_stop_string": ({"prompt": "Hi", "max_tokens": 5, "stop": [""]}, "stop", None),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
+def test_bad_request_is_a_json_400(service: BentoService, case: str) -> None:
+    """A bad request gets a 400 with a JSON body that names the field, never text, and never
+    reaches the engine; the service serves on."""
+    body, field, code = BAD_REQUESTS[case]
+    before = wait_engine_idle(service)
+    response = httpx.post(f"{service.url}/generate", json=body, timeout=60)
+
+    assert response.status_code == 400, response.text
+    assert response.headers["content-type"].startswith("application/json"), response.text
+    payload = response.json()  # the whole body is one JSON document: no text chunk came first
+    error = payload["error"]
+    if isinstance(error, dict):  # the service's own errors (OpenAI shape)
+        assert error["param"] == field, payload
+        assert error["type"] == "invalid_request_error", payload
+        assert error["message"], payload
+        if code is not None:
+            assert error["code"] == code, payload
+            assert "2048" in error["message"], payload
+    else:  # BentoML's request validation
+        assert any(field in detail["loc"] for detail in payload["detail"]), payload
+
+    assert engine_counts(service) == before, "a rejected request reached the engine"
+    ok = httpx.post(
+        f"{service.url}/generate", json={"prompt": "Hi", "max_tokens": 3, "temperature": 0}, timeout=60
+    )
+    assert ok.status_code == 200, ok.text
+
+
+# ---- client disconnect --------------------------------------------------------------------------
+
+
+def test_client_disconnect_stops_generation(service: BentoService) -> None:
+    """Closing the connection mid-stream ends the engine request within seconds."""
+    max_tokens = 1500
+    # Sampled with this seed, the prompt runs to max_tokens (about 10 s on the demo engine) unless
+    # the request is ended early.
+    body = {"prompt": LONG_PROMPT, "max_tokens": max_tokens, "temperature": 1, "seed": 15, "stop": []}
+    before = wait_engine_idle(service)
+
+    with (
+        httpx.Client(timeout=60) as client,
+        client.stream("POST", f"{service.url}/generate", json=body) as response,
+    ):
+        assert response.status_code == 200
+        received = []
+        for chunk in response.iter_raw():
+            received.append(chunk)
+            if len(received) == 3:
+                break
+    # Leaving both blocks closed the half-read response and its connection.
+    assert len(received) == 3
+
+    def ended() -> float:
+        counts = engine_counts(service)
+        return counts["cancelled"] + counts["stopped"] - before["cancelled"] - before["stopped"]
+
+    assert wait_for(lambda: ended() >= 1, timeout=5), (
+        f"the engine did not end the request within 5 s: {delta(engine_counts(service), before)}"
+    )
+    tokens = service.metric(TOKENS_METRIC)
+    time.sleep(1.0)
+    assert service.metric(TOKENS_METRIC) == tokens, "the engine is still generating"
+    change = delta(engine_counts(service), before)
+    assert ended() == 1 and change["completed"] == 0 and change["error"] == 0, change
+    assert change["tokens"] < max_tokens / 2, change

@@ -1,0 +1,273 @@
+"""Every error class of the /v1 API, with its status and OpenAI's error shape; API keys; /docs.json.
+
+Most checks use the shared service (no API keys). One private service has keys, a concurrency limit
+of 1 and a long Triton restart backoff, so that 401, 429, a failure mid-stream and 503 can all be
+provoked on it, in that order (the last two kill its Triton).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.openai_support import served_model_name
+
+KEYS = "k1,k2"
+
+
+@pytest.fixture(scope="module")
+def model_name(packed_model_dir: Path) -> str:
+    return served_model_name(packed_model_dir)
+
+
+@pytest.fixture(scope="module")
+def client(service: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{service.url}/v1", api_key="x", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def http(service: Any) -> httpx.Client:
+    with httpx.Client(base_url=service.url, timeout=60) as client:
+        yield client
+
+
+def user(text: str = "Hello") -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+def assert_error_shape(
+    body: Any, *, type: str | None = None, code: str | None = None, param: Any = ...
+) -> None:
+    """`{"error": {"message", "type", "param", "code"}}` with a non-empty message."""
+    assert set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"]
+    if type is not None:
+        assert error["type"] == type
+    if code is not None:
+        assert error["code"] == code
+    if param is not ...:
+        assert error["param"] == param
+
+
+# ---- the shared service (no API keys) ------------------------------------------------------------------
+
+
+def test_models_lists_the_packed_model(client: openai.OpenAI, model_name: str) -> None:
+    models = client.models.list()
+    assert [m.id for m in models.data] == [model_name]
+    assert models.data[0].model_extra is not None and models.data[0].model_extra["max_model_len"] == 2048
+    assert client.models.retrieve(model_name).id == model_name
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "extra", "param"),
+    [
+        ("chat", {"logit_bias": {"5": 10}}, "logit_bias"),
+        ("chat", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        ("chat", {"logprobs": True}, "logprobs"),
+        ("completions", {"best_of": 2}, "best_of"),
+        ("completions", {"suffix": "end"}, "suffix"),
+    ],
+)
+def test_unsupported_parameter_is_a_400_naming_it(
+    client: openai.OpenAI, model_name: str, endpoint: str, extra: dict[str, Any], param: str
+) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        if endpoint == "chat":
+            client.chat.completions.create(model=model_name, messages=user(), max_tokens=4, **extra)
+        else:
+            client.completions.create(model=model_name, prompt="Hello", max_tokens=4, **extra)
+    assert info.value.status_code == 400
+    assert info.value.param == param
+    assert info.value.code == "unsupported_parameter"
+    assert param in info.value.message
+
+
+def test_invalid_values_and_bodies_are_400s_in_openai_shape(http: httpx.Client, model_name: str) -> None:
+    cases = [
+        ({"model": model_name, "messages": user(), "temperature": 5}, "temperature"),
+        ({"model": model_name, "messages": user(), "n": 9}, "n"),
+        ({"model": model_name, "messages": []}, "messages"),
+        ({"model": model_name, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        ({"model": model_name}, "messages"),
+        ({"model": model_name, "messages": user(), "min_p": 0.1}, "min_p"),
+    ]
+    for body, param in cases:
+        response = http.post("/v1/chat/completions", json=body)
+        assert response.status_code == 400, (body, response.text)
+        assert_error_shape(response.json(), type="invalid_request_error", param=param)
+
+    response = http.post(
+        "/v1/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 400
+    assert_error_shape(response.json(), type="invalid_request_error")
+
+
+def test_context_length_exceeded(client: openai.OpenAI, model_name: str) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=model_name, messages=user(), max_tokens=2048)
+    assert (info.value.code, info.value.param) == ("context_length_exceeded", "messages")
+    assert "maximum context length is 2048 tokens" in info.value.message
+
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=model_name, prompt="go " * 3000)
+    assert (info.value.code, info.value.param) == ("context_length_exceeded", "prompt")
+    assert "in the prompt" in info.value.message
+
+
+def test_unknown_model_is_a_404(client: openai.OpenAI) -> None:
+    for call in (
+        lambda: client.chat.completions.create(model="gpt-4o", messages=user(), max_tokens=4),
+        lambda: client.completions.create(model="gpt-4o", prompt="Hello", max_tokens=4),
+        lambda: client.models.retrieve("gpt-4o"),
+    ):
+        with pytest.raises(openai.NotFoundError) as info:
+            call()
+        assert (info.value.code, info.value.param) == ("model_not_found", "model")
+        assert_error_shape({"error": info.value.body}, type="invalid_request_error")
+
+
+def test_unknown_route_and_method_under_v1(http: httpx.Client) -> None:
+    for method, path, status in (
+        ("GET", "/v1/nope", 404),
+        ("POST", "/v1/embeddings", 404),
+        ("GET", "/v1/chat/completions", 405),
+    ):
+        response = http.request(method, path)
+        assert response.status_code == status, (method, path)
+        assert_error_shape(response.json(), type="invalid_request_error")
+        assert path in response.json()["error"]["message"]
+
+
+def test_no_key_needed_without_api_keys(http: httpx.Client, model_name: str) -> None:
+    response = http.post(
+        "/v1/chat/completions", json={"model": model_name, "messages": user(), "max_tokens": 2}
+    )
+    assert response.status_code == 200
+    assert http.post("/generate", json={"prompt": "Hello", "max_tokens": 2}).status_code == 200
+
+
+def test_docs_json_describes_the_v1_routes(http: httpx.Client) -> None:
+    spec = http.get("/docs.json").json()
+    paths = spec["paths"]
+    for path in ("/v1/models", "/v1/chat/completions", "/v1/completions"):
+        assert path in paths
+    chat = paths["/v1/chat/completions"]["post"]
+    schema = chat["requestBody"]["content"]["application/json"]["schema"]
+    assert {"messages", "max_tokens", "temperature", "stream", "n", "seed", "stop"} <= set(
+        schema["properties"]
+    )
+    assert "ChatCompletionResponse" in str(chat["responses"]["200"])
+    assert "/generate" in paths
+    assert not any(path.startswith("/v1/{") for path in paths), "the catch-all is not documented"
+
+
+# ---- a private service: API keys, a concurrency limit of 1, Triton killed at the end --------------------
+
+
+def test_api_keys_rate_limit_and_unavailable(
+    make_service: Callable[..., Any], model_name: str, subtests: Any
+) -> None:
+    server = make_service(
+        {
+            "TRTLLM_API_KEYS": KEYS,
+            "TRITON_RESTART_BACKOFF": "30",
+            "BENTOML_CONFIG_OPTIONS": "services.trtllm.traffic.max_concurrency=1",
+        }
+    )
+    url = server.url
+    chat = {"model": model_name, "messages": user(), "max_tokens": 3}
+
+    def keyed(key: str) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60)
+
+    with subtests.test("no key or a wrong key: 401 on /v1 and /generate"):
+        for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic azE6"}):
+            for method, path, body in (
+                ("GET", "/v1/models", None),
+                ("POST", "/v1/chat/completions", chat),
+                ("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2}),
+                ("POST", "/v1/unknown", {}),
+                ("POST", "/generate", {"prompt": "Hi", "max_tokens": 2}),
+            ):
+                response = httpx.request(method, url + path, json=body, headers=headers, timeout=30)
+                assert response.status_code == 401, (headers, path)
+                assert_error_shape(response.json(), type="invalid_request_error", code="invalid_api_key")
+                assert response.headers["www-authenticate"] == "Bearer"
+                assert "nope" not in response.text
+        with pytest.raises(openai.AuthenticationError) as info:
+            keyed("wrong").chat.completions.create(**chat)
+        assert info.value.code == "invalid_api_key"
+
+    with subtests.test("either right key works"):
+        for key in KEYS.split(","):
+            response = keyed(key).chat.completions.create(**chat)
+            assert response.choices[0].finish_reason in ("stop", "length")
+        response = httpx.post(
+            f"{url}/generate",
+            json={"prompt": "Hi", "max_tokens": 2},
+            headers={"Authorization": "bearer k2"},
+            timeout=30,
+        )
+        assert response.status_code == 200
+
+    with subtests.test("probes, metrics and docs stay open"):
+        for path in ("/readyz", "/livez", "/healthz", "/metrics", "/docs.json", "/"):
+            assert httpx.get(url + path, timeout=30).status_code == 200, path
+
+    long = {**chat, "max_tokens": 1500, "ignore_eos": True, "stream": True}
+    key = {"Authorization": "Bearer k1"}
+    http = httpx.Client(base_url=url, headers=key, timeout=60)
+
+    with (
+        subtests.test("over max_concurrency: 429"),
+        http.stream("POST", "/v1/chat/completions", json=long) as held,
+    ):
+        assert held.status_code == 200
+        held_lines = held.iter_lines()  # keep the iterator: dropping it closes the response
+        next(held_lines)
+        with pytest.raises(openai.RateLimitError) as info:
+            keyed("k1").chat.completions.create(**chat)
+        assert info.value.status_code == 429
+        # BentoML's own limiter answers before any route: {"error": "Too many requests"}.
+        assert "error" in info.value.response.json()
+
+    with subtests.test("Triton dies mid-stream: an error event ends the stream"):
+        with http.stream("POST", "/v1/chat/completions", json=long) as response:
+            assert response.status_code == 200
+            lines = response.iter_lines()
+            for _ in range(6):
+                next(lines)
+            for pid in server.tritonserver_pids():
+                os.kill(pid, signal.SIGKILL)
+            events = [line for line in lines if line.startswith("data: ")]
+        assert events, "the stream ended without a final event"
+        assert events[-1] != "data: [DONE]"
+        assert_error_shape(json.loads(events[-1].removeprefix("data: ")), type="server_error")
+    http.close()
+
+    with subtests.test("Triton down: 503 before any chunk, streamed or not"):
+        start = time.monotonic()
+        for stream in (False, True):
+            response = httpx.post(
+                f"{url}/v1/chat/completions", json={**chat, "stream": stream}, headers=key, timeout=30
+            )
+            assert response.status_code == 503, response.text
+            assert_error_shape(response.json(), type="server_error", code="service_unavailable")
+            assert response.headers.get("retry-after") == "1"
+        with pytest.raises(openai.InternalServerError) as err:
+            keyed("k2").completions.create(model=model_name, prompt="Hi", max_tokens=2)
+        assert err.value.status_code == 503
+        assert time.monotonic() - start < 20, "answered while Triton is still down (backoff 30 s)"

@@ -1,0 +1,312 @@
+"""The /v1 app and its serving logic over a scripted runtime (no Triton, no model).
+
+The e2e tests check the real text; these check the plumbing that is hard to provoke there: how
+choices are seeded and merged, that every engine stream is closed whatever ends a response, and
+which errors surface where.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+
+from trtllm_service.openai import routes
+from trtllm_service.openai.protocol import (
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    CompletionChunk,
+    CompletionRequest,
+    parse_request,
+)
+from trtllm_service.openai.serving import OpenAIServing
+from trtllm_service.runtime import PreparedRequest, Runtime
+from trtllm_service.sampling import SamplingParams
+from trtllm_service.stream import Delta, GenerationError
+
+
+class FakeRuntime:
+    """Tokens are words; the engine answers `w0 w1 w2 ...` one word per delta.
+
+    `fail_at`: raise a GenerationError(500) instead of delta number `fail_at` (0: before the first).
+    `not_ready`: `stream()` raises a 503 as the real runtime does.
+    """
+
+    model_name = "fake-model"
+    max_seq_len = 64
+    max_input_len = 64
+    prepare = Runtime.prepare
+
+    def __init__(self, *, fail_at: int | None = None, not_ready: bool = False, hang: bool = False) -> None:
+        self.formatter = SimpleNamespace(
+            render=lambda messages: (
+                " ".join(f"<{m['role']}> {m['content']}" for m in messages) + " <assistant>"
+            ),
+            count_tokens=lambda text: len(text.split()),
+        )
+        self.tokenizer = SimpleNamespace(bos_token="<s>")
+        self.fail_at = fail_at
+        self.not_ready = not_ready
+        self.hang = hang
+        self.requests: list[tuple[PreparedRequest, SamplingParams]] = []
+        self.open = 0
+        self.closed_early = 0
+
+    def stream(self, request: PreparedRequest, params: SamplingParams) -> AsyncGenerator[Delta, None]:
+        if self.not_ready:
+            raise GenerationError(503, "not ready", code="unavailable")
+        self.requests.append((request, params))
+        return self._deltas(request, params)
+
+    async def _deltas(self, request: PreparedRequest, params: SamplingParams) -> AsyncGenerator[Delta, None]:
+        self.open += 1
+        finished = False
+        try:
+            tag = f"s{params.seed}" if params.temperature else ""  # sampled text shows its seed
+            for i in range(request.max_tokens):
+                if i == self.fail_at:
+                    raise GenerationError(500, "engine exploded", code="server_error")
+                await asyncio.sleep(0.2 if self.hang else 0)
+                last = i == request.max_tokens - 1
+                finished = last
+                yield Delta(f" w{i}{tag}", i + 1, "length" if last else None)
+        finally:
+            self.open -= 1
+            if not finished:
+                self.closed_early += 1
+
+
+@pytest.fixture
+def runtime() -> FakeRuntime:
+    return FakeRuntime()
+
+
+def client_for(runtime: FakeRuntime) -> httpx.AsyncClient:
+    routes.bind(runtime)  # type: ignore[arg-type]
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=routes.app), base_url="http://test")
+
+
+def post(runtime: FakeRuntime, path: str, body: dict[str, Any]) -> httpx.Response:
+    async def go() -> httpx.Response:
+        async with client_for(runtime) as client:
+            return await client.post(path, json=body)
+
+    return asyncio.run(go())
+
+
+def events(response: httpx.Response) -> list[str]:
+    return [line.removeprefix("data: ") for line in response.text.split("\n\n") if line]
+
+
+CHAT = {"messages": [{"role": "user", "content": "hi there"}], "max_tokens": 3}
+
+
+def test_chat_answer_usage_and_finish_reason(runtime: FakeRuntime) -> None:
+    response = post(runtime, "/chat/completions", {**CHAT, "model": "fake-model"})
+    assert response.status_code == 200
+    body = response.json()
+    assert body["choices"] == [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": " w0 w1 w2"},
+            "finish_reason": "length",
+            "logprobs": None,
+        }
+    ]
+    # "<user> hi there <assistant>": 4 prompt tokens
+    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}
+    assert runtime.open == 0 and runtime.closed_early == 0
+
+
+def test_chat_stream_frames(runtime: FakeRuntime) -> None:
+    response = post(
+        runtime, "/chat/completions", {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    )
+    assert response.headers["content-type"].startswith("text/event-stream")
+    *chunks, done = events(response)
+    assert done == "[DONE]"
+    parsed = [ChatCompletionChunk.model_validate_json(c) for c in chunks]
+    assert parsed[0].choices[0].delta.role == "assistant"
+    assert [p.choices[0].delta.content for p in parsed[1:4]] == [" w0", " w1", " w2"]
+    assert parsed[4].choices[0].finish_reason == "length"
+    assert parsed[5].choices == [] and parsed[5].usage is not None and parsed[5].usage.total_tokens == 7
+    assert all('"usage":null' in c for c in chunks[:-1])
+
+
+def test_n_choices_are_seeded_and_merged(runtime: FakeRuntime) -> None:
+    response = post(
+        runtime, "/chat/completions", {**CHAT, "n": 3, "seed": 10, "temperature": 1.0, "stream": True}
+    )
+    chunks = [ChatCompletionChunk.model_validate_json(c) for c in events(response)[:-1]]
+    texts: dict[int, str] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
+    assert texts == {i: f" w0s{10 + i} w1s{10 + i} w2s{10 + i}" for i in range(3)}
+    assert [params.seed for _, params in runtime.requests] == [10, 11, 12]
+
+    runtime.requests.clear()
+    post(runtime, "/chat/completions", {**CHAT, "n": 3, "temperature": 1.0})
+    seeds = [params.seed for _, params in runtime.requests]
+    assert None not in seeds and len(set(seeds)) == 3, "unseeded choices sample independently"
+
+    runtime.requests.clear()
+    post(runtime, "/chat/completions", {**CHAT, "n": 2, "temperature": 0, "seed": 5})
+    assert [params.seed for _, params in runtime.requests] == [5, 5], (
+        "greedy choices need no seed of their own"
+    )
+
+
+def test_seed_wraps_at_uint64(runtime: FakeRuntime) -> None:
+    post(runtime, "/chat/completions", {**CHAT, "n": 2, "seed": (1 << 64) - 1})
+    assert [params.seed for _, params in runtime.requests] == [(1 << 64) - 1, 0]
+
+
+def test_completions_prompts_times_n_and_echo(runtime: FakeRuntime) -> None:
+    body = {"prompt": ["a b", "c d e"], "n": 2, "max_tokens": 2, "echo": True, "temperature": 0}
+    response = post(runtime, "/completions", body).json()
+    assert [(c["index"], c["text"]) for c in response["choices"]] == [
+        (0, "a b w0 w1"),
+        (1, "a b w0 w1"),
+        (2, "c d e w0 w1"),
+        (3, "c d e w0 w1"),
+    ]
+    assert response["usage"] == {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13}
+
+    streamed = post(runtime, "/completions", {**body, "stream": True})
+    chunks = [CompletionChunk.model_validate_json(c) for c in events(streamed)[:-1]]
+    first_per_index: dict[int, str] = {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            first_per_index.setdefault(choice.index, choice.text)
+    assert first_per_index == {0: "a b", 1: "a b", 2: "c d e", 3: "c d e"}
+
+
+def test_empty_prompt_starts_from_bos(runtime: FakeRuntime) -> None:
+    response = post(runtime, "/completions", {"prompt": "", "max_tokens": 1}).json()
+    assert runtime.requests[0][0].prompt == "<s>"
+    assert response["choices"][0]["text"] == " w0"
+
+
+def test_unset_max_tokens_is_what_is_left_and_too_long_is_400(runtime: FakeRuntime) -> None:
+    post(runtime, "/completions", {"prompt": "a " * 60})
+    assert runtime.requests[0][0].max_tokens == 4
+
+    response = post(runtime, "/completions", {"prompt": "a " * 60, "max_tokens": 5})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("context_length_exceeded", "prompt")
+    assert "60 in the prompt, 5 in the completion" in error["message"]
+
+    response = post(runtime, "/chat/completions", {**CHAT, "max_completion_tokens": 61})
+    assert (response.status_code, response.json()["error"]["param"]) == (400, "messages")
+
+
+def test_error_before_the_first_delta_is_a_json_error_and_stops_the_others() -> None:
+    runtime = FakeRuntime(fail_at=0)
+    for stream in (False, True):
+        response = post(runtime, "/chat/completions", {**CHAT, "n": 2, "stream": stream})
+        assert response.status_code == 500
+        assert response.json()["error"]["type"] == "server_error"
+    assert runtime.open == 0
+
+    runtime = FakeRuntime(not_ready=True)
+    response = post(runtime, "/chat/completions", CHAT)
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "1"
+    assert response.json()["error"]["code"] == "service_unavailable"
+
+
+def test_error_mid_stream_is_an_error_event_and_closes_every_choice() -> None:
+    runtime = FakeRuntime(fail_at=2)
+    for n in (1, 3):
+        response = post(runtime, "/chat/completions", {**CHAT, "n": n, "stream": True})
+        assert response.status_code == 200
+        frames = events(response)
+        assert "[DONE]" not in frames
+        assert json.loads(frames[-1])["error"]["message"] == "engine exploded"
+        assert runtime.open == 0
+
+    response = post(runtime, "/chat/completions", {**CHAT, "n": 2})
+    assert response.status_code == 500
+    assert runtime.open == 0
+
+
+def test_closing_a_stream_closes_every_engine_stream() -> None:
+    async def go(n: int) -> FakeRuntime:
+        runtime = FakeRuntime(hang=True)
+        serving = OpenAIServing(runtime)  # type: ignore[arg-type]
+        request = parse_request(ChatCompletionRequest, {**CHAT, "n": n, "max_tokens": 50, "stream": True})
+        response = await serving.chat(request)
+        frames = response.body_iterator  # type: ignore[attr-defined]
+        for _ in range(n + 1):
+            await anext(frames)
+        assert runtime.open == n
+        await frames.aclose()  # type: ignore[attr-defined]
+        return runtime
+
+    for n in (1, 3):
+        runtime = asyncio.run(go(n))
+        assert (runtime.open, runtime.closed_early) == (0, n)
+
+
+def test_a_client_that_goes_away_stops_a_non_streamed_request() -> None:
+    async def go() -> tuple[FakeRuntime, int]:
+        runtime = FakeRuntime(hang=True)
+        serving = OpenAIServing(runtime)  # type: ignore[arg-type]
+
+        async def receive() -> dict[str, Any]:
+            await asyncio.sleep(0.3)
+            return {"type": "http.disconnect"}
+
+        http_request = SimpleNamespace(receive=receive)
+        request = parse_request(CompletionRequest, {"prompt": "a", "n": 2, "max_tokens": 50})
+        response = await serving.completions(request, http_request)  # type: ignore[arg-type]
+        return runtime, response.status_code
+
+    runtime, status = asyncio.run(go())
+    assert status == 499
+    assert (runtime.open, runtime.closed_early) == (0, 2)
+
+
+def test_models_and_model_check(runtime: FakeRuntime) -> None:
+    async def go() -> list[httpx.Response]:
+        async with client_for(runtime) as client:
+            return [
+                await client.get("/models"),
+                await client.get("/models/fake-model"),
+                await client.get("/models/other"),
+                await client.post("/completions", json={"model": "other", "prompt": "a"}),
+                await client.get("/nothing/here"),
+                await client.delete("/completions"),
+            ]
+
+    models, card, missing, wrong, unknown, method = asyncio.run(go())
+    assert models.json()["data"][0]["id"] == "fake-model"
+    assert models.json()["data"][0]["max_model_len"] == 64
+    assert card.json()["id"] == "fake-model"
+    for response in (missing, wrong):
+        assert response.status_code == 404
+        assert response.json()["error"]["code"] == "model_not_found"
+    assert (
+        unknown.status_code == 404 and unknown.json()["error"]["message"] == "Invalid URL (GET /nothing/here)"
+    )
+    assert method.status_code == 405 and method.json()["error"]["code"] == "method_not_allowed"
+    assert runtime.requests == []
+
+
+def test_invalid_bodies_never_reach_the_runtime(runtime: FakeRuntime) -> None:
+    response = post(runtime, "/chat/completions", {**CHAT, "logit_bias": {"1": 1}})
+    assert response.status_code == 400
+    assert response.json()["error"] == {
+        "message": "Unsupported parameter: 'logit_bias': logit_bias is not supported by this server.",
+        "type": "invalid_request_error",
+        "param": "logit_bias",
+        "code": "unsupported_parameter",
+    }
+    assert runtime.requests == []

@@ -1,0 +1,215 @@
+"""The ``/v1`` FastAPI app: thin routes over ``OpenAIServing``.
+
+Request bodies are read raw and validated by ``protocol.parse_request``, not by FastAPI, so that every
+error (malformed JSON, a wrong type, an unsupported parameter) has OpenAI's shape and names its
+``param``. The JSON schemas of the bodies still reach the OpenAPI document (``/docs.json``) through
+``openapi_extra``. Unknown paths and methods under ``/v1`` are answered with OpenAI-shaped 404 / 405s.
+
+The service binds its runtime once at startup (``bind``); the app finds it in ``app.state``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any
+
+from fastapi import FastAPI, Request
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Match
+
+from trtllm_service.openai.errors import APIError
+from trtllm_service.openai.protocol import (
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionChunk,
+    CompletionRequest,
+    CompletionResponse,
+    ErrorBody,
+    ModelCard,
+    ModelList,
+    parse_request,
+)
+from trtllm_service.openai.serving import OpenAIServing, error_response
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
+    from trtllm_service.runtime import Runtime
+
+app = FastAPI(
+    title="OpenAI-compatible API",
+    description="Chat and text completions in the OpenAI API's format, mounted at /v1.",
+    version="1",
+    docs_url=None,  # documented in the service's own /docs.json and Swagger UI
+    redoc_url=None,
+    openapi_url=None,
+)
+
+
+def bind(runtime: Runtime) -> OpenAIServing:
+    """Serves this app from `runtime` (called once per worker, when the service is created)."""
+    serving = OpenAIServing(runtime)
+    app.state.serving = serving
+    return serving
+
+
+def _serving(request: Request) -> OpenAIServing:
+    serving = getattr(request.app.state, "serving", None)
+    if serving is None:
+        raise APIError.unavailable("The service is starting; please retry shortly.", retry_after=1)
+    return serving
+
+
+# ---- OpenAPI documentation of bodies that FastAPI does not parse -----------------------------------------
+
+
+def _inline_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The model's JSON schema with every ``$ref`` replaced by its definition (no shared components)."""
+    schema = model.model_json_schema()
+    defs = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return resolve(copy.deepcopy(defs[ref.removeprefix("#/$defs/")]))
+            return {key: resolve(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [resolve(item) for item in node]
+        return node
+
+    return resolve(schema)
+
+
+def _body(model: type[BaseModel], example: dict[str, Any]) -> dict[str, Any]:
+    media = {"schema": _inline_schema(model), "example": example}
+    return {"requestBody": {"required": True, "content": {"application/json": media}}}
+
+
+_CHAT_EXAMPLE = {
+    "messages": [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "Explain superconductors in plain English."},
+    ],
+    "max_tokens": 128,
+    "temperature": 0.7,
+    "stream": False,
+}
+_COMPLETION_EXAMPLE = {"prompt": "Once upon a time", "max_tokens": 64, "temperature": 0.7, "stream": False}
+
+
+def _responses(ok: type[BaseModel], chunk: type[BaseModel] | None = None) -> dict[int | str, dict[str, Any]]:
+    success: dict[str, Any] = {"model": ok, "description": "The completion"}
+    if chunk is not None:
+        success["description"] = (
+            f"The completion; with `stream: true` an event stream of `data: <{chunk.__name__}>` events "
+            "ending in `data: [DONE]`"
+        )
+        success["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
+    errors = {
+        400: "Invalid request, unsupported parameter, or prompt too long for the context",
+        401: "Missing or wrong API key",
+        404: "Unknown model",
+        429: "Too many concurrent requests",
+        503: "The inference server is not ready",
+    }
+    return {200: success, **{code: {"model": ErrorBody, "description": why} for code, why in errors.items()}}
+
+
+# ---- routes --------------------------------------------------------------------------------------------
+
+
+@app.get("/models", response_model=ModelList, summary="List models")
+async def list_models(request: Request) -> Response:
+    """The served model, with its context length (`max_model_len`)."""
+    try:
+        return JSONResponse(_serving(request).list_models().model_dump(mode="json"))
+    except APIError as exc:
+        return error_response(exc)
+
+
+@app.get(
+    "/models/{model}",
+    response_model=ModelCard,
+    summary="Retrieve a model",
+    responses={404: {"model": ErrorBody, "description": "Unknown model"}},
+)
+async def retrieve_model(model: str, request: Request) -> Response:
+    """The served model's card, or a 404 for any other name."""
+    try:
+        serving = _serving(request)
+        serving.check_model(model)
+        return JSONResponse(serving.model_card().model_dump(mode="json"))
+    except APIError as exc:
+        return error_response(exc)
+
+
+@app.post(
+    "/chat/completions",
+    summary="Create a chat completion",
+    openapi_extra=_body(ChatCompletionRequest, _CHAT_EXAMPLE),
+    responses=_responses(ChatCompletionResponse, ChatCompletionChunk),
+)
+async def chat_completions(request: Request) -> Response:
+    """Formats the messages with the model's chat template and generates the assistant's reply."""
+    try:
+        body = parse_request(ChatCompletionRequest, await request.body())
+        serving = _serving(request)
+    except APIError as exc:
+        return error_response(exc)
+    return await serving.chat(body, request)
+
+
+@app.post(
+    "/completions",
+    summary="Create a text completion",
+    openapi_extra=_body(CompletionRequest, _COMPLETION_EXAMPLE),
+    responses=_responses(CompletionResponse, CompletionChunk),
+)
+async def completions(request: Request) -> Response:
+    """Continues the prompt(s) as plain text (no chat template)."""
+    try:
+        body = parse_request(CompletionRequest, await request.body())
+        serving = _serving(request)
+    except APIError as exc:
+        return error_response(exc)
+    return await serving.completions(body, request)
+
+
+_ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+def _not_routed(request: Request, status: int) -> Response:
+    where = f"{request.method} {request.url.path}"
+    if status == 405:
+        return error_response(APIError(405, f"Method not allowed ({where})", code="method_not_allowed"))
+    return error_response(APIError(404, f"Invalid URL ({where})", code="unknown_url"))
+
+
+@app.api_route("/{path:path}", methods=_ANY_METHOD, include_in_schema=False)
+async def unknown_route(path: str, request: Request) -> Response:
+    """Everything else under /v1: a 404 in OpenAI's shape, or a 405 for a known path.
+
+    BentoML mounts this app only for paths that one of its routes matches, so without this catch-all
+    unknown /v1 URLs would get BentoML's plain-text 404.
+    """
+    scope = request.scope
+    known = any(
+        route.matches(scope)[0] == Match.PARTIAL
+        for route in app.routes
+        if getattr(route, "endpoint", None) is not unknown_route
+    )
+    return _not_routed(request, 405 if known else 404)
+
+
+@app.exception_handler(StarletteHTTPException)
+async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    """Any other HTTP error raised by the framework, in OpenAI's error shape."""
+    if exc.status_code in (404, 405):
+        return _not_routed(request, exc.status_code)
+    response = error_response(APIError(exc.status_code, str(exc.detail)))
+    if exc.headers:
+        response.headers.update(exc.headers)
+    return response
