@@ -12,9 +12,10 @@ from typing import Annotated
 
 import bentoml
 from annotated_types import Ge, Le
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, StreamingResponse
 
 from trtllm_service.auth import APIKeyMiddleware, APIKeys
+from trtllm_service.metrics import append_triton_metrics
 from trtllm_service.openai import routes as openai_routes
 from trtllm_service.openai.errors import APIError, from_generation_error
 from trtllm_service.runtime import Runtime, default_model_tag, first_and_rest
@@ -47,6 +48,7 @@ class TRTLLM:
 
     @bentoml.on_startup
     async def start_triton(self) -> None:
+        share_bentoml_log_handlers(logger)
         await self.runtime.start()
 
     @bentoml.on_shutdown
@@ -55,6 +57,11 @@ class TRTLLM:
 
     async def __is_ready__(self) -> bool:
         return self.runtime.ready
+
+    async def __metrics__(self, text: str) -> str:
+        """BentoML's metrics followed by Triton's, so one scrape covers both."""
+        supervisor = self.runtime.supervisor
+        return await append_triton_metrics(text, supervisor.metrics_url if supervisor else None)
 
     @bentoml.api
     async def generate(
@@ -100,11 +107,33 @@ class TRTLLM:
             return error_response(from_generation_error(exc))  # type: ignore[return-value]
         except APIError as exc:
             return error_response(exc)  # type: ignore[return-value]
-        return relay_text(first, rest)
+        # A StreamingResponse of our own: an error after the first chunk then aborts the
+        # connection instead of ending the body as if the answer were complete.
+        return StreamingResponse(relay_text(first, rest), media_type="text/plain; charset=utf-8")  # type: ignore[return-value]
+
+
+# `generate` returns its stream rather than being a generator (so errors before the first chunk
+# can still be JSON responses with a status): tell BentoML and its clients that it streams.
+TRTLLM.apis["generate"].is_stream = True
 
 
 if SETTINGS.api_keys:  # covers /generate and /v1/*; probes, metrics and docs stay open
     TRTLLM.add_asgi_middleware(APIKeyMiddleware, api_keys=APIKeys(SETTINGS.api_keys))
+
+
+def share_bentoml_log_handlers(target: logging.Logger) -> None:
+    """Our INFO lines (Triton's output among them) go where BentoML's own log lines go.
+
+    BentoML configures its loggers when the worker starts; ours would otherwise reach only the
+    root logger, which shows warnings and errors alone.
+    """
+    source = logging.getLogger("bentoml")
+    if target.handlers or not source.handlers:
+        return
+    target.setLevel(logging.INFO)
+    for handler in source.handlers:
+        target.addHandler(handler)
+    target.propagate = False
 
 
 def error_response(error: APIError) -> JSONResponse:

@@ -125,7 +125,11 @@ class Runtime:
             on_state_change=self._on_state_change,
         )
         self.relay = TritonStream(self.supervisor.grpc_url, stream_timeout_s=settings.stream_timeout_s)
-        await self.supervisor.start()
+        try:
+            await self.supervisor.start()
+        except BaseException:
+            await self.stop()  # a failed start leaves no process and no run directory behind
+            raise
         logger.info("Triton is ready for %s (grpc %s)", self.model_name, self.supervisor.grpc_url)
 
     def _on_state_change(self, ready: bool) -> None:

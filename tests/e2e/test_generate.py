@@ -137,12 +137,12 @@ def test_prompt_and_max_tokens_only(service: BentoService) -> None:
     response, text = post_generate(service, {"prompt": "What is the capital of France?", "max_tokens": 16})
     assert response.status_code == 200, text
     assert response.headers["content-type"].startswith("text/plain")
-    assert wait_for(lambda: engine_counts(service)["completed"] == before["completed"] + 1, timeout=5)
+    assert wait_for(lambda: engine_counts(service)["completed"] == before["completed"] + 1, timeout=15)
     change = delta(engine_counts(service), before)
     # The engine ran this one request, to at most max_tokens (it may sample an end token sooner).
     assert 1 <= change["tokens"] <= 16, change
     assert change["completed"] == 1 and change["cancelled"] == change["stopped"] == change["error"] == 0
-    if change["tokens"] > 1:  # more than just an end token was generated
+    if change["tokens"] > 4:  # more than an end token and a few byte pieces of one character
         assert text, "tokens were generated but no text came back"
 
 
@@ -194,7 +194,8 @@ def test_stop_string_ends_stream_and_engine_request(
     assert not any(streamed.endswith(stop[:n]) for n in range(1, len(stop))), (
         f"part of the stop string {stop!r} was sent: {streamed[-8:]!r}"
     )
-    assert wait_for(lambda: engine_counts(service)["stopped"] >= before["stopped"] + 1, timeout=5), (
+    # Typically well under a second; generous because CI machines can be very busy.
+    assert wait_for(lambda: engine_counts(service)["stopped"] >= before["stopped"] + 1, timeout=10), (
         f"the engine did not count the request as stopped: {delta(engine_counts(service), before)}"
     )
     wait_engine_idle(service)
@@ -271,8 +272,9 @@ def test_client_disconnect_stops_generation(service: BentoService) -> None:
         counts = engine_counts(service)
         return counts["cancelled"] + counts["stopped"] - before["cancelled"] - before["stopped"]
 
-    assert wait_for(lambda: ended() >= 1, timeout=5), (
-        f"the engine did not end the request within 5 s: {delta(engine_counts(service), before)}"
+    # Typically well under a second; generous because CI machines can be very busy.
+    assert wait_for(lambda: ended() >= 1, timeout=10), (
+        f"the engine did not end the request within 10 s: {delta(engine_counts(service), before)}"
     )
     tokens = service.metric(TOKENS_METRIC)
     time.sleep(1.0)
