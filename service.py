@@ -15,6 +15,7 @@ from annotated_types import Ge, Le
 from starlette.responses import JSONResponse, StreamingResponse
 
 from trtllm_service.auth import APIKeyMiddleware, APIKeys
+from trtllm_service.limits import ConcurrencyLimitMiddleware
 from trtllm_service.metrics import append_triton_metrics
 from trtllm_service.openai import routes as openai_routes
 from trtllm_service.openai.errors import APIError, from_generation_error
@@ -32,7 +33,7 @@ MODEL_TAG = default_model_tag(SETTINGS.model_tag)
 @bentoml.asgi_app(openai_routes.app, path="/v1")
 @bentoml.service(
     name="trtllm",
-    traffic={"timeout": 600, "max_concurrency": 512},
+    traffic={"timeout": 600},  # concurrency is limited by ConcurrencyLimitMiddleware (OpenAI's 429 shape)
     resources={"gpu": 1, "gpu_type": "nvidia-l4"},
     workers=1,
 )
@@ -117,6 +118,7 @@ class TRTLLM:
 TRTLLM.apis["generate"].is_stream = True
 
 
+TRTLLM.add_asgi_middleware(ConcurrencyLimitMiddleware, limit=SETTINGS.max_concurrency)
 if SETTINGS.api_keys:  # covers /generate and /v1/*; probes, metrics and docs stay open
     TRTLLM.add_asgi_middleware(APIKeyMiddleware, api_keys=APIKeys(SETTINGS.api_keys))
 

@@ -40,6 +40,9 @@ class Settings(BaseModel, frozen=True):
     )
     api_keys: tuple[str, ...] = Field((), description="TRTLLM_API_KEYS: comma-separated; empty = no auth")
     default_max_tokens: int = Field(1024, ge=1, description="TRTLLM_DEFAULT_MAX_TOKENS for `generate`")
+    max_concurrency: int = Field(
+        256, ge=1, description="TRTLLM_MAX_CONCURRENCY: requests in flight, then 429"
+    )
     stream_timeout_s: float = Field(600.0, gt=0, description="TRTLLM_STREAM_TIMEOUT: per request, seconds")
 
     @field_validator("api_keys", mode="before")
@@ -65,6 +68,7 @@ class Settings(BaseModel, frozen=True):
             "run_dir": "TRTLLM_RUN_DIR",
             "api_keys": "TRTLLM_API_KEYS",
             "default_max_tokens": "TRTLLM_DEFAULT_MAX_TOKENS",
+            "max_concurrency": "TRTLLM_MAX_CONCURRENCY",
             "stream_timeout_s": "TRTLLM_STREAM_TIMEOUT",
         }
         raw = {field: env[var] for field, var in names.items() if env.get(var, "") != ""}

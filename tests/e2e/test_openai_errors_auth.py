@@ -184,7 +184,7 @@ def test_api_keys_rate_limit_and_unavailable(
         {
             "TRTLLM_API_KEYS": KEYS,
             "TRITON_RESTART_BACKOFF": "30",
-            "BENTOML_CONFIG_OPTIONS": "services.trtllm.traffic.max_concurrency=1",
+            "TRTLLM_MAX_CONCURRENCY": "1",
         }
     )
     url = server.url
@@ -232,7 +232,7 @@ def test_api_keys_rate_limit_and_unavailable(
     http = httpx.Client(base_url=url, headers=key, timeout=60)
 
     with (
-        subtests.test("over max_concurrency: 429"),
+        subtests.test("over TRTLLM_MAX_CONCURRENCY: 429 in OpenAI's shape"),
         http.stream("POST", "/v1/chat/completions", json=long) as held,
     ):
         assert held.status_code == 200
@@ -241,8 +241,13 @@ def test_api_keys_rate_limit_and_unavailable(
         with pytest.raises(openai.RateLimitError) as info:
             keyed("k1").chat.completions.create(**chat)
         assert info.value.status_code == 429
-        # BentoML's own limiter answers before any route: {"error": "Too many requests"}.
-        assert "error" in info.value.response.json()
+        assert_error_shape(info.value.response.json(), type="requests", code="rate_limit_exceeded")
+        assert info.value.response.headers["retry-after"] == "1"
+        response = httpx.post(
+            f"{url}/generate", json={"prompt": "Hi", "max_tokens": 2}, headers=key, timeout=30
+        )
+        assert response.status_code == 429
+        assert httpx.get(f"{url}/readyz", timeout=30).status_code == 200  # probes are not limited
 
     with subtests.test("Triton dies mid-stream: an error event ends the stream"):
         with http.stream("POST", "/v1/chat/completions", json=long) as response:
