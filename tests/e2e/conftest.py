@@ -11,9 +11,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import openai
 import psutil
 import pytest
 
+from tests.openai_support import Reference, reference_for, served_model_name
 from tests.support import free_port, http_ok, prometheus_metric
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -173,3 +175,22 @@ def make_service(bentoml_home: Path, tmp_path: Path) -> Iterator[Callable[..., B
     finally:
         for server in started:
             server.stop()
+
+
+# ---- shared by the OpenAI API tests ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def ref(packed_model_dir: Path) -> Reference:
+    """Greedy references computed with transformers on the packed model files."""
+    return reference_for(packed_model_dir)
+
+
+@pytest.fixture(scope="module")
+def model_name(packed_model_dir: Path) -> str:
+    return served_model_name(packed_model_dir)
+
+
+@pytest.fixture(scope="module")
+def client(service: BentoService) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{service.url}/v1", api_key="x", max_retries=0, timeout=120)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,8 +18,6 @@ from tests.openai_support import (
     TOKENS_METRIC,
     Reference,
     ended_requests,
-    reference_for,
-    served_model_name,
     straddling_stop,
     wait_idle,
 )
@@ -31,21 +28,6 @@ MESSAGES = [
     {"role": "user", "content": "Tell me a story about a dog."},
 ]
 MAX_TOKENS = 40
-
-
-@pytest.fixture(scope="module")
-def ref(packed_model_dir: Path) -> Reference:
-    return reference_for(packed_model_dir)
-
-
-@pytest.fixture(scope="module")
-def model_name(packed_model_dir: Path) -> str:
-    return served_model_name(packed_model_dir)
-
-
-@pytest.fixture(scope="module")
-def client(service: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{service.url}/v1", api_key="x", max_retries=0, timeout=120)
 
 
 def stream_chunks(client: openai.OpenAI, **kwargs: Any) -> list[Any]:

@@ -6,32 +6,15 @@ Raw prompts, no chat template: the reference tokenizes them with BOS added, as t
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
 import openai
-import pytest
 
-from tests.openai_support import Reference, reference_for, served_model_name
+from tests.openai_support import Reference
 
 PROMPT = "Once upon a time, in a small village by the sea,"
 OTHER = "The quick brown fox"
 MAX_TOKENS = 24
-
-
-@pytest.fixture(scope="module")
-def ref(packed_model_dir: Path) -> Reference:
-    return reference_for(packed_model_dir)
-
-
-@pytest.fixture(scope="module")
-def model_name(packed_model_dir: Path) -> str:
-    return served_model_name(packed_model_dir)
-
-
-@pytest.fixture(scope="module")
-def client(service: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{service.url}/v1", api_key="x", max_retries=0, timeout=120)
 
 
 def texts_by_index(chunks: list[Any]) -> dict[int, str]:

@@ -12,26 +12,13 @@ import os
 import signal
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from tests.openai_support import served_model_name
-
 KEYS = "k1,k2"
-
-
-@pytest.fixture(scope="module")
-def model_name(packed_model_dir: Path) -> str:
-    return served_model_name(packed_model_dir)
-
-
-@pytest.fixture(scope="module")
-def client(service: Any) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{service.url}/v1", api_key="x", max_retries=0, timeout=60)
 
 
 @pytest.fixture(scope="module")

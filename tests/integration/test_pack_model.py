@@ -22,6 +22,7 @@ from bentoml._internal.models import ModelStore
 
 from tensorrtllm_backend.repository import MODELS
 from tensorrtllm_backend.scripts.launch_triton_server import LauncherError, find_tritonserver
+from tests.support import engine_config
 from trtllm_service import packing
 from trtllm_service.packing import TOKENIZER_FILES, layout_runtime_repository, read_pack_info
 
@@ -84,42 +85,12 @@ def store(tmp_path: Path) -> Store:
     return Store(home=tmp_path / "bentoml", tmp=tmp_path / "tmp")
 
 
-def engine_config(tp: int = 2, pp: int = 1) -> dict[str, Any]:
-    """config.json as trtllm-build (TensorRT-LLM 0.19) writes it, trimmed to a realistic subset."""
-    return {
-        "version": "0.19.0",
-        "pretrained_config": {
-            "architecture": "LlamaForCausalLM",
-            "dtype": "bfloat16",
-            "vocab_size": 1040,
-            "hidden_size": 128,
-            "num_hidden_layers": 2,
-            "num_attention_heads": 4,
-            "num_key_value_heads": 2,
-            "max_position_embeddings": 2048,
-            "mapping": {
-                "world_size": tp * pp,
-                "gpus_per_node": 8,
-                "cp_size": 1,
-                "tp_size": tp,
-                "pp_size": pp,
-                "moe_tp_size": tp,
-                "moe_ep_size": 1,
-                "auto_parallel": False,
-            },
-            "quantization": {"quant_algo": None, "kv_cache_quant_algo": None},
-        },
-        "build_config": {
-            "max_input_len": 1024,
-            "max_seq_len": 2048,
-            "opt_batch_size": 8,
-            "max_batch_size": 16,
-            "max_beam_width": 1,
-            "max_num_tokens": 8192,
-            "kv_cache_type": "PAGED",
-            "plugin_config": {"use_paged_context_fmha": True, "paged_kv_cache": True},
-        },
-    }
+def demo_engine_config(tp: int = 2, pp: int = 1) -> dict[str, Any]:
+    """A fake engine config shaped like the demo model (its tokenizer is packed beside it)."""
+    shape = {"vocab_size": 1040, "hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4}
+    return engine_config(
+        tp, pp, pretrained={**shape, "num_key_value_heads": 2, "max_position_embeddings": 2048}
+    )
 
 
 @pytest.fixture
@@ -127,7 +98,7 @@ def engine_dir(tmp_path: Path) -> Path:
     """A fake tp=2 engine dir: real config.json, dummy rank files, and clutter that must stay behind."""
     directory = tmp_path / "llama-tp2"
     directory.mkdir()
-    (directory / "config.json").write_text(json.dumps(engine_config(), indent=2))
+    (directory / "config.json").write_text(json.dumps(demo_engine_config(), indent=2))
     (directory / "rank0.engine").write_bytes(b"rank-0-engine")
     (directory / "rank1.engine").write_bytes(b"rank-1-engine")
     (directory / "model.cache").write_bytes(b"timing cache")
@@ -201,7 +172,7 @@ def _config(d: Path, config: dict[str, Any]) -> None:
 
 
 def _world_size_mismatch(d: Path) -> None:
-    config = engine_config()
+    config = demo_engine_config()
     config["pretrained_config"]["mapping"]["world_size"] = 4
     _config(d, config)
 

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tensorrtllm_backend.repository import MODELS, build_repository, repository_values
+from tests.support import engine_config
 from trtllm_service import packing
 from trtllm_service.packing import (
     ModelSource,
@@ -32,46 +33,6 @@ from trtllm_service.packing import (
 )
 
 pytestmark = pytest.mark.unit
-
-
-def engine_config(tp: int = 2, pp: int = 1, **build: Any) -> dict[str, Any]:
-    """config.json as trtllm-build (TensorRT-LLM 0.19) writes it, trimmed to a realistic subset."""
-    return {
-        "version": "0.19.0",
-        "pretrained_config": {
-            "architecture": "LlamaForCausalLM",
-            "dtype": "bfloat16",
-            "vocab_size": 128256,
-            "hidden_size": 4096,
-            "num_hidden_layers": 32,
-            "num_attention_heads": 32,
-            "num_key_value_heads": 8,
-            "max_position_embeddings": 8192,
-            "position_embedding_type": "rope_gpt_neox",
-            "mapping": {
-                "world_size": tp * pp,
-                "gpus_per_node": 8,
-                "cp_size": 1,
-                "tp_size": tp,
-                "pp_size": pp,
-                "moe_tp_size": tp,
-                "moe_ep_size": 1,
-                "auto_parallel": False,
-            },
-            "quantization": {"quant_algo": None, "kv_cache_quant_algo": None, "group_size": 128},
-        },
-        "build_config": {
-            "max_input_len": 1024,
-            "max_seq_len": 2048,
-            "opt_batch_size": 8,
-            "max_batch_size": 16,
-            "max_beam_width": 1,
-            "max_num_tokens": 8192,
-            "kv_cache_type": "PAGED",
-            "plugin_config": {"use_paged_context_fmha": True, "paged_kv_cache": True},
-            **build,
-        },
-    }
 
 
 def write_engine(directory: Path, config: dict[str, Any] | None = None, ranks: int = 2) -> Path:

@@ -26,6 +26,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -153,36 +154,26 @@ class OpenAIServing:
             started = await self._start(choices)
         except APIError as exc:
             return error_response(exc)
-        usage_prompt = prepared.prompt_tokens
-        if request.stream:
-            encoder = ChatChunkEncoder(
-                new_id("chatcmpl"), self.model_name, include_usage=request.include_usage
+        encoder = ChatChunkEncoder(new_id("chatcmpl"), self.model_name, include_usage=request.include_usage)
+
+        def build(results: list[Any]) -> ChatCompletionResponse:
+            return ChatCompletionResponse(
+                model=self.model_name,
+                choices=[
+                    ChatCompletionChoice(
+                        index=choice.index,
+                        message=ChatCompletionMessage(content=result.text),
+                        finish_reason=result.finish_reason,  # type: ignore[arg-type]
+                    )
+                    for choice, result in zip(choices, results, strict=True)
+                ],
+                usage=_usage(prepared.prompt_tokens, results),
             )
-            opening = [encoder.role(choice.index) for choice in choices]
-            frames = _sse_frames(
-                started,
-                opening,
-                encoder.content,
-                encoder.finish,
-                (lambda tokens: encoder.usage(usage_prompt, tokens)) if request.include_usage else None,
-            )
-            return SSEResponse(frames)
-        results = await self._collect_all(started, http_request)
-        if isinstance(results, Response):
-            return results
-        response = ChatCompletionResponse(
-            model=self.model_name,
-            choices=[
-                ChatCompletionChoice(
-                    index=choice.index,
-                    message=ChatCompletionMessage(content=result.text),
-                    finish_reason=result.finish_reason,  # type: ignore[arg-type]
-                )
-                for choice, result in zip(choices, results, strict=True)
-            ],
-            usage=_usage(usage_prompt, results),
+
+        opening = [encoder.role(choice.index) for choice in choices]
+        return await self._respond(
+            request, started, http_request, encoder, opening, encoder.content, prepared.prompt_tokens, build
         )
-        return JSONResponse(response.model_dump(mode="json"))
 
     def _prepare_chat(self, messages: list[dict[str, str]], max_tokens: int | None) -> PreparedRequest:
         try:
@@ -209,35 +200,46 @@ class OpenAIServing:
         except APIError as exc:
             return error_response(exc)
         usage_prompt = sum(p.prompt_tokens for p in prepared)
+        encoder = CompletionChunkEncoder(new_id("cmpl"), self.model_name, include_usage=request.include_usage)
+
+        def build(results: list[Any]) -> CompletionResponse:
+            return CompletionResponse(
+                model=self.model_name,
+                choices=[
+                    CompletionChoice(
+                        index=choice.index,
+                        text=choice.echo + result.text,
+                        finish_reason=result.finish_reason,  # type: ignore[arg-type]
+                    )
+                    for choice, result in zip(choices, results, strict=True)
+                ],
+                usage=_usage(usage_prompt, results),
+            )
+
+        opening = [encoder.text(c.echo, c.index) for c in choices if c.echo]
+        return await self._respond(
+            request, started, http_request, encoder, opening, encoder.text, usage_prompt, build
+        )
+
+    async def _respond(
+        self,
+        request: ChatCompletionRequest | CompletionRequest,
+        started: Any,
+        http_request: Request | None,
+        encoder: ChatChunkEncoder | CompletionChunkEncoder,
+        opening: list[str],
+        delta: Callable[[str, int], str],
+        usage_prompt: int,
+        build: Callable[[list[Any]], BaseModel],
+    ) -> Response:
+        """An SSE stream of chunks, or one JSON body built from all results, for either endpoint."""
         if request.stream:
-            encoder = CompletionChunkEncoder(
-                new_id("cmpl"), self.model_name, include_usage=request.include_usage
-            )
-            opening = [encoder.text(c.echo, c.index) for c in choices if c.echo]
-            frames = _sse_frames(
-                started,
-                opening,
-                encoder.text,
-                encoder.finish,
-                (lambda tokens: encoder.usage(usage_prompt, tokens)) if request.include_usage else None,
-            )
-            return SSEResponse(frames)
+            usage = (lambda tokens: encoder.usage(usage_prompt, tokens)) if request.include_usage else None
+            return SSEResponse(_sse_frames(started, opening, delta, encoder.finish, usage))
         results = await self._collect_all(started, http_request)
         if isinstance(results, Response):
             return results
-        response = CompletionResponse(
-            model=self.model_name,
-            choices=[
-                CompletionChoice(
-                    index=choice.index,
-                    text=choice.echo + result.text,
-                    finish_reason=result.finish_reason,  # type: ignore[arg-type]
-                )
-                for choice, result in zip(choices, results, strict=True)
-            ],
-            usage=_usage(usage_prompt, results),
-        )
-        return JSONResponse(response.model_dump(mode="json"))
+        return JSONResponse(build(results).model_dump(mode="json"))
 
     def _prepare_prompts(self, prompts: list[str], max_tokens: int | None) -> list[PreparedRequest]:
         bos = getattr(self.runtime.tokenizer, "bos_token", None)
