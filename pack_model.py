@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
             "Runtime options are written into the packed config.pbtxt files; to change one, pack again. "
             "The model's repository uses absolute paths inside the model directory, so "
             "'tritonserver --model-repository <model>/repository' works where the model lies; the service "
-            "relocates it at start-up (trtllm_service.packing.layout_runtime_repository)."
+            "relocates it at start-up (trtllm_service.packed_model.layout_runtime_repository)."
         ),
     )
 
@@ -94,6 +94,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="Jinja chat template that replaces the tokenizer's: stored as chat_template in the packed "
         "tokenizer/tokenizer_config.json (your files are never modified); checked to parse and to render "
         "a two-message conversation",
+    )
+
+    engine = parser.add_argument_group("engine without TensorRT-LLM (--hf-model, --demo)")
+    engine.add_argument(
+        "--engine",
+        choices=packing.STAND_IN_ENGINES,
+        default=defaults.engine,
+        help="what serves the tensorrt_llm slot: reference runs the checkpoint with PyTorch; synthetic "
+        "emits tokens as fast as Triton relays them, no model (for load tests and benchmarks of "
+        "everything around the engine) (default %(default)s)",
+    )
+    engine.add_argument(
+        "--step-delay-ms",
+        type=float,
+        default=defaults.step_delay_ms,
+        metavar="MS",
+        help="--engine synthetic: time per decoding step (every active request gets one token per "
+        "step), to stand in for an engine of that speed; 0 = as fast as possible (default %(default)s)",
     )
 
     runtime = parser.add_argument_group("runtime (filled into the Triton model configs)")
@@ -193,6 +211,8 @@ def _options(args: argparse.Namespace) -> RuntimeOptions:
         max_queue_size=args.max_queue_size,
         preprocessing_instances=args.preprocessing_instances,
         exclude_input_in_output=args.exclude_input_in_output,
+        engine=args.engine,
+        step_delay_ms=args.step_delay_ms,
     )
     options.validate()
     return options

@@ -1,28 +1,28 @@
-"""BentoML entry point: `bentoml serve .` starts TRTLLM, which supervises a Triton running the model.
+"""BentoML entry point: `bentoml serve .` starts TRTLLM, whose workers share one supervised Triton.
 
-Thin on purpose: the work lives in `trtllm_service` (runtime, stream relay, prompting, OpenAI API).
+Thin on purpose: the work lives in `trtllm_service` (runtime, relay, prompting, OpenAI API).
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 from collections.abc import AsyncGenerator
 from typing import Annotated
 
 import bentoml
 from annotated_types import Ge, Le
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse
 
 from trtllm_service.auth import APIKeyMiddleware, APIKeys
+from trtllm_service.errors import APIError
 from trtllm_service.limits import ConcurrencyLimitMiddleware
-from trtllm_service.metrics import append_triton_metrics
+from trtllm_service.metrics import RequestMetrics, append_triton_metrics
 from trtllm_service.openai import routes as openai_routes
-from trtllm_service.openai.errors import APIError, from_generation_error
-from trtllm_service.runtime import Runtime, default_model_tag, first_and_rest
-from trtllm_service.sampling import SamplingParams
+from trtllm_service.request import SamplingParams
+from trtllm_service.runtime import Runtime, default_model_tag
 from trtllm_service.settings import get_settings
-from trtllm_service.stream import Delta, GenerationError
+from trtllm_service.stop_strings import StopStringError, check_stop
+from trtllm_service.streaming import StreamBody, first_text, text_chunks
 
 logger = logging.getLogger("trtllm_service")
 
@@ -35,7 +35,7 @@ MODEL_TAG = default_model_tag(SETTINGS.model_tag)
     name="trtllm",
     traffic={"timeout": 600},  # concurrency is limited by ConcurrencyLimitMiddleware (OpenAI's 429 shape)
     resources={"gpu": 1, "gpu_type": "nvidia-l4"},
-    workers=1,
+    workers=SETTINGS.workers,
 )
 class TRTLLM:
     """Streams text from a TensorRT-LLM engine served by a supervised Triton."""
@@ -44,7 +44,6 @@ class TRTLLM:
 
     def __init__(self) -> None:
         self.runtime = Runtime(self.model.path, str(self.model.tag.name), SETTINGS)
-        atexit.register(self.runtime.kill_now)
         openai_routes.bind(self.runtime)
 
     @bentoml.on_startup
@@ -60,9 +59,8 @@ class TRTLLM:
         return self.runtime.ready
 
     async def __metrics__(self, text: str) -> str:
-        """BentoML's metrics followed by Triton's, so one scrape covers both."""
-        supervisor = self.runtime.supervisor
-        return await append_triton_metrics(text, supervisor.metrics_url if supervisor else None)
+        """BentoML's metrics (ours among them) followed by Triton's, so one scrape covers both."""
+        return await append_triton_metrics(text, self.runtime.triton.metrics_url)
 
     @bentoml.api
     async def generate(
@@ -78,15 +76,20 @@ class TRTLLM:
         frequency_penalty: Annotated[float, Ge(-2), Le(2)] | None = None,
         seed: Annotated[int, Ge(0)] | None = None,
         stop: list[str] | None = None,
+        ignore_eos: bool = False,
     ) -> AsyncGenerator[str, None]:
         """Formats the prompt with the model's chat template and streams the answer as text.
 
         Errors before the first chunk are JSON responses with a 4xx/5xx status, never text in
-        the stream: the first delta is awaited before the response starts.
+        the stream: the first text is awaited before the response starts.
         """
+        runtime = self.runtime
+        metrics = RequestMetrics(runtime.model_name, "/generate")
         try:
-            if stop is not None and any(not s for s in stop):
-                raise APIError.bad_request("stop strings must not be empty", param="stop")
+            try:
+                stops = check_stop(stop or [])
+            except StopStringError as exc:
+                raise APIError.bad_request(str(exc), param="stop") from None
             params = SamplingParams(
                 max_tokens=max_tokens,
                 temperature=temperature,
@@ -96,21 +99,24 @@ class TRTLLM:
                 presence_penalty=presence_penalty,
                 frequency_penalty=frequency_penalty,
                 seed=seed,
-                stop=tuple(stop or ()),
+                stop=stops,
+                ignore_eos=ignore_eos,
             )
-            try:
-                text = self.runtime.formatter.from_prompt(prompt, system_prompt)
-            except ValueError as exc:
-                raise APIError.bad_request(str(exc), param="prompt") from None
-            request = self.runtime.prepare(text, max_tokens, default_max_tokens=SETTINGS.default_max_tokens)
-            first, rest = await first_and_rest(self.runtime.stream(request, params))
-        except GenerationError as exc:
-            return error_response(from_generation_error(exc))  # type: ignore[return-value]
+            messages = runtime.formatter.messages_from_prompt(prompt, system_prompt)
+            request = await runtime.prepare_chat(
+                messages,
+                params,
+                default_max_tokens=SETTINGS.default_max_tokens,
+                param="prompt",
+                budget_param="max_tokens",
+            )
+            stream = await runtime.generate(request)
+            first = await first_text(stream, metrics)
         except APIError as exc:
-            return error_response(exc)  # type: ignore[return-value]
-        # A StreamingResponse of our own: an error after the first chunk then aborts the
-        # connection instead of ending the body as if the answer were complete.
-        return StreamingResponse(relay_text(first, rest), media_type="text/plain; charset=utf-8")  # type: ignore[return-value]
+            metrics.done(exc.status)
+            return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())  # type: ignore[return-value]
+        chunks = text_chunks(stream, first, metrics, request.prompt_tokens)
+        return StreamBody(chunks, "text/plain; charset=utf-8")  # type: ignore[return-value]
 
 
 # `generate` returns its stream rather than being a generator (so errors before the first chunk
@@ -118,9 +124,15 @@ class TRTLLM:
 TRTLLM.apis["generate"].is_stream = True
 
 
-TRTLLM.add_asgi_middleware(ConcurrencyLimitMiddleware, limit=SETTINGS.max_concurrency)
+MODEL_NAME = MODEL_TAG.split(":")[0]
+TRTLLM.add_asgi_middleware(
+    ConcurrencyLimitMiddleware,
+    limit=SETTINGS.max_concurrency,
+    workers=SETTINGS.workers,
+    model_name=MODEL_NAME,
+)
 if SETTINGS.api_keys:  # covers /generate and /v1/*; probes, metrics and docs stay open
-    TRTLLM.add_asgi_middleware(APIKeyMiddleware, api_keys=APIKeys(SETTINGS.api_keys))
+    TRTLLM.add_asgi_middleware(APIKeyMiddleware, api_keys=APIKeys(SETTINGS.api_keys), model_name=MODEL_NAME)
 
 
 def share_bentoml_log_handlers(target: logging.Logger) -> None:
@@ -136,20 +148,3 @@ def share_bentoml_log_handlers(target: logging.Logger) -> None:
     for handler in source.handlers:
         target.addHandler(handler)
     target.propagate = False
-
-
-def error_response(error: APIError) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
-
-
-async def relay_text(first: Delta, rest: AsyncGenerator[Delta, None]) -> AsyncGenerator[str, None]:
-    """Yields the text deltas; closing it (client disconnect) cancels the Triton request."""
-    try:
-        if first.text:
-            yield first.text
-        if first.finish_reason is None:
-            async for delta in rest:
-                if delta.text:
-                    yield delta.text
-    finally:
-        await rest.aclose()

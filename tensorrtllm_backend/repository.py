@@ -8,6 +8,7 @@ filled or Triton cannot parse the config, so a placeholder left outside a parame
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from collections.abc import Mapping
@@ -35,6 +36,8 @@ DEFAULTS: dict[str, str] = {
     "tensorrt_llm_model_name": "tensorrt_llm",
     "cancellation_check_period_ms": "100",
     "batch_scheduler_policy": "max_utilization",
+    "python_engine": "reference",
+    "synthetic_step_delay_ms": "0",
 }
 
 _LEFT_IN_PARAMETER = re.compile(r'string_value:\s*"\$\{[A-Za-z0-9_]+\}"')
@@ -42,6 +45,34 @@ _LEFT_IN_PARAMETER = re.compile(r'string_value:\s*"\$\{[A-Za-z0-9_]+\}"')
 
 class RepositoryError(ValueError):
     """The requested repository cannot be built; the message says why."""
+
+
+def end_ids(tokenizer_dir: Path | str) -> list[int]:
+    """Every end-of-sequence id the checkpoint declares, the tokenizer's own first.
+
+    Llama-3 Instruct ends a turn with <|eot_id|> while its config names <|end_of_text|>: generation
+    must stop on either. The first id is the engine's end id; the others are sent as stop tokens.
+    Empty when the directory holds no loadable tokenizer.
+    """
+    directory = Path(tokenizer_dir)
+    ids: list[int] = []
+    try:
+        from transformers import AutoTokenizer
+
+        eos = AutoTokenizer.from_pretrained(str(directory)).eos_token_id
+    except (OSError, ValueError):
+        return ids
+    if eos is not None:
+        ids.append(int(eos))
+    for name in ("generation_config.json", "config.json"):
+        path = directory / name
+        if not path.is_file():
+            continue
+        declared = json.loads(path.read_text()).get("eos_token_id")
+        for token_id in declared if isinstance(declared, list) else [declared]:
+            if isinstance(token_id, int) and token_id not in ids:
+                ids.append(token_id)
+    return ids
 
 
 def repository_values(
@@ -63,6 +94,8 @@ def repository_values(
         tokenizer_dir=str(Path(tokenizer_dir).resolve()),
     )
     values.update({key: str(value) for key, value in (overrides or {}).items()})
+    if "end_ids" not in values:
+        values["end_ids"] = ",".join(str(i) for i in end_ids(values["tokenizer_dir"]))
     return values
 
 
@@ -93,8 +126,8 @@ def build_repository(dest: Path | str, values: Mapping[str, str], templates: Pat
         version_dir = model_dir / "1"
         version_dir.mkdir(parents=True)
         (model_dir / "config.pbtxt").write_text(config)
-        code = templates / model / "1" / "model.py"
         native_engine = model == "tensorrt_llm" and values.get("triton_backend") != "python"
-        if code.is_file() and not native_engine:
-            shutil.copy2(code, version_dir / "model.py")
+        if not native_engine:  # a Python model: model.py and the modules beside it
+            for code in sorted((templates / model / "1").glob("*.py")):
+                shutil.copy2(code, version_dir / code.name)
     return dest

@@ -80,6 +80,24 @@ def engine_config(
     }
 
 
+def engine_response(ids: Sequence[int] = (), *, final: bool = False, error: str = "") -> bytes:
+    """A serialized ModelStreamInferResponse as Triton streams it from the `tensorrt_llm` model."""
+    from array import array
+
+    from tritonclient.grpc import service_pb2
+
+    response = service_pb2.ModelStreamInferResponse(error_message=error)
+    if not error:
+        result = response.infer_response
+        result.model_name = "tensorrt_llm"
+        output = result.outputs.add()
+        output.name, output.datatype = "output_ids", "INT32"
+        output.shape.extend([1, 1, len(ids)])
+        result.raw_output_contents.append(array("i", ids).tobytes())
+        result.parameters["triton_final_response"].bool_param = final
+    return response.SerializeToString()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -204,8 +222,14 @@ def tensor(name: str, value: Any, dtype: Any = None) -> grpcclient.InferInput:
     return infer_input
 
 
-def text_inputs(prompt: str, max_tokens: int, **extra: Any) -> list[grpcclient.InferInput]:
-    """Ensemble inputs with upstream's names and dtypes."""
+def text_inputs(
+    prompt: str, max_tokens: int, *, counts: bool = True, **extra: Any
+) -> list[grpcclient.InferInput]:
+    """Ensemble inputs with upstream's names and dtypes.
+
+    With `counts`, the request asks for num_input_tokens / num_output_tokens (return_num_*_tokens):
+    as from the C++ backend, the engine returns them only when asked.
+    """
     dtypes = {
         "stream": np.bool_,
         "temperature": np.float32,
@@ -220,7 +244,13 @@ def text_inputs(prompt: str, max_tokens: int, **extra: Any) -> list[grpcclient.I
         "return_log_probs": np.bool_,
         "exclude_input_in_output": np.bool_,
         "embedding_bias_weights": np.float32,
+        "return_num_input_tokens": np.bool_,
+        "return_num_output_tokens": np.bool_,
+        "return_context_logits": np.bool_,
+        "return_generation_logits": np.bool_,
     }
+    if counts:
+        extra = {"return_num_input_tokens": True, "return_num_output_tokens": True, **extra}
     inputs = [tensor("text_input", [prompt]), tensor("max_tokens", max_tokens, np.int32)]
     for name, value in extra.items():
         inputs.append(tensor(name, value, dtypes.get(name)))

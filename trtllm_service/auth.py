@@ -19,7 +19,8 @@ from collections.abc import Iterable
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from trtllm_service.openai.errors import APIError
+from trtllm_service.errors import APIError
+from trtllm_service.metrics import count_rejected
 
 OPEN_PATHS = frozenset({"/", "/livez", "/readyz", "/healthz", "/metrics", "/docs.json", "/schema.json"})
 """Paths answered without a key: health probes, metrics, and the API documentation."""
@@ -90,8 +91,9 @@ class APIKeyMiddleware:
             (e.g. the middleware list's repr) can show them.
     """
 
-    def __init__(self, app: ASGIApp, api_keys: APIKeys | Iterable[str]) -> None:
+    def __init__(self, app: ASGIApp, api_keys: APIKeys | Iterable[str], model_name: str = "") -> None:
         self.app = app
+        self.model_name = model_name
         self.keys = api_keys if isinstance(api_keys, APIKeys) else APIKeys(api_keys)
         if not self.keys:
             raise ValueError("APIKeyMiddleware needs at least one non-empty API key")
@@ -114,5 +116,6 @@ class APIKeyMiddleware:
             await send({"type": "websocket.close", "code": 1008})
             return
         error = APIError(401, _MISSING if token is None else _WRONG, code="invalid_api_key")
+        count_rejected(self.model_name, scope["path"], 401)
         response = JSONResponse(error.body(), status_code=401, headers={"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)

@@ -1,5 +1,7 @@
 """Pack a model for serving: engine + tokenizer + filled Triton model repository -> BentoML model store.
 
+Build time only: serving reads packed models through packed_model.py.
+
 One BentoML model holds exactly what serving needs, and nothing else::
 
     <model>/repository/   the filled Triton model repository (5 models)
@@ -31,21 +33,27 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tensorrtllm_backend.repository import DEFAULTS, RepositoryError, build_repository, repository_values
+from trtllm_service.packed_model import (
+    ENGINE_DIR,
+    PACK_FILE,
+    REPOSITORY_DIR,
+    TOKENIZER_DIR,
+    PackError,
+    PackInfo,
+    check_path_safe,
+    read_json_object,
+)
 
-PACK_FORMAT = 1
-PACK_FILE = "pack.json"
-REPOSITORY_DIR = "repository"
-ENGINE_DIR = "engine"
-TOKENIZER_DIR = "tokenizer"
 PRODUCTION_TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
 
 MODES = ("engine", "hf", "demo")
 SCHEDULER_POLICIES = ("max_utilization", "guaranteed_no_evict")
+STAND_IN_ENGINES = ("reference", "synthetic")
 
 # Files copied from a tokenizer directory (top level only), when present.
 TOKENIZER_FILES = (
@@ -81,12 +89,6 @@ _RANK_FILE = re.compile(r"^rank(\d+)\.engine$")
 _TAG_NAME = re.compile(r"^[a-z0-9]([-._a-z0-9]*[a-z0-9])?$")
 _TAG_MAX_LENGTH = 63
 _COPY_CHUNK = 16 * 1024 * 1024
-# Characters a path must not contain to be written into a config.pbtxt string value.
-_UNSAFE_PATH_CHARS = re.compile(r'["\\\x00-\x1f]')
-
-
-class PackError(ValueError):
-    """The input cannot be packed; the message (one line) says why."""
 
 
 # --------------------------------------------------------------------------- sources
@@ -140,18 +142,6 @@ def _existing_dir(path: Path | str, what: str) -> Path:
     return directory.absolute()
 
 
-def _read_json_object(path: Path, what: str) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PackError(f"cannot read {what} {str(path)!r}: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise PackError(f"{what} {str(path)!r} is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise PackError(f"{what} {str(path)!r} is not a JSON object")
-    return data
-
-
 def _positive_int(section: Mapping[str, Any], key: str, where: str, default: int | None = None) -> int | None:
     value = section.get(key, default)
     if value is None:
@@ -174,7 +164,7 @@ def read_engine_dir(engine_dir: Path | str) -> ModelSource:
         raise PackError(
             f"engine dir {str(directory)!r} has no config.json (is it trtllm-build's output dir?)"
         )
-    config = _read_json_object(config_path, "engine config")
+    config = read_json_object(config_path, "engine config")
     build = config.get("build_config")
     pretrained = config.get("pretrained_config")
     if not isinstance(build, dict) or not isinstance(pretrained, dict):
@@ -253,7 +243,7 @@ def read_engine_dir(engine_dir: Path | str) -> ModelSource:
 
 
 def _indexed_weights(directory: Path, index_name: str) -> tuple[str, ...]:
-    index = _read_json_object(directory / index_name, "weight index")
+    index = read_json_object(directory / index_name, "weight index")
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise PackError(f"{str(directory / index_name)!r} has no weight_map")
@@ -290,7 +280,7 @@ def read_hf_checkpoint(model_dir: Path | str, *, mode: str = "hf") -> ModelSourc
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise PackError(f"--hf-model {str(directory)!r} has no config.json")
-    config = _read_json_object(config_path, "model config")
+    config = read_json_object(config_path, "model config")
     if "build_config" in config:
         raise PackError(f"{str(directory)!r} is a TRT-LLM engine dir: pack it with --engine-dir")
     weights = _checkpoint_weights(directory)
@@ -411,6 +401,8 @@ class RuntimeOptions:
     max_queue_size: int = 0
     preprocessing_instances: int = 1
     exclude_input_in_output: bool = True
+    engine: str = "reference"
+    step_delay_ms: float = 0.0
 
     def validate(self) -> None:
         """Raises PackError for a value out of range."""
@@ -436,6 +428,12 @@ class RuntimeOptions:
             raise PackError(f"--max-queue-size must be >= 0, got {self.max_queue_size}")
         if self.preprocessing_instances < 1:
             raise PackError(f"--preprocessing-instances must be >= 1, got {self.preprocessing_instances}")
+        if self.engine not in STAND_IN_ENGINES:
+            raise PackError(f"--engine must be one of {', '.join(STAND_IN_ENGINES)}, got {self.engine!r}")
+        if not 0.0 <= self.step_delay_ms <= 60_000.0:
+            raise PackError(f"--step-delay-ms must be within [0, 60000], got {self.step_delay_ms}")
+        if self.step_delay_ms and self.engine != "synthetic":
+            raise PackError("--step-delay-ms goes with --engine synthetic only")
 
     def template_values(self, source: ModelSource) -> dict[str, str]:
         """The template values these options and the source's limits give (paths not included).
@@ -444,6 +442,10 @@ class RuntimeOptions:
             PackError: An option exceeds what the engine was built for.
         """
         self.validate()
+        if self.engine != "reference" and source.backend != "python":
+            raise PackError(
+                f"--engine {self.engine} replaces the engine: it goes with --hf-model or --demo, not --engine-dir"
+            )
         batch = self.max_batch_size
         if source.max_batch_size is not None and batch is not None and batch > source.max_batch_size:
             raise PackError(
@@ -463,6 +465,8 @@ class RuntimeOptions:
             "preprocessing_instance_count": str(self.preprocessing_instances),
             "exclude_input_in_output": _bool(self.exclude_input_in_output),
             "max_seq_len": str(source.max_seq_len or 0),
+            "python_engine": self.engine,
+            "synthetic_step_delay_ms": repr(float(self.step_delay_ms)),
         }
         if self.max_tokens_in_paged_kv_cache is not None:
             values["max_tokens_in_paged_kv_cache"] = str(self.max_tokens_in_paged_kv_cache)
@@ -494,122 +498,6 @@ def default_name(source: ModelSource) -> str:
     name = f"trtllm-{stem}"[:_TAG_MAX_LENGTH]
     name = re.sub(r"[^a-z0-9]+$", "", name)
     return name if _TAG_NAME.match(name) else "trtllm-model"
-
-
-# --------------------------------------------------------------------------- pack.json
-
-
-@dataclass(frozen=True)
-class PackInfo:
-    """The contents of ``<model>/pack.json``: what was packed, and how to serve it.
-
-    Attributes:
-        tag: The BentoML tag the model was saved under.
-        mode: "engine", "hf" or "demo".
-        backend: Triton backend of the ``tensorrt_llm`` model: "tensorrtllm" or "python".
-        packed_root: The model directory the repository's paths point into (where it was saved).
-        world_size, tp_size, pp_size: Ranks, tensor and pipeline parallel sizes.
-        architecture, dtype: As the engine or checkpoint declares them.
-        max_batch_size: The filled ``triton_max_batch_size``.
-        max_input_len, max_seq_len: Token limits (None when the source does not say).
-        max_beam_width: The engine's beam limit.
-        template_values: Every value the Triton templates were filled with.
-        versions: Tool versions (tensorrt_llm, bentoml, transformers, trtllm-service, ...).
-        launch_command: The production command line (shell-quoted) that serves ``<model>/repository``.
-        chat_template_overridden: Whether ``--chat-template`` replaced the tokenizer's template.
-        format: Layout version of pack.json.
-    """
-
-    tag: str
-    mode: str
-    backend: str
-    packed_root: str
-    world_size: int
-    tp_size: int
-    pp_size: int
-    architecture: str
-    dtype: str
-    max_batch_size: int
-    max_input_len: int | None
-    max_seq_len: int | None
-    max_beam_width: int
-    template_values: dict[str, str] = field(default_factory=dict)
-    versions: dict[str, str] = field(default_factory=dict)
-    launch_command: str = ""
-    chat_template_overridden: bool = False
-    format: int = PACK_FORMAT
-
-    @property
-    def launch_argv(self) -> list[str]:
-        return shlex.split(self.launch_command)
-
-    def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> PackInfo:
-        names = {f.name for f in dataclasses.fields(cls)}
-        missing = sorted(f.name for f in dataclasses.fields(cls) if f.name not in data and _required(f))
-        if missing:
-            raise PackError(f"pack.json lacks {', '.join(missing)}")
-        return cls(**{key: value for key, value in data.items() if key in names})
-
-
-def _required(f: dataclasses.Field[Any]) -> bool:
-    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-
-
-def read_pack_info(model_path: Path | str) -> PackInfo:
-    """Reads ``<model_path>/pack.json``.
-
-    Raises:
-        PackError: No pack.json (not a model packed by pack_model.py), or it is unreadable.
-    """
-    path = Path(model_path) / PACK_FILE
-    if not path.is_file():
-        raise PackError(f"{str(model_path)!r} has no {PACK_FILE}: it was not packed by pack_model.py")
-    data = _read_json_object(path, PACK_FILE)
-    if data.get("format") != PACK_FORMAT:
-        raise PackError(f"{str(path)!r} has format {data.get('format')!r}, this code reads {PACK_FORMAT}")
-    return PackInfo.from_dict(data)
-
-
-def _check_path_safe(path: Path) -> None:
-    if _UNSAFE_PATH_CHARS.search(str(path)):
-        raise PackError(f"path {str(path)!r} contains a quote, backslash or control character")
-
-
-def layout_runtime_repository(model_path: Path | str, dest: Path | str) -> Path:
-    """Copies ``<model_path>/repository`` to ``dest`` with its paths pointing at ``model_path``.
-
-    Every config.pbtxt has the recorded ``packed_root`` replaced by ``model_path``'s absolute path, so
-    the result is right wherever the model store is now. ``dest`` is created if needed; model
-    directories already in it are replaced. Returns ``dest``.
-
-    Raises:
-        PackError: ``model_path`` is not a packed model, or lacks its engine or tokenizer.
-    """
-    model = Path(model_path).resolve()
-    info = read_pack_info(model)
-    for part in (REPOSITORY_DIR, ENGINE_DIR, TOKENIZER_DIR):
-        if not (model / part).is_dir():
-            raise PackError(f"packed model {str(model)!r} lacks {part}/")
-    _check_path_safe(model)
-    old_root = re.compile(re.escape(info.packed_root.rstrip("/")) + r'(?=[/"])')
-    new_root = str(model)
-    out = Path(dest)
-    out.mkdir(parents=True, exist_ok=True)
-    for source in sorted((model / REPOSITORY_DIR).iterdir()):
-        if not source.is_dir():
-            continue
-        target = out / source.name
-        if target.exists():
-            shutil.rmtree(target)
-        shutil.copytree(source, target)
-        config = target / "config.pbtxt"
-        if config.is_file():
-            config.write_text(old_root.sub(lambda _m: new_root, config.read_text()))
-    return out
 
 
 # --------------------------------------------------------------------------- copying
@@ -799,7 +687,7 @@ def _metadata(source: ModelSource, options: RuntimeOptions, versions: Mapping[st
 def _apply_chat_template(tokenizer_dir: Path, template: str) -> None:
     """Stores ``template`` as tokenizer_config.json's chat_template (of the packed copy only)."""
     config_path = tokenizer_dir / "tokenizer_config.json"
-    config = _read_json_object(config_path, "tokenizer config") if config_path.is_file() else {}
+    config = read_json_object(config_path, "tokenizer config") if config_path.is_file() else {}
     config["chat_template"] = template
     config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
@@ -831,7 +719,7 @@ def pack(
     tag = bentoml.Tag(name).make_new_version()
     assert tag.version is not None
     packed_root = Path(BentoMLContainer.model_store_dir.get()).expanduser().resolve() / tag.name / tag.version
-    _check_path_safe(packed_root)
+    check_path_safe(packed_root)
     if chat_template is not None:
         tokenizer_names = tuple(n for n in tokenizer_names if n not in CHAT_TEMPLATE_FILES)
     copies = [(source.directory / n, Path(ENGINE_DIR) / n) for n in source.files]
@@ -907,12 +795,10 @@ __all__ = [
     "RuntimeOptions",
     "check_tokenizer",
     "default_name",
-    "layout_runtime_repository",
     "pack",
     "read_chat_template",
     "read_engine_dir",
     "read_hf_checkpoint",
-    "read_pack_info",
     "tokenizer_files",
     "validate_name",
 ]

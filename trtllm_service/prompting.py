@@ -1,9 +1,8 @@
-"""Prompt building and stop-string detection on text.
+"""Prompt building: chat messages or a plain prompt -> the exact token ids the engine gets.
 
-Chat formatting uses the tokenizer's own Jinja chat template (or a Llama-3 Instruct default), and token
-counts use exactly the call the Triton preprocessing model makes, so prompt lengths checked here match
-what the engine sees. Stop strings are matched on decoded text because the string -> token-id mapping
-is not unique; matching token ids misses stops that the model spells with other tokens.
+Chat formatting uses the tokenizer's own Jinja chat template (or a Llama-3 Instruct default). The
+prompt is tokenized as the Triton preprocessing model tokenizes it (special tokens added, except a
+BOS that the rendered text already starts with), so the engine sees the same ids either way.
 """
 
 from __future__ import annotations
@@ -13,6 +12,9 @@ from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from trtllm_service.errors import APIError
+from trtllm_service.request import EngineLimits, GenerationRequest, SamplingParams, settle
 
 LLAMA3_CHAT_TEMPLATE: str = (
     "{{- '<|begin_of_text|>' -}}"
@@ -55,6 +57,8 @@ class PromptFormatter:
             raise ValueError(f"Invalid chat template (line {exc.lineno}): {exc.message}") from exc
         self.chat_template: str = template
         self._bos: str | None = getattr(tokenizer, "bos_token", None) or None
+        self.bos_token = self._bos
+        self._rust = getattr(tokenizer, "backend_tokenizer", None)
 
     def render(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
         """Render messages with the chat template (no tokenization).
@@ -77,122 +81,83 @@ class PromptFormatter:
             raise ValueError(f"The chat template produced {type(text).__name__}, expected text")
         return text
 
-    def from_prompt(self, prompt: str, system_prompt: str | None = None) -> str:
-        """Wrap a plain prompt (and optional system prompt) as a one-turn chat, ready for generation.
+    @staticmethod
+    def messages_from_prompt(prompt: str, system_prompt: str | None = None) -> list[dict[str, str]]:
+        """A plain prompt (and optional system prompt) as a one-turn chat.
 
         An empty system prompt is left out: an empty system turn only adds noise tokens.
         """
         messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
         messages.append({"role": "user", "content": prompt})
-        return self.render(messages, add_generation_prompt=True)
+        return messages
 
-    def count_tokens(self, text: str) -> int:
-        """Count tokens exactly as the Triton preprocessing model will tokenize ``text``.
+    def from_prompt(self, prompt: str, system_prompt: str | None = None) -> str:
+        """A plain prompt rendered as a one-turn chat, ready for generation."""
+        return self.render(self.messages_from_prompt(prompt, system_prompt), add_generation_prompt=True)
+
+    def encode(self, text: str) -> list[int]:
+        """The token ids of ``text``, exactly as the Triton preprocessing model tokenizes it.
 
         Special tokens (BOS) are added only when the text does not already start with BOS, so a rendered
-        chat that begins with ``<|begin_of_text|>`` is not given a second one.
+        chat that begins with ``<|begin_of_text|>`` is not given a second one. Fast tokenizers are called
+        directly (the Rust tokenizer), skipping the Python wrapper's per-call overhead.
         """
         add_special = not (self._bos is not None and text.startswith(self._bos))
-        return len(self._tokenizer.encode(text, add_special_tokens=add_special))
+        if self._rust is not None:
+            return self._rust.encode(text, add_special_tokens=add_special).ids
+        return self._tokenizer.encode(text, add_special_tokens=add_special)
+
+    def count_tokens(self, text: str) -> int:
+        """How many tokens ``text`` is for the engine (see ``encode``)."""
+        return len(self.encode(text))
 
 
-class StopStringMatcher:
-    """Streaming stop-string detection on text deltas.
-
-    Text that is, or might become, a stop string is never emitted: the longest suffix of the text seen so
-    far that is a prefix of some stop string is held back until it either completes a stop string or
-    stops being a possible one. The stream stops at the first position where any stop string is
-    complete; when several end there, the longest wins (it starts earliest). This is what a streaming
-    engine observes, and it does not depend on how the text is split into deltas.
-
-    Matching runs an Aho-Corasick automaton whose state persists across deltas, so one ``push`` costs
-    O(len(delta) + longest stop string), however long the stream already is. The automaton's state is
-    exactly the held-back suffix, so no text is ever re-scanned.
+class RequestPreparer:
+    """Chat messages or raw prompts -> settled `GenerationRequest`s (400s for what cannot be served).
 
     Args:
-        stops: Stop strings. Duplicates are harmless.
-
-    Raises:
-        ValueError: A stop string is empty (it would match before any text).
+        formatter: Templates and tokenizes exactly as the engine's preprocessing would.
+        limits: The engine's context limits and end ids.
     """
 
-    def __init__(self, stops: Sequence[str]) -> None:
-        for i, stop in enumerate(stops):
-            if not isinstance(stop, str) or not stop:
-                raise ValueError(f"Stop strings must be non-empty strings; stop[{i}] is {stop!r}")
-        self._active = bool(stops)
-        self._pending = ""
-        self._state = 0
-        self.stopped = False  # a stop string was found: the caller should end the stream
-        self.matched: str | None = None  # the stop string that ended the stream
-        self._build(stops)
+    def __init__(self, formatter: PromptFormatter, limits: EngineLimits) -> None:
+        self.formatter = formatter
+        self.limits = limits
 
-    def _build(self, stops: Sequence[str]) -> None:
-        """Build the trie (goto), failure links, state depths and longest-match-ending-here lengths."""
-        goto: list[dict[str, int]] = [{}]
-        depth = [0]
-        terminal = [False]
-        for stop in stops:
-            state = 0
-            for ch in stop:
-                nxt = goto[state].get(ch)
-                if nxt is None:
-                    nxt = len(goto)
-                    goto[state][ch] = nxt
-                    goto.append({})
-                    depth.append(depth[state] + 1)
-                    terminal.append(False)
-                state = nxt
-            terminal[state] = True
-        fail = [0] * len(goto)
-        # match_len[s]: length of the longest stop string that is a suffix of state s's text (0 if none).
-        match_len = [depth[s] if terminal[s] else 0 for s in range(len(goto))]
-        queue = list(goto[0].values())
-        for state in queue:  # breadth-first: parents before children, so fail[] is ready when read
-            for ch, child in goto[state].items():
-                f = fail[state]
-                while f and ch not in goto[f]:
-                    f = fail[f]
-                fail[child] = goto[f].get(ch, 0)  # f is shallower than state, so never child itself
-                if not terminal[child]:
-                    match_len[child] = match_len[fail[child]]
-                queue.append(child)
-        self._goto, self._fail, self._depth, self._match_len = goto, fail, depth, match_len
+    def chat(
+        self,
+        messages: list[dict[str, str]],
+        params: SamplingParams,
+        default_max_tokens: int | None = None,
+        *,
+        param: str = "messages",
+        budget_param: str | None = None,
+    ) -> GenerationRequest:
+        """`param` / `budget_param`: the request fields a context_length_exceeded error names."""
+        try:
+            text = self.formatter.render(messages)
+        except ValueError as exc:
+            raise APIError.bad_request(str(exc), param=param) from None
+        return settle(
+            self.formatter.encode(text),
+            params,
+            self.limits,
+            default_max_tokens=default_max_tokens,
+            param=param,
+            budget_param=budget_param,
+        )
 
-    def push(self, delta: str) -> tuple[str, bool]:
-        """Feed the next text delta.
-
-        Returns:
-            ``(text safe to emit now, stopped)``. When ``stopped`` is True the text is everything before
-            the stop string, and later calls return ``("", True)``.
-        """
-        if not self._active:
-            return delta, False
-        if self.stopped:
-            return "", True
-        goto, fail, match_len = self._goto, self._fail, self._match_len
-        text = self._pending + delta
-        base = len(self._pending)
-        state = self._state
-        for i, ch in enumerate(delta):
-            while state and ch not in goto[state]:
-                state = fail[state]
-            state = goto[state].get(ch, 0)
-            length = match_len[state]
-            if length:
-                end = base + i + 1
-                self.stopped = True
-                self.matched = text[end - length : end]
-                self._pending = ""
-                return text[: end - length], True
-        self._state = state
-        hold = self._depth[state]
-        cut = len(text) - hold
-        self._pending = text[cut:]
-        return text[:cut], False
-
-    def flush(self) -> str:
-        """Return the held-back text at the end of the stream (empty after a stop)."""
-        text, self._pending = self._pending, ""
-        self._state = 0
-        return "" if self.stopped else text
+    def prompts(self, prompts: Sequence[str], params: SamplingParams) -> list[GenerationRequest]:
+        """Raw text prompts (no chat template), each tokenized and settled."""
+        bos = self.formatter.bos_token
+        prepared = []
+        for i, prompt in enumerate(prompts):
+            if not prompt:
+                # OpenAI completes an empty prompt from the start of a document; so do we, where the
+                # tokenizer has a BOS token (the engine needs at least one token).
+                if not bos:
+                    where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+                    raise APIError.bad_request("The prompt must not be empty.", param=where)
+                prompt = bos
+            prepared.append(settle(self.formatter.encode(prompt), params, self.limits, param="prompt"))
+        return prepared

@@ -1,53 +1,39 @@
-"""The service's engine room: the packed model, its tokenizer, the supervised Triton and the relay.
+"""The service's engine room: the packed model, its tokenizer, the one Triton, and the relay to it.
 
-Both the plain `generate` API and the OpenAI routes go through `Runtime`, so context-length
-checks, defaults and error mapping are the same everywhere.
+Both the plain `generate` API and the OpenAI routes go through `Runtime`: prompts are templated,
+tokenized and settled into a `GenerationRequest` here (in a worker thread when they are long, so one
+large prompt cannot stall the streams of others), and streamed through the relay.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
+import os
 import shutil
 import tempfile
-from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from trtllm_service.packing import layout_runtime_repository, read_pack_info
-from trtllm_service.prompting import PromptFormatter
-from trtllm_service.sampling import SamplingParams
+from trtllm_service.metrics import TRITON_RESTARTS
+from trtllm_service.packed_model import end_ids, layout_runtime_repository, read_pack_info
+from trtllm_service.prompting import PromptFormatter, RequestPreparer
+from trtllm_service.request import EngineLimits, GenerationRequest, SamplingParams
 from trtllm_service.settings import Settings
-from trtllm_service.stream import Delta, GenerationError, TritonStream
+from trtllm_service.shared_triton import SharedTriton
+from trtllm_service.triton_client import Detokenizer, EngineStream, TritonRelay
 from trtllm_service.triton_process import TritonPorts, TritonSupervisor
 
 logger = logging.getLogger("trtllm_service")
 
+INLINE_PROMPT_CHARS = 2048
+"""Prompts up to this many characters are templated and tokenized on the event loop (well under a
+millisecond); longer ones in a worker thread."""
 
-@dataclass(frozen=True, slots=True)
-class PreparedRequest:
-    """A prompt ready for the engine: its token count and the max_tokens to send."""
-
-    prompt: str
-    prompt_tokens: int
-    max_tokens: int
-
-
-class ContextLengthError(GenerationError):
-    """Prompt plus requested completion do not fit the engine."""
-
-    def __init__(self, max_len: int, prompt_tokens: int, completion_tokens: int) -> None:
-        super().__init__(
-            400,
-            f"This model's maximum context length is {max_len} tokens. However, you requested "
-            f"{prompt_tokens + completion_tokens} tokens ({prompt_tokens} in the prompt, "
-            f"{completion_tokens} in the completion). Please reduce the length of the prompt or completion.",
-            code="context_length_exceeded",
-        )
-        self.max_len = max_len
-        self.prompt_tokens = prompt_tokens
-        self.completion_tokens = completion_tokens
+REQUIRED_MODELS = ("tensorrt_llm", "ensemble")
 
 
 class ModelNotFoundError(RuntimeError):
@@ -74,6 +60,11 @@ def default_model_tag(explicit: str | None) -> str:
     return str(max(packed, key=lambda model: model.info.creation_time).tag)
 
 
+def default_run_dir() -> Path:
+    """Shared by every worker of one `bentoml serve` (they are children of the same process)."""
+    return Path(tempfile.gettempdir()) / f"trtllm-service-{os.getppid()}"
+
+
 def _load_tokenizer(path: Path) -> Any:
     from transformers import AutoTokenizer
 
@@ -81,7 +72,7 @@ def _load_tokenizer(path: Path) -> Any:
 
 
 class Runtime:
-    """Owns Triton for one packed model and serves generation requests through it."""
+    """Serves generation requests for one packed model through the one Triton of the service."""
 
     def __init__(self, model_path: Path, model_name: str, settings: Settings) -> None:
         self.model_path = Path(model_path)
@@ -90,94 +81,106 @@ class Runtime:
         self.info = read_pack_info(self.model_path)
         self.tokenizer = _load_tokenizer(self.model_path / "tokenizer")
         self.formatter = PromptFormatter(self.tokenizer)
-        self.max_seq_len = int(self.info.max_seq_len or self.info.max_input_len or 2048)
-        self.max_input_len = int(self.info.max_input_len or self.max_seq_len)
+        max_seq_len = int(self.info.max_seq_len or self.info.max_input_len or 2048)
+        self.limits = EngineLimits(
+            max_seq_len=max_seq_len,
+            max_input_len=int(self.info.max_input_len or max_seq_len),
+            end_ids=end_ids(self.info) or self._tokenizer_end_ids(),
+        )
+        self.preparer = RequestPreparer(self.formatter, self.limits)
         self._run_dir_owned = settings.run_dir is None
-        self.run_dir = settings.run_dir or Path(tempfile.mkdtemp(prefix="trtllm-service-"))
-        self.supervisor: TritonSupervisor | None = None
-        self.relay: TritonStream | None = None
-        self._was_ready = False
+        self.run_dir = settings.run_dir or default_run_dir()
+        self.triton = SharedTriton(self.run_dir, self._make_supervisor, on_change=self._on_change)
+        self.relay = TritonRelay(self.triton.grpc_address, stream_timeout_s=settings.stream_timeout_s)
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.limits.max_seq_len
+
+    def _tokenizer_end_ids(self) -> tuple[int, ...]:
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return (int(eos),) if eos is not None else ()
 
     @property
     def ready(self) -> bool:
-        return self.supervisor is not None and self.supervisor.ready
+        return self.triton.ready
 
-    async def start(self) -> None:
-        """Lays out the runtime repository, starts Triton and waits for it to be ready."""
-        repository = layout_runtime_repository(self.model_path, self.run_dir / "repository")
+    def _make_supervisor(self) -> TritonSupervisor:
         settings = self.settings
-        ports = TritonPorts.choose(
-            settings.triton_grpc_port,
-            settings.triton_http_port,
-            settings.triton_metrics_port,
-            settings.triton_host,
-        )
-        self.supervisor = TritonSupervisor(
+        repository = layout_runtime_repository(self.model_path, self.run_dir / "repository")
+        return TritonSupervisor(
             repository,
-            ports=ports,
+            models=REQUIRED_MODELS,
+            run_dir=self.run_dir,
+            ports=TritonPorts(
+                settings.triton_grpc_port, settings.triton_http_port, settings.triton_metrics_port
+            ),
             host=settings.triton_host,
             world_size=int(self.info.world_size),
-            log_path=self.run_dir / "triton.log",
             startup_timeout_s=settings.triton_startup_timeout_s,
             max_restarts=settings.triton_max_restarts,
             restart_backoff_s=settings.triton_restart_backoff_s,
+            stall_timeout_s=settings.triton_stall_timeout_s,
             verbose=settings.triton_log_verbose,
-            on_state_change=self._on_state_change,
+            on_restart=TRITON_RESTARTS.labels(self.model_name).inc,
         )
-        self.relay = TritonStream(self.supervisor.grpc_url, stream_timeout_s=settings.stream_timeout_s)
+
+    async def start(self) -> None:
+        """Owns and starts Triton (waiting until it is ready), or follows the worker that owns it."""
         try:
-            await self.supervisor.start()
+            await self.triton.start()
         except BaseException:
             await self.stop()  # a failed start leaves no process and no run directory behind
             raise
-        logger.info("Triton is ready for %s (grpc %s)", self.model_name, self.supervisor.grpc_url)
+        if self.triton.owner:
+            logger.info("Triton is ready for %s", self.model_name)
 
-    def _on_state_change(self, ready: bool) -> None:
-        if ready and not self._was_ready and self.relay is not None:
-            asyncio.get_running_loop().create_task(self.relay.reset())
-        self._was_ready = ready
+    def _on_change(self, ready: bool) -> None:
+        if not ready:
+            return
+        with contextlib.suppress(RuntimeError):  # no running loop: nothing to reset
+            asyncio.get_running_loop().create_task(self.relay.reset())  # a new Triton: reconnect
 
     async def stop(self) -> None:
-        if self.supervisor is not None:
-            await self.supervisor.stop()
-        if self.relay is not None:
-            await self.relay.reset()
-        if self._run_dir_owned:
+        owner = self.triton.owner
+        await self.triton.stop()
+        await self.relay.close()
+        if owner and self._run_dir_owned:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def kill_now(self) -> None:
-        if self.supervisor is not None:
-            self.supervisor.kill_now()
+        self.triton.kill_now()
 
-    # ---- requests --------------------------------------------------------------------------
+    # ---- requests --------------------------------------------------------------------------------------
 
-    def prepare(
-        self, prompt: str, max_tokens: int | None, *, default_max_tokens: int | None = None
-    ) -> PreparedRequest:
-        """Counts prompt tokens and settles max_tokens against the engine's context length.
+    async def prepare_chat(
+        self,
+        messages: list[dict[str, str]],
+        params: SamplingParams,
+        *,
+        default_max_tokens: int | None = None,
+        param: str = "messages",
+        budget_param: str | None = None,
+    ) -> GenerationRequest:
+        """Renders the chat template, tokenizes and settles (400 for what cannot be served)."""
+        size = sum(len(m.get("content") or "") for m in messages)
+        prepare = functools.partial(
+            self.preparer.chat, default_max_tokens=default_max_tokens, param=param, budget_param=budget_param
+        )
+        return await self._maybe_in_thread(size, prepare, messages, params)
 
-        An explicit max_tokens that does not fit is an error; an unset one becomes what is left
-        of the context (capped by `default_max_tokens`).
-        """
-        prompt_tokens = self.formatter.count_tokens(prompt)
-        room = self.max_seq_len - prompt_tokens
-        if prompt_tokens > self.max_input_len or room < 1:
-            raise ContextLengthError(self.max_seq_len, prompt_tokens, max_tokens or 1)
-        if max_tokens is None:
-            max_tokens = room if default_max_tokens is None else min(room, default_max_tokens)
-        elif max_tokens > room:
-            raise ContextLengthError(self.max_seq_len, prompt_tokens, max_tokens)
-        return PreparedRequest(prompt, prompt_tokens, max_tokens)
+    async def prepare_prompts(
+        self, prompts: Sequence[str], params: SamplingParams
+    ) -> list[GenerationRequest]:
+        """Raw text prompts (no chat template), each tokenized and settled."""
+        return await self._maybe_in_thread(sum(map(len, prompts)), self.preparer.prompts, prompts, params)
 
-    def stream(self, request: PreparedRequest, params: SamplingParams) -> AsyncGenerator[Delta, None]:
-        if self.relay is None or not self.ready:
-            raise GenerationError(
-                503, "the model is not ready yet (Triton is starting or restarting)", code="unavailable"
-            )
-        return self.relay.generate(request.prompt, params, request.max_tokens)
+    @staticmethod
+    async def _maybe_in_thread(size: int, fn: Any, *args: Any) -> Any:
+        if size <= INLINE_PROMPT_CHARS:
+            return fn(*args)
+        return await asyncio.to_thread(fn, *args)
 
-
-async def first_and_rest(stream: AsyncGenerator[Delta, None]) -> tuple[Delta, AsyncGenerator[Delta, None]]:
-    """Waits for the first delta, so that errors surface before anything is sent to the client."""
-    first = await anext(stream)
-    return first, stream
+    async def generate(self, request: GenerationRequest) -> EngineStream:
+        """Starts `request`; read the stream, and close it when done (that cancels an unfinished one)."""
+        return await self.relay.start(request, Detokenizer(self.tokenizer))

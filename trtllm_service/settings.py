@@ -13,6 +13,12 @@ from pathlib import Path
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 
+def default_workers() -> int:
+    """One HTTP worker per 4 cores, 1 to 8: the rest of the cores stay with Triton and the engine."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(8, cores // 4))
+
+
 class SettingsError(ValueError):
     """An environment variable holds a value the service cannot use."""
 
@@ -34,6 +40,9 @@ class Settings(BaseModel, frozen=True):
     triton_restart_backoff_s: float = Field(
         1.0, gt=0, description="TRITON_RESTART_BACKOFF: first delay, doubles"
     )
+    triton_stall_timeout_s: float = Field(
+        30.0, gt=0, description="TRITON_STALL_TIMEOUT: seconds without health answers before a restart"
+    )
     triton_log_verbose: bool = Field(False, description="TRITON_LOG_VERBOSE: verbose Triton logging")
     run_dir: Path | None = Field(
         None, description="TRTLLM_RUN_DIR: runtime repository and logs; default a temp dir"
@@ -44,6 +53,12 @@ class Settings(BaseModel, frozen=True):
         256, ge=1, description="TRTLLM_MAX_CONCURRENCY: requests in flight, then 429"
     )
     stream_timeout_s: float = Field(600.0, gt=0, description="TRTLLM_STREAM_TIMEOUT: per request, seconds")
+    workers: int = Field(
+        default_factory=lambda: default_workers(),
+        ge=1,
+        le=64,
+        description="TRTLLM_WORKERS: HTTP worker processes sharing the one Triton",
+    )
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -64,12 +79,14 @@ class Settings(BaseModel, frozen=True):
             "triton_startup_timeout_s": "TRITON_STARTUP_TIMEOUT",
             "triton_max_restarts": "TRITON_MAX_RESTARTS",
             "triton_restart_backoff_s": "TRITON_RESTART_BACKOFF",
+            "triton_stall_timeout_s": "TRITON_STALL_TIMEOUT",
             "triton_log_verbose": "TRITON_LOG_VERBOSE",
             "run_dir": "TRTLLM_RUN_DIR",
             "api_keys": "TRTLLM_API_KEYS",
             "default_max_tokens": "TRTLLM_DEFAULT_MAX_TOKENS",
             "max_concurrency": "TRTLLM_MAX_CONCURRENCY",
             "stream_timeout_s": "TRTLLM_STREAM_TIMEOUT",
+            "workers": "TRTLLM_WORKERS",
         }
         raw = {field: env[var] for field, var in names.items() if env.get(var, "") != ""}
         try:

@@ -1,9 +1,15 @@
-"""Own the tritonserver child: spawn, readiness, supervision with restarts, and shutdown.
+"""The one owner of the Triton process tree: command line, spawn, readiness, death and stall, restart, stop.
 
-The launcher (tensorrtllm_backend/scripts/launch_triton_server.py) stays the parent of
-tritonserver (or of mpirun) and forwards signals. We start it in its own process group with
-PDEATHSIG set, so a SIGTERM to the group stops the whole tree and our own death takes it along.
-Its output goes to a log file and to the service log.
+The command line comes from one builder, the launcher's (`launch_triton_server.build_command`:
+tritonserver for one rank, mpirun for several). The service spawns it itself, in a new session
+(so the process group is the whole tree: tritonserver, its Python-backend stubs, or mpirun and its
+ranks) with PR_SET_PDEATHSIG, so the tree is told to stop even when the service is SIGKILLed.
+Stopping sends SIGTERM to the server (it unloads its models and stops its stubs), then SIGKILLs the
+group after a grace period; nothing else ever signals it.
+
+`TritonSupervisor` watches the process: it is not ready while it starts, after it died (it is
+restarted with backoff) and while it does not answer health probes; a server that stays
+unresponsive past `stall_timeout_s` is killed and restarted.
 """
 
 from __future__ import annotations
@@ -14,23 +20,23 @@ import ctypes
 import logging
 import os
 import re
+import shutil
 import signal
 import socket
-import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import tritonclient.grpc.aio as grpcclient_aio
-
-from tensorrtllm_backend import LAUNCHER
+from tensorrtllm_backend.scripts import launch_triton_server as launcher
 
 logger = logging.getLogger("trtllm_service.triton")
 
 _PR_SET_PDEATHSIG = 1
 _GLOG_ERROR = re.compile(r"^E\d{4} ")  # tritonserver's own ERROR log lines
+EXIT_TIMEOUT_S = 10
+"""tritonserver's --exit-timeout-secs: how long it waits for in-flight requests when stopping."""
 
 
 class TritonStartupError(RuntimeError):
@@ -41,24 +47,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return sock.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGTERM it when the service process dies."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-async def _exit_code(process: asyncio.subprocess.Process, poll_s: float = 0.1) -> int:
-    """The exit code of `process`, as soon as it has exited.
-
-    Not `process.wait()`: asyncio's wait() also waits for EOF on the child's pipes, and a process
-    that inherited the launcher's stdout (an orphaned Python-backend stub after tritonserver was
-    killed mid-request) can hold the pipe open for good, so wait() would never return.
-    """
-    while process.returncode is None:
-        await asyncio.sleep(poll_s)
-    return process.returncode
 
 
 @dataclass(frozen=True)
@@ -73,132 +61,123 @@ class TritonPorts:
         return cls(grpc or free_port(host), http or free_port(host), metrics or free_port(host))
 
 
-class TritonSupervisor:
-    """Starts tritonserver through the launcher, watches it and restarts it when it dies."""
+def triton_command(
+    repository: Path,
+    ports: TritonPorts,
+    *,
+    host: str,
+    world_size: int,
+    workdir: Path,
+    verbose: bool = False,
+) -> tuple[list[str], dict[str, str]]:
+    """The argv and environment that start Triton on `repository` (the launcher's one builder).
 
-    def __init__(
-        self,
-        model_repository: Path,
-        *,
-        ports: TritonPorts,
-        host: str = "127.0.0.1",
-        world_size: int = 1,
-        log_path: Path,
-        startup_timeout_s: float = 600.0,
-        max_restarts: int = 5,
-        restart_backoff_s: float = 1.0,
-        verbose: bool = False,
-        on_state_change: Callable[[bool], None] | None = None,
-    ) -> None:
-        self.model_repository = model_repository
-        self.ports = ports
-        self.host = host
-        self.world_size = world_size
+    The tritonserver binary is found as the launcher finds it ($TRITONSERVER, PATH, /opt/tritonserver,
+    nvidia-pytriton); a pytriton build gets its Python backend staged under `workdir`.
+
+    Raises:
+        TritonStartupError: No tritonserver, or no mpirun for several ranks.
+    """
+    argv = [
+        "--model_repo",
+        str(repository),
+        "--world_size",
+        str(world_size),
+        "--host",
+        host,
+        "--grpc_port",
+        str(ports.grpc),
+        "--http_port",
+        str(ports.http),
+        "--metrics_port",
+        str(ports.metrics),
+        "--exit_timeout_secs",
+        str(EXIT_TIMEOUT_S),
+        *(["--log"] if verbose else []),
+    ]
+    try:
+        args = launcher.build_parser().parse_args(argv)
+        install = launcher.stage_backends(launcher.find_tritonserver(None), workdir)
+        mpirun = None
+        if world_size > 1:
+            mpirun = shutil.which("mpirun")
+            if mpirun is None:
+                raise launcher.LauncherError(f"world_size {world_size} needs mpirun, which is not on PATH")
+        return launcher.build_command(args, install, mpirun=mpirun), install.child_env()
+    except launcher.LauncherError as exc:
+        raise TritonStartupError(str(exc)) from None
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGTERM it when the service process dies."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+async def _exit_code(process: asyncio.subprocess.Process, poll_s: float = 0.1) -> int:
+    """The exit code of `process`, as soon as it has exited.
+
+    Not `process.wait()`: asyncio's wait() also waits for EOF on the child's pipes, and a process
+    that inherited the server's stdout (an orphaned Python-backend stub after tritonserver was
+    killed mid-request) can hold the pipe open for good, so wait() would never return.
+    """
+    while process.returncode is None:
+        await asyncio.sleep(poll_s)
+    return process.returncode
+
+
+def kill_group(pgid: int | None, sig: signal.Signals = signal.SIGKILL) -> bool:
+    """Signals a whole process group; False when it is gone already."""
+    if not pgid:
+        return False
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+class TritonProcess:
+    """One run of Triton: the process tree of one command line, its output, and its stop."""
+
+    def __init__(self, command: Sequence[str], env: dict[str, str], log_path: Path) -> None:
+        self.command = list(command)
+        self.env = env
         self.log_path = log_path
-        self.startup_timeout_s = startup_timeout_s
-        self.max_restarts = max_restarts
-        self.restart_backoff_s = restart_backoff_s
-        self.verbose = verbose
-        self.on_state_change = on_state_change
         self.process: asyncio.subprocess.Process | None = None
-        self.restarts = 0
-        self._ready = False
-        self._stopping = False
-        self._tail: deque[str] = deque(maxlen=80)
-        self._errors: deque[str] = deque(maxlen=10)
+        self.tail: deque[str] = deque(maxlen=80)
+        self.errors: deque[str] = deque(maxlen=10)
         self._pump: asyncio.Task[None] | None = None
-        self._watch: asyncio.Task[None] | None = None
 
     @property
-    def grpc_url(self) -> str:
-        return f"{self.host}:{self.ports.grpc}"
+    def pid(self) -> int | None:
+        return None if self.process is None else self.process.pid
 
     @property
-    def metrics_url(self) -> str:
-        return f"http://{self.host}:{self.ports.metrics}/metrics"
-
-    @property
-    def ready(self) -> bool:
-        return self._ready and self.process is not None and self.process.returncode is None
-
-    def log_tail(self, lines: int = 40) -> str:
-        return "\n".join(list(self._tail)[-lines:])
-
-    def failure_details(self) -> str:
-        """Triton's own error lines (the cause, which the tail of its shutdown output often misses),
-        then the log tail."""
-        errors = "\n".join(self._errors)
-        details = f"Triton errors:\n{errors}\n" if errors else ""
-        return f"{details}Last log lines ({self.log_path}):\n{self.log_tail()}"
-
-    def command(self) -> list[str]:
-        command = [
-            sys.executable,
-            str(LAUNCHER),
-            "--model_repo",
-            str(self.model_repository),
-            "--world_size",
-            str(self.world_size),
-            "--host",
-            self.host,
-            "--grpc_port",
-            str(self.ports.grpc),
-            "--http_port",
-            str(self.ports.http),
-            "--metrics_port",
-            str(self.ports.metrics),
-        ]
-        return [*command, "--log"] if self.verbose else command
-
-    # ---- lifecycle -------------------------------------------------------------------------
+    def running(self) -> bool:
+        return self.process is not None and self.process.returncode is None
 
     async def start(self) -> None:
-        """Spawns Triton and waits until the server and the ensemble are ready."""
-        self._stopping = False
-        await self._spawn_and_wait()
-        self._watch = asyncio.create_task(self._supervise(), name="triton-supervisor")
-
-    async def _spawn_and_wait(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._errors.clear()
         self.process = await asyncio.create_subprocess_exec(
-            *self.command(),
+            *self.command,
+            env=self.env,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
             preexec_fn=_die_with_parent,
         )
-        logger.info("started Triton launcher (pid %d): grpc %s", self.process.pid, self.grpc_url)
         self._pump = asyncio.create_task(self._pump_log(self.process), name="triton-log")
-        try:
-            await self._wait_ready(self.process)
-        except BaseException:
-            await self._terminate()
-            raise
-        self._set_ready(True)
 
-    async def _wait_ready(self, process: asyncio.subprocess.Process) -> None:
-        deadline = time.monotonic() + self.startup_timeout_s
-        client = grpcclient_aio.InferenceServerClient(self.grpc_url)
-        try:
-            while time.monotonic() < deadline:
-                if process.returncode is not None:
-                    if self._pump is not None:
-                        await asyncio.wait([self._pump], timeout=5)
-                    raise TritonStartupError(
-                        f"tritonserver exited with code {process.returncode} during start-up. "
-                        f"{self.failure_details()}"
-                    )
-                with contextlib.suppress(Exception):
-                    if await client.is_server_ready() and await client.is_model_ready("ensemble"):
-                        return
-                await asyncio.sleep(0.25)
-        finally:
-            await client.close()
-        raise TritonStartupError(
-            f"tritonserver was not ready within {self.startup_timeout_s:.0f} s. {self.failure_details()}"
-        )
+    async def output_done(self, timeout_s: float = 5.0) -> None:
+        """Waits (a little) until the process's output has been read to its end."""
+        if self._pump is not None:
+            await asyncio.wait([self._pump], timeout=timeout_s)
+
+    async def exited(self) -> int:
+        assert self.process is not None
+        return await _exit_code(self.process)
 
     async def _pump_log(self, process: asyncio.subprocess.Process) -> None:
         """Copies Triton's output to the log file and the service log, keeping a tail for errors."""
@@ -208,34 +187,194 @@ class TritonSupervisor:
                 log_file.write(raw)
                 log_file.flush()
                 line = raw.decode("utf-8", "replace").rstrip()
-                self._tail.append(line)
+                self.tail.append(line)
                 if _GLOG_ERROR.match(line):
-                    self._errors.append(line)
+                    self.errors.append(line)
                 logger.info("[triton] %s", line)
 
+    async def stop(self, timeout_s: float = EXIT_TIMEOUT_S + 5.0) -> None:
+        """SIGTERM to the server, SIGKILL to its whole group after `timeout_s`; safe to call twice."""
+        process = self.process
+        if process is None:
+            return
+        if process.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(_exit_code(process), timeout_s)
+            except asyncio.TimeoutError:
+                logger.warning(
+                    "Triton did not stop within %.0f s of SIGTERM; killing its process group", timeout_s
+                )
+        self.kill_now()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(_exit_code(process), 5)
+        if self._pump is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._pump, 5)
+
+    def kill_now(self) -> None:
+        """SIGKILL to the whole group (stubs or ranks left behind included)."""
+        if self.process is not None:
+            kill_group(self.process.pid)
+
+
+async def http_ok(host: str, port: int, path: str, timeout_s: float = 2.0) -> bool:
+    """Whether GET `path` answers 200 (Triton's health and readiness endpoints)."""
+    writer = None
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        status = await asyncio.wait_for(reader.readline(), timeout_s)
+        return status.split(b" ", 2)[1:2] == [b"200"]
+    except (OSError, asyncio.TimeoutError, IndexError):
+        return False
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+class TritonSupervisor:
+    """Starts Triton, waits for its models, watches it, restarts it when it dies or hangs.
+
+    Args:
+        repository: The model repository to serve.
+        models: Models that must be ready before requests are sent.
+        run_dir: Where the log and the staged backends go.
+        ports: Configured ports (0 = a free port, chosen again at every start).
+        on_state_change: Called with the new readiness whenever it changes.
+    """
+
+    def __init__(
+        self,
+        repository: Path,
+        *,
+        models: Sequence[str],
+        run_dir: Path,
+        ports: TritonPorts,
+        host: str = "127.0.0.1",
+        world_size: int = 1,
+        startup_timeout_s: float = 600.0,
+        max_restarts: int = 5,
+        restart_backoff_s: float = 1.0,
+        probe_interval_s: float = 1.0,
+        stall_timeout_s: float = 30.0,
+        verbose: bool = False,
+        on_state_change: Callable[[bool], None] | None = None,
+        on_restart: Callable[[], None] | None = None,
+    ) -> None:
+        self.repository = repository
+        self.models = tuple(models)
+        self.run_dir = run_dir
+        self.configured_ports = ports
+        self.host = host
+        self.world_size = world_size
+        self.startup_timeout_s = startup_timeout_s
+        self.max_restarts = max_restarts
+        self.restart_backoff_s = restart_backoff_s
+        self.probe_interval_s = probe_interval_s
+        self.stall_timeout_s = stall_timeout_s
+        self.verbose = verbose
+        self.on_state_change = on_state_change
+        self.on_restart = on_restart
+        self.log_path = run_dir / "triton.log"
+        self.ports = ports
+        self.triton: TritonProcess | None = None
+        self.restarts = 0
+        self.generation = 0
+        self._ready = False
+        self._stopping = False
+        self._watch: asyncio.Task[None] | None = None
+
+    @property
+    def ready(self) -> bool:
+        return self._ready and self.triton is not None and self.triton.running
+
+    @property
+    def pgid(self) -> int | None:
+        return self.triton.pid if self.triton is not None else None
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(list(self.triton.tail)[-lines:]) if self.triton else ""
+
+    def failure_details(self) -> str:
+        """Triton's own error lines (the cause, which the tail often misses), then the log tail."""
+        errors = "\n".join(self.triton.errors) if self.triton else ""
+        details = f"Triton errors:\n{errors}\n" if errors else ""
+        return f"{details}Last log lines ({self.log_path}):\n{self.log_tail()}"
+
+    # ---- lifecycle -----------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Spawns Triton and waits until the server and its models are ready."""
+        self._stopping = False
+        await self._spawn_and_wait()
+        self._watch = asyncio.create_task(self._supervise(), name="triton-supervisor")
+
+    async def _spawn_and_wait(self) -> None:
+        self.ports = TritonPorts.choose(
+            self.configured_ports.grpc, self.configured_ports.http, self.configured_ports.metrics, self.host
+        )
+        command, env = triton_command(
+            self.repository,
+            self.ports,
+            host=self.host,
+            world_size=self.world_size,
+            workdir=self.run_dir,
+            verbose=self.verbose,
+        )
+        self.triton = TritonProcess(command, env, self.log_path)
+        await self.triton.start()
+        self.generation += 1
+        logger.info("started Triton (pid %s): grpc %s:%d", self.triton.pid, self.host, self.ports.grpc)
+        try:
+            await self._wait_ready(self.triton)
+        except BaseException:
+            await self.triton.stop()
+            raise
+        self._set_ready(True)
+
+    async def _wait_ready(self, triton: TritonProcess) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if not triton.running:
+                await triton.output_done()
+                raise TritonStartupError(
+                    f"tritonserver exited with code {triton.process.returncode if triton.process else '?'} "
+                    f"during start-up. {self.failure_details()}"
+                )
+            if await self._models_ready():
+                return
+            await asyncio.sleep(0.25)
+        raise TritonStartupError(
+            f"tritonserver was not ready within {self.startup_timeout_s:.0f} s. {self.failure_details()}"
+        )
+
+    async def _models_ready(self) -> bool:
+        if not await http_ok(self.host, self.ports.http, "/v2/health/ready"):
+            return False
+        for model in self.models:
+            if not await http_ok(self.host, self.ports.http, f"/v2/models/{model}/ready"):
+                return False
+        return True
+
     async def _supervise(self) -> None:
-        """Restarts Triton with backoff when it dies; readiness is false meanwhile."""
+        """Restarts Triton when it dies or stops answering; readiness follows what the probes see."""
         while not self._stopping:
-            assert self.process is not None
-            code = await _exit_code(self.process)
+            assert self.triton is not None
+            cause = await self._watch_one(self.triton)
             if self._stopping:
                 return
             self._set_ready(False)
             if self.restarts >= self.max_restarts:
-                logger.error(
-                    "tritonserver exited (code %s); %d restarts used, giving up", code, self.restarts
-                )
+                logger.error("%s; %d restarts used, giving up", cause, self.restarts)
                 return
             delay = self.restart_backoff_s * (2**self.restarts)
             self.restarts += 1
-            logger.error(
-                "tritonserver exited (code %s); restart %d/%d in %.1f s",
-                code,
-                self.restarts,
-                self.max_restarts,
-                delay,
-            )
-            await self._kill_group(signal.SIGKILL)
+            if self.on_restart is not None:
+                self.on_restart()
+            logger.error("%s; restart %d/%d in %.1f s", cause, self.restarts, self.max_restarts, delay)
+            await self.triton.stop(timeout_s=2.0)
             await asyncio.sleep(delay)
             if self._stopping:
                 return
@@ -244,46 +383,54 @@ class TritonSupervisor:
             except TritonStartupError as exc:
                 logger.error("%s", exc)
 
+    async def _watch_one(self, triton: TritonProcess) -> str:
+        """Waits until this run of Triton dies or hangs; returns why."""
+        exited = asyncio.ensure_future(triton.exited())
+        unanswered_since: float | None = None
+        try:
+            while True:
+                done, _ = await asyncio.wait([exited], timeout=self.probe_interval_s)
+                if done:
+                    return f"tritonserver exited (code {exited.result()})"
+                healthy = await http_ok(
+                    self.host, self.ports.http, "/v2/health/ready", timeout_s=self.probe_interval_s
+                )
+                if exited.done():
+                    continue
+                if healthy:
+                    if unanswered_since is not None:
+                        logger.warning("Triton answers health probes again")
+                    unanswered_since = None
+                    self._set_ready(True)
+                    continue
+                now = time.monotonic()
+                if unanswered_since is None:
+                    unanswered_since = now
+                    logger.warning("Triton does not answer health probes; not ready")
+                self._set_ready(False)
+                if now - unanswered_since >= self.stall_timeout_s:
+                    return f"tritonserver did not answer for {self.stall_timeout_s:.0f} s"
+        finally:
+            exited.cancel()
+
     def _set_ready(self, ready: bool) -> None:
+        if ready == self._ready:
+            return
         self._ready = ready
         if self.on_state_change is not None:
             self.on_state_change(ready)
 
-    async def stop(self, timeout_s: float = 30.0) -> None:
-        """Stops Triton and every process under the launcher; safe to call twice."""
+    async def stop(self) -> None:
+        """Stops Triton and every process of its tree; safe to call twice."""
         self._stopping = True
         self._set_ready(False)
         if self._watch is not None:
             self._watch.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._watch
-        await self._terminate(timeout_s)
-
-    async def _terminate(self, timeout_s: float = 30.0) -> None:
-        process = self.process
-        if process is None:
-            return
-        if process.returncode is None:
-            await self._kill_group(signal.SIGTERM)
-            try:
-                await asyncio.wait_for(_exit_code(process), timeout_s)
-            except asyncio.TimeoutError:
-                logger.warning("Triton launcher did not stop in %.0f s; killing its process group", timeout_s)
-        await self._kill_group(signal.SIGKILL)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(_exit_code(process), 5)
-        if self._pump is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._pump, 5)
-
-    async def _kill_group(self, sig: signal.Signals) -> None:
-        if self.process is None:
-            return
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, sig)
+        if self.triton is not None:
+            await self.triton.stop()
 
     def kill_now(self) -> None:
-        """Synchronous last resort (interpreter exit): SIGKILL the whole group."""
-        if self.process is not None and self.process.returncode is None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.process.pid, signal.SIGKILL)
+        if self.triton is not None:
+            self.triton.kill_now()

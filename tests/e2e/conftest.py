@@ -48,9 +48,14 @@ class BentoService:
             free_port(),
         )
         self.log_path = workdir / f"bentoml-{self.port}.log"
+        # A home of its own, sharing the model store: `bentoml serve` empties the Prometheus
+        # directory under BENTOML_HOME when it starts, which would wipe another service's metrics.
+        self.home = workdir / f"home-{self.port}"
+        self.home.mkdir(parents=True)
+        (self.home / "models").symlink_to(home / "models", target_is_directory=True)
         self.env = {
             **os.environ,
-            "BENTOML_HOME": str(home),
+            "BENTOML_HOME": str(self.home),
             "BENTOML_DO_NOT_TRACK": "true",
             "TRITON_GRPC_PORT": str(self.triton_grpc_port),
             "TRITON_HTTP_PORT": str(self.triton_http_port),

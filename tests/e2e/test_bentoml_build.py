@@ -76,7 +76,8 @@ def test_bentoml_build_packages_model_code_and_templates(
     assert (bento / "src" / "service.py").read_bytes() == (REPO_ROOT / "service.py").read_bytes()
     for package in (
         "trtllm_service/runtime.py",
-        "trtllm_service/stream.py",
+        "trtllm_service/triton_client.py",
+        "trtllm_service/grpc_http2.py",
         "trtllm_service/triton_process.py",
     ):
         assert package in sources, f"{package} missing"

@@ -294,8 +294,19 @@ def test_upstream_client_non_streamed(
     last = results[-1]
     assert isinstance(last.as_numpy("text_output")[0], bytes)
     assert text == expected, f"{len(results)} responses: {[r.as_numpy('text_output')[0] for r in results]}"
-    assert int(last.as_numpy("num_input_tokens").reshape(-1)[0]) == len(tokenizer.encode(prompt))
-    assert int(last.as_numpy("num_output_tokens").reshape(-1)[0]) == max_tokens
+    # As from the C++ backend, counts and log probs come only when the request asks for them.
+    for name in ("num_input_tokens", "num_output_tokens", "cum_log_probs", "output_log_probs"):
+        assert last.as_numpy(name) is None, name
+    asked = [
+        *upstream_inputs(prompt, max_tokens, False),
+        tensor("return_num_input_tokens", np.array([[True]])),
+    ]
+    asked.append(tensor("return_num_output_tokens", np.array([[True]])))
+    asked.append(tensor("return_log_probs", np.array([[True]])))
+    _, counted = upstream_client_text(triton.grpc_url, asked, request_id=request_id)
+    assert int(counted[-1].as_numpy("num_input_tokens").reshape(-1)[0]) == len(tokenizer.encode(prompt))
+    assert int(counted[-1].as_numpy("num_output_tokens").reshape(-1)[0]) == max_tokens
+    assert counted[-1].as_numpy("output_log_probs").size == max_tokens
 
 
 def test_upstream_client_streamed(
@@ -308,5 +319,3 @@ def test_upstream_client_streamed(
     )
     streamed = "".join(r.as_numpy("text_output")[0].decode("utf-8") for r in results)
     assert streamed == expected
-    assert int(results[-1].as_numpy("num_output_tokens").reshape(-1)[0]) == max_tokens
-    assert int(results[-1].as_numpy("num_input_tokens").reshape(-1)[0]) == len(tokenizer.encode(prompt))

@@ -20,11 +20,13 @@ import bentoml
 import pytest
 from bentoml._internal.models import ModelStore
 
+from tensorrtllm_backend import TEMPLATES_DIR
 from tensorrtllm_backend.repository import MODELS
 from tensorrtllm_backend.scripts.launch_triton_server import LauncherError, find_tritonserver
 from tests.support import engine_config
 from trtllm_service import packing
-from trtllm_service.packing import TOKENIZER_FILES, layout_runtime_repository, read_pack_info
+from trtllm_service.packed_model import layout_runtime_repository, read_pack_info
+from trtllm_service.packing import TOKENIZER_FILES
 
 pytestmark = pytest.mark.integration
 
@@ -116,7 +118,11 @@ def assert_only_allowed_files(model_path: Path, engine_files: set[str]) -> None:
     allowed |= {f"engine/{name}" for name in engine_files}
     allowed |= {f"tokenizer/{name}" for name in TOKENIZER_FILES}
     for model in MODELS:
-        allowed |= {f"repository/{model}/config.pbtxt", f"repository/{model}/1/model.py"}
+        allowed |= {f"repository/{model}/config.pbtxt"}
+        # A Python model's code: the template's modules, and nothing else.
+        allowed |= {
+            f"repository/{model}/1/{code.name}" for code in (TEMPLATES_DIR / model / "1").glob("*.py")
+        }
     present = files_under(model_path)
     assert present <= allowed, sorted(present - allowed)
     assert {p.name for p in model_path.iterdir()} == ALLOWED_TOP | ALLOWED_DIRS

@@ -1,4 +1,4 @@
-"""TritonSupervisor against a real tritonserver: readiness, restart after a crash, clean stop."""
+"""TritonSupervisor against a real tritonserver: readiness, restart after a crash or a hang, clean stop."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -25,7 +26,13 @@ def _tree(pid: int) -> list[psutil.Process]:
 def _gone(processes: list[psutil.Process], timeout: float = 20.0) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        alive = [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        alive = []
+        for p in processes:
+            try:
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except psutil.NoSuchProcess:
+                pass
         if not alive:
             return True
         time.sleep(0.2)
@@ -35,42 +42,60 @@ def _gone(processes: list[psutil.Process], timeout: float = 20.0) -> bool:
 def _supervisor(repo: Path, tmp_path: Path, **kwargs: object) -> TritonSupervisor:
     return TritonSupervisor(
         repo,
-        ports=TritonPorts.choose(0, 0, 0, "127.0.0.1"),
-        log_path=tmp_path / "triton.log",
+        models=("ensemble", "tensorrt_llm"),
+        run_dir=tmp_path / "run",
+        ports=TritonPorts(0, 0, 0),
         startup_timeout_s=120,
         **kwargs,  # type: ignore[arg-type]
     )
 
 
-def test_restart_after_crash_and_clean_stop(demo_model_dir: Path, tmp_path: Path) -> None:
-    repo = build_repository(
-        tmp_path / "repo", repository_values(engine_dir=demo_model_dir, tokenizer_dir=demo_model_dir)
+async def _until(predicate: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    return predicate()
+
+
+@pytest.fixture(scope="module")
+def repo(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_repository(
+        tmp_path_factory.mktemp("supervised") / "repo",
+        repository_values(engine_dir=demo_model_dir, tokenizer_dir=demo_model_dir),
     )
+
+
+def test_restart_after_crash_and_clean_stop(repo: Path, tmp_path: Path) -> None:
     states: list[bool] = []
+    restarts: list[int] = []
 
     async def scenario() -> None:
-        supervisor = _supervisor(repo, tmp_path, restart_backoff_s=0.2, on_state_change=states.append)
+        supervisor = _supervisor(
+            repo,
+            tmp_path,
+            restart_backoff_s=0.2,
+            on_state_change=states.append,
+            on_restart=lambda: restarts.append(1),
+        )
         await supervisor.start()
         try:
             assert supervisor.ready
-            first = supervisor.process
-            assert first is not None
-            triton = [p for p in _tree(first.pid) if p.name() == "tritonserver"]
-            assert triton, "no tritonserver under the launcher"
-            triton[0].send_signal(signal.SIGKILL)
+            first = supervisor.triton.pid if supervisor.triton else None
+            assert first is not None and psutil.Process(first).name() == "tritonserver"
+            assert os.getpgid(first) == first, "the server leads its own process group"
+            first_port = supervisor.ports.grpc
+            os.kill(first, signal.SIGKILL)
 
-            deadline = time.monotonic() + 10
-            while supervisor.ready and time.monotonic() < deadline:
-                await asyncio.sleep(0.1)
-            assert not supervisor.ready, "readiness did not follow Triton's death"
-
-            deadline = time.monotonic() + 120
-            while not supervisor.ready and time.monotonic() < deadline:
-                await asyncio.sleep(0.25)
-            assert supervisor.ready, f"Triton did not come back:\n{supervisor.log_tail()}"
-            assert supervisor.restarts == 1
-            assert supervisor.process is not None and supervisor.process.pid != first.pid
-            tree = _tree(supervisor.process.pid)
+            assert await _until(lambda: not supervisor.ready, 10), "readiness did not follow Triton's death"
+            assert await _until(lambda: supervisor.ready, 120), (
+                f"Triton did not come back:\n{supervisor.log_tail()}"
+            )
+            assert supervisor.restarts == 1 and restarts == [1]
+            second = supervisor.triton.pid if supervisor.triton else None
+            assert second is not None and second != first
+            assert supervisor.ports.grpc != first_port, "free ports are chosen again at every start"
+            tree = _tree(second)
+            assert len(tree) >= 4, "tritonserver and its Python-backend stubs"
         finally:
             await supervisor.stop()
         assert _gone(tree), "processes left after stop"
@@ -78,25 +103,67 @@ def test_restart_after_crash_and_clean_stop(demo_model_dir: Path, tmp_path: Path
 
     asyncio.run(scenario())
     assert states[:3] == [True, False, True]
-    log = (tmp_path / "triton.log").read_text()
-    assert "successfully loaded 'ensemble'" in log or "ensemble" in log
+    assert "successfully loaded 'ensemble'" in (tmp_path / "run" / "triton.log").read_text()
+
+
+def test_a_hung_server_is_unready_then_restarted(repo: Path, tmp_path: Path) -> None:
+    """SIGSTOP: no health answers -> not ready within seconds -> killed and restarted after the stall timeout."""
+
+    async def scenario() -> None:
+        supervisor = _supervisor(
+            repo, tmp_path, restart_backoff_s=0.2, probe_interval_s=0.5, stall_timeout_s=4
+        )
+        await supervisor.start()
+        try:
+            hung = supervisor.triton.pid if supervisor.triton else None
+            assert hung is not None
+            os.kill(hung, signal.SIGSTOP)
+            started = time.monotonic()
+            assert await _until(lambda: not supervisor.ready, 5), "a hung server still counted as ready"
+            assert time.monotonic() - started < 5
+            assert await _until(lambda: supervisor.restarts == 1, 30), "the hung server was not restarted"
+            assert await _until(lambda: supervisor.ready, 120), supervisor.log_tail()
+            assert supervisor.triton is not None and supervisor.triton.pid != hung
+            assert not psutil.pid_exists(hung) or psutil.Process(hung).status() == psutil.STATUS_ZOMBIE
+        finally:
+            await supervisor.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_server_that_answers_again_is_ready_again_without_restart(repo: Path, tmp_path: Path) -> None:
+    async def scenario() -> None:
+        supervisor = _supervisor(repo, tmp_path, probe_interval_s=0.5, stall_timeout_s=60)
+        await supervisor.start()
+        try:
+            pid = supervisor.triton.pid if supervisor.triton else None
+            assert pid is not None
+            os.kill(pid, signal.SIGSTOP)
+            assert await _until(lambda: not supervisor.ready, 5)
+            os.kill(pid, signal.SIGCONT)
+            assert await _until(lambda: supervisor.ready, 10)
+            assert supervisor.restarts == 0 and supervisor.triton is not None and supervisor.triton.pid == pid
+        finally:
+            await supervisor.stop()
+
+    asyncio.run(scenario())
 
 
 def test_startup_failure_reports_the_log_tail(demo_model_dir: Path, tmp_path: Path) -> None:
-    repo = build_repository(
+    broken = build_repository(
         tmp_path / "repo",
         repository_values(engine_dir=demo_model_dir, tokenizer_dir=tmp_path / "no-such-tokenizer"),
     )
 
     async def scenario() -> None:
-        supervisor = _supervisor(repo, tmp_path)
+        supervisor = _supervisor(broken, tmp_path)
         with pytest.raises(TritonStartupError) as excinfo:
             await supervisor.start()
         message = str(excinfo.value)
         assert "exited with code" in message
         assert "preprocessing" in message, message
-        assert supervisor.process is not None
-        pid = supervisor.process.pid
+        assert supervisor.triton is not None and supervisor.triton.pid is not None
+        pid = supervisor.triton.pid
         await supervisor.stop()
         with pytest.raises(ProcessLookupError):
             os.killpg(pid, 0)

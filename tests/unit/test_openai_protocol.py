@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from trtllm_service.openai.errors import APIError, from_validation_error
+from trtllm_service.errors import APIError
+from trtllm_service.openai.errors import from_validation_error
 from trtllm_service.openai.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -28,7 +29,7 @@ from trtllm_service.openai.sse import (
     error_frame,
     sse_frame,
 )
-from trtllm_service.sampling import SamplingParams
+from trtllm_service.request import SamplingParams
 
 USER = [{"role": "user", "content": "hi"}]
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator
 from types import SimpleNamespace
 from typing import Any
 
 import httpx
 import pytest
 
+from tests.support import engine_response
+from trtllm_service.errors import APIError
 from trtllm_service.openai import routes
 from trtllm_service.openai.protocol import (
     ChatCompletionChunk,
@@ -25,56 +26,95 @@ from trtllm_service.openai.protocol import (
     parse_request,
 )
 from trtllm_service.openai.serving import OpenAIServing
-from trtllm_service.runtime import PreparedRequest, Runtime
-from trtllm_service.sampling import SamplingParams
-from trtllm_service.stream import Delta, GenerationError
+from trtllm_service.prompting import PromptFormatter, RequestPreparer
+from trtllm_service.request import EngineLimits, GenerationRequest, SamplingParams
+from trtllm_service.triton_client import EngineStream
+
+
+class WordDecoder:
+    """Token i decodes to " w<i>", tagged with the request's seed when it samples."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+    def push(self, ids: Any) -> str:
+        return "".join(f" w{i}{self.tag}" for i in ids)
+
+
+class WordTokenizer:
+    """A tokenizer whose tokens are words, and whose chat template tags each role."""
+
+    bos_token = "<s>"
+    chat_template = None
+
+    def __init__(self) -> None:
+        self.encoded: list[str] = []
+
+    def apply_chat_template(self, messages: list[dict[str, str]], **_: Any) -> str:
+        return " ".join(f"<{m['role']}> {m['content']}" for m in messages) + " <assistant>"
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        self.encoded.append(text)
+        return [len(word) for word in text.split()]
 
 
 class FakeRuntime:
-    """Tokens are words; the engine answers `w0 w1 w2 ...` one word per delta.
+    """The real request preparation over word tokens; the engine answers token 0, 1, 2, ... one per
+    response, through real `EngineStream`s (fed the serialized responses Triton would send).
 
-    `fail_at`: raise a GenerationError(500) instead of delta number `fail_at` (0: before the first).
-    `not_ready`: `stream()` raises a 503 as the real runtime does.
+    `fail_at`: the engine sends an error instead of token number `fail_at` (0: before the first).
+    `not_ready`: `generate()` raises a 503 as the real runtime does.
     """
 
     model_name = "fake-model"
     max_seq_len = 64
-    max_input_len = 64
-    prepare = Runtime.prepare
 
     def __init__(self, *, fail_at: int | None = None, not_ready: bool = False, hang: bool = False) -> None:
-        self.formatter = SimpleNamespace(
-            render=lambda messages: (
-                " ".join(f"<{m['role']}> {m['content']}" for m in messages) + " <assistant>"
-            ),
-            count_tokens=lambda text: len(text.split()),
-        )
-        self.tokenizer = SimpleNamespace(bos_token="<s>")
         self.fail_at = fail_at
         self.not_ready = not_ready
         self.hang = hang
-        self.requests: list[tuple[PreparedRequest, SamplingParams]] = []
+        self.tokenizer = WordTokenizer()
+        self.preparer = RequestPreparer(
+            PromptFormatter(self.tokenizer), EngineLimits(max_seq_len=64, max_input_len=64, end_ids=(9,))
+        )
+        self.requests: list[GenerationRequest] = []
         self.open = 0
         self.closed_early = 0
+        self._cancelled: set[int] = set()
+        self._next = 1
 
-    def stream(self, request: PreparedRequest, params: SamplingParams) -> AsyncGenerator[Delta, None]:
+    async def prepare_chat(self, messages: list[dict[str, str]], params: SamplingParams) -> GenerationRequest:
+        return self.preparer.chat(messages, params)
+
+    async def prepare_prompts(self, prompts: list[str], params: SamplingParams) -> list[GenerationRequest]:
+        return self.preparer.prompts(prompts, params)
+
+    async def generate(self, request: GenerationRequest) -> EngineStream:
         if self.not_ready:
-            raise GenerationError(503, "not ready", code="unavailable")
-        self.requests.append((request, params))
-        return self._deltas(request, params)
+            raise APIError.unavailable("not ready", retry_after=1)
+        self.requests.append(request)
+        tag = f"s{request.seed}" if request.seed is not None else ""  # sampled text shows its seed
+        stream = EngineStream(request, WordDecoder(tag), "id", self._cancelled.add)  # type: ignore[arg-type]
+        stream.stream_id = self._next
+        self._next += 1
+        asyncio.get_running_loop().create_task(self._engine(stream, request))
+        return stream
 
-    async def _deltas(self, request: PreparedRequest, params: SamplingParams) -> AsyncGenerator[Delta, None]:
+    async def _engine(self, stream: EngineStream, request: GenerationRequest) -> None:
         self.open += 1
         finished = False
         try:
-            tag = f"s{params.seed}" if params.temperature else ""  # sampled text shows its seed
             for i in range(request.max_tokens):
-                if i == self.fail_at:
-                    raise GenerationError(500, "engine exploded", code="server_error")
                 await asyncio.sleep(0.2 if self.hang else 0)
-                last = i == request.max_tokens - 1
-                finished = last
-                yield Delta(f" w{i}{tag}", i + 1, "length" if last else None)
+                if stream.stream_id in self._cancelled or not stream.stream_id:
+                    return
+                if i == self.fail_at:
+                    stream.on_message(engine_response(error="engine exploded"))
+                    return
+                stream.on_message(engine_response([i]))
+            stream.on_message(engine_response([], final=True))
+            stream.on_end(0, "")
+            finished = True
         finally:
             self.open -= 1
             if not finished:
@@ -103,7 +143,7 @@ def events(response: httpx.Response) -> list[str]:
     return [line.removeprefix("data: ") for line in response.text.split("\n\n") if line]
 
 
-CHAT = {"messages": [{"role": "user", "content": "hi there"}], "max_tokens": 3}
+CHAT = {"messages": [{"role": "user", "content": "hi there"}], "max_tokens": 3, "temperature": 0}
 
 
 def test_chat_answer_usage_and_finish_reason(runtime: FakeRuntime) -> None:
@@ -132,9 +172,11 @@ def test_chat_stream_frames(runtime: FakeRuntime) -> None:
     assert done == "[DONE]"
     parsed = [ChatCompletionChunk.model_validate_json(c) for c in chunks]
     assert parsed[0].choices[0].delta.role == "assistant"
-    assert [p.choices[0].delta.content for p in parsed[1:4]] == [" w0", " w1", " w2"]
-    assert parsed[4].choices[0].finish_reason == "length"
-    assert parsed[5].choices == [] and parsed[5].usage is not None and parsed[5].usage.total_tokens == 7
+    # Tokens that arrive while the previous event is being written share the next event.
+    contents = [p.choices[0].delta.content for p in parsed[1:-2]]
+    assert "".join(contents) == " w0 w1 w2" and all(contents)
+    assert parsed[-2].choices[0].finish_reason == "length" and parsed[-2].choices[0].delta.content is None
+    assert parsed[-1].choices == [] and parsed[-1].usage is not None and parsed[-1].usage.total_tokens == 7
     assert all('"usage":null' in c for c in chunks[:-1])
 
 
@@ -148,23 +190,23 @@ def test_n_choices_are_seeded_and_merged(runtime: FakeRuntime) -> None:
         for choice in chunk.choices:
             texts[choice.index] = texts.get(choice.index, "") + (choice.delta.content or "")
     assert texts == {i: f" w0s{10 + i} w1s{10 + i} w2s{10 + i}" for i in range(3)}
-    assert [params.seed for _, params in runtime.requests] == [10, 11, 12]
+    assert [request.seed for request in runtime.requests] == [10, 11, 12]
 
     runtime.requests.clear()
     post(runtime, "/chat/completions", {**CHAT, "n": 3, "temperature": 1.0})
-    seeds = [params.seed for _, params in runtime.requests]
+    seeds = [request.seed for request in runtime.requests]
     assert None not in seeds and len(set(seeds)) == 3, "unseeded choices sample independently"
 
     runtime.requests.clear()
     post(runtime, "/chat/completions", {**CHAT, "n": 2, "temperature": 0, "seed": 5})
-    assert [params.seed for _, params in runtime.requests] == [5, 5], (
+    assert [(r.seed, r.top_k) for r in runtime.requests] == [(None, 1), (None, 1)], (
         "greedy choices need no seed of their own"
     )
 
 
 def test_seed_wraps_at_uint64(runtime: FakeRuntime) -> None:
-    post(runtime, "/chat/completions", {**CHAT, "n": 2, "seed": (1 << 64) - 1})
-    assert [params.seed for _, params in runtime.requests] == [(1 << 64) - 1, 0]
+    post(runtime, "/chat/completions", {**CHAT, "n": 2, "seed": (1 << 64) - 1, "temperature": 1})
+    assert [request.seed for request in runtime.requests] == [(1 << 64) - 1, 0]
 
 
 def test_completions_prompts_times_n_and_echo(runtime: FakeRuntime) -> None:
@@ -188,14 +230,14 @@ def test_completions_prompts_times_n_and_echo(runtime: FakeRuntime) -> None:
 
 
 def test_empty_prompt_starts_from_bos(runtime: FakeRuntime) -> None:
-    response = post(runtime, "/completions", {"prompt": "", "max_tokens": 1}).json()
-    assert runtime.requests[0][0].prompt == "<s>"
+    response = post(runtime, "/completions", {"prompt": "", "max_tokens": 1, "temperature": 0}).json()
+    assert runtime.tokenizer.encoded == ["<s>"]
     assert response["choices"][0]["text"] == " w0"
 
 
 def test_unset_max_tokens_is_what_is_left_and_too_long_is_400(runtime: FakeRuntime) -> None:
     post(runtime, "/completions", {"prompt": "a " * 60})
-    assert runtime.requests[0][0].max_tokens == 4
+    assert runtime.requests[0].max_tokens == 4
 
     response = post(runtime, "/completions", {"prompt": "a " * 60, "max_tokens": 5})
     assert response.status_code == 400
@@ -229,7 +271,7 @@ def test_error_mid_stream_is_an_error_event_and_closes_every_choice() -> None:
         assert response.status_code == 200
         frames = events(response)
         assert "[DONE]" not in frames
-        assert json.loads(frames[-1])["error"]["message"] == "engine exploded"
+        assert json.loads(frames[-1])["error"]["message"] == "Inference server error: engine exploded"
         assert runtime.open == 0
 
     response = post(runtime, "/chat/completions", {**CHAT, "n": 2})
@@ -243,7 +285,7 @@ def test_closing_a_stream_closes_every_engine_stream() -> None:
         serving = OpenAIServing(runtime)  # type: ignore[arg-type]
         request = parse_request(ChatCompletionRequest, {**CHAT, "n": n, "max_tokens": 50, "stream": True})
         response = await serving.chat(request)
-        frames = response.body_iterator  # type: ignore[attr-defined]
+        frames = response.chunks  # type: ignore[attr-defined]
         for _ in range(n + 1):
             await anext(frames)
         assert runtime.open == n

@@ -15,6 +15,7 @@ import pytest
 from tensorrtllm_backend.repository import MODELS, build_repository, repository_values
 from tests.support import engine_config
 from trtllm_service import packing
+from trtllm_service.packed_model import layout_runtime_repository, read_pack_info
 from trtllm_service.packing import (
     ModelSource,
     PackError,
@@ -23,11 +24,9 @@ from trtllm_service.packing import (
     check_tokenizer,
     default_name,
     launch_command,
-    layout_runtime_repository,
     read_chat_template,
     read_engine_dir,
     read_hf_checkpoint,
-    read_pack_info,
     tokenizer_files,
     validate_name,
 )

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trtllm_service.prompting import StopStringMatcher
+from trtllm_service.stop_strings import MAX_STOP_STRINGS, StopStringError, StopStringMatcher, check_stop
 
 
 def reference(text: str, stops: list[str]) -> tuple[str, bool]:
@@ -106,9 +106,25 @@ def test_unicode_stops() -> None:
     assert run(["ünd"], ["grü", "ün", "d!"]) == (["gr", "ü", ""], True)
 
 
-def test_empty_stop_rejected() -> None:
-    with pytest.raises(ValueError, match="non-empty"):
-        StopStringMatcher(["ok", ""])
+@pytest.mark.parametrize(
+    ("stops", "code", "index"),
+    [
+        (["ok", ""], "invalid_value", 1),
+        (["ok", 3], "invalid_type", 1),
+        ([str(i) for i in range(MAX_STOP_STRINGS + 1)], "invalid_value", None),
+    ],
+)
+def test_check_stop_rejects(stops: list[object], code: str, index: int | None) -> None:
+    with pytest.raises(StopStringError) as excinfo:
+        check_stop(stops)
+    assert (excinfo.value.code, excinfo.value.index) == (code, index)
+
+
+def test_check_stop_keeps_order_and_drops_duplicates() -> None:
+    assert check_stop(["b", "a", "b"]) == ("b", "a")
+    assert check_stop([str(i) for i in range(MAX_STOP_STRINGS)]) == tuple(
+        str(i) for i in range(MAX_STOP_STRINGS)
+    )
 
 
 def test_held_back_text_is_bounded() -> None:

@@ -30,10 +30,11 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from trtllm_service.openai.errors import APIError, from_validation_error, request_error
-from trtllm_service.sampling import SamplingParams
+from trtllm_service.errors import APIError
+from trtllm_service.openai.errors import from_validation_error, request_error
+from trtllm_service.request import SamplingParams
+from trtllm_service.stop_strings import MAX_STOP_STRINGS, StopStringError, check_stop
 
-MAX_STOP_STRINGS = 16
 MAX_N = 8
 MAX_PROMPTS = 64
 _UINT64_MASK = (1 << 64) - 1
@@ -210,15 +211,11 @@ class _RequestBase(BaseModel):
     def _check_stop(cls, value: Any) -> Any:
         if not isinstance(value, (str, list)):
             raise request_error("invalid_type", "'stop' must be a string or a list of strings.")
-        stops = [value] if isinstance(value, str) else value
-        if len(stops) > MAX_STOP_STRINGS:
-            raise request_error("invalid_value", f"At most {MAX_STOP_STRINGS} stop strings are allowed.")
-        for i, stop in enumerate(stops):
-            where = () if isinstance(value, str) else (i,)
-            if not isinstance(stop, str):
-                raise request_error("invalid_type", "Stop strings must be strings.", *where)
-            if not stop:
-                raise request_error("invalid_value", "Stop strings must not be empty.", *where)
+        try:
+            check_stop([value] if isinstance(value, str) else value)
+        except StopStringError as exc:
+            where = () if exc.index is None or isinstance(value, str) else (exc.index,)
+            raise request_error(exc.code, str(exc), *where) from None
         return value
 
     @model_validator(mode="after")
@@ -246,7 +243,7 @@ class _RequestBase(BaseModel):
         """Stop strings as a tuple, duplicates removed, order kept."""
         if self.stop is None:
             return ()
-        return tuple(dict.fromkeys([self.stop] if isinstance(self.stop, str) else self.stop))
+        return check_stop([self.stop] if isinstance(self.stop, str) else self.stop)
 
     def sampling_params(self) -> SamplingParams:
         """The engine-neutral sampling parameters of this request."""

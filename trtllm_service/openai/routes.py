@@ -18,7 +18,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Match
 
-from trtllm_service.openai.errors import APIError
+from trtllm_service.errors import APIError
+from trtllm_service.metrics import count_rejected
 from trtllm_service.openai.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -31,7 +32,7 @@ from trtllm_service.openai.protocol import (
     ModelList,
     parse_request,
 )
-from trtllm_service.openai.serving import OpenAIServing, error_response
+from trtllm_service.openai.serving import CHAT_ROUTE, COMPLETIONS_ROUTE, OpenAIServing, error_response
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -155,10 +156,10 @@ async def retrieve_model(model: str, request: Request) -> Response:
 async def chat_completions(request: Request) -> Response:
     """Formats the messages with the model's chat template and generates the assistant's reply."""
     try:
-        body = parse_request(ChatCompletionRequest, await request.body())
         serving = _serving(request)
+        body = parse_request(ChatCompletionRequest, await request.body())
     except APIError as exc:
-        return error_response(exc)
+        return _refused(request, exc, CHAT_ROUTE)
     return await serving.chat(body, request)
 
 
@@ -171,11 +172,18 @@ async def chat_completions(request: Request) -> Response:
 async def completions(request: Request) -> Response:
     """Continues the prompt(s) as plain text (no chat template)."""
     try:
-        body = parse_request(CompletionRequest, await request.body())
         serving = _serving(request)
+        body = parse_request(CompletionRequest, await request.body())
     except APIError as exc:
-        return error_response(exc)
+        return _refused(request, exc, COMPLETIONS_ROUTE)
     return await serving.completions(body, request)
+
+
+def _refused(request: Request, error: APIError, route: str) -> Response:
+    """A body refused before it reached the serving logic: answered, and counted."""
+    serving = getattr(request.app.state, "serving", None)
+    count_rejected(serving.model_name if serving is not None else "", route, error.status)
+    return error_response(error)
 
 
 _ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]

@@ -13,7 +13,7 @@ import time
 
 from pydantic import BaseModel
 
-from trtllm_service.openai.errors import APIError
+from trtllm_service.errors import APIError
 
 SSE_DONE = "data: [DONE]\n\n"
 """The last event of every OpenAI stream."""

@@ -2,15 +2,19 @@
 
 Decoding each streamed response on its own loses leading spaces and turns characters split
 across byte tokens into U+FFFD (upstream's best-known streaming bugs). Here every request that
-has a request id keeps a small incremental decoder: it emits only text that is final, so the
-deltas concatenate to exactly the text of the same tokens decoded in one response. A request
-without an id is decoded per response with a fresh decoder, which gives the same text for a
-non-streamed request.
+has a request id keeps an incremental decoder (`tokenizers`' DecodeStream for fast tokenizers,
+a short decoding window otherwise): it emits only text that is final, so the deltas concatenate
+to exactly the text of the same tokens decoded in one response. A request without an id is
+decoded per response with a fresh decoder, which gives the same text for a non-streamed request.
 
 "Final" text ends on a complete character: a trailing incomplete UTF-8 sequence (a model that
 stops in the middle of a character) is never emitted, streamed or not, so both paths agree
 without knowing which response is the last. The engine's empty last response of a stream drops
 the state; abandoned states (cancelled requests) expire.
+
+Every token of an ensemble stream passes through here, so the per-response work is kept small:
+one pass over the request's inputs (pb_utils.get_input_tensor_by_name rebuilds the input list on
+every call) and one DecodeStream step.
 """
 
 from __future__ import annotations
@@ -30,6 +34,16 @@ TRIM_AFTER = 512
 LOOK_BACK = 16
 REPLACEMENT = "\ufffd"
 
+# Inputs passed through as OUT_<name>; the shape of the zeros sent when the engine sent none.
+PASSTHROUGH = {
+    "CUM_LOG_PROBS": lambda batch: (batch, 1),
+    "OUTPUT_LOG_PROBS": lambda batch: (batch, 1, 1),
+    "CONTEXT_LOGITS": lambda batch: (batch, 1, 1),
+    "GENERATION_LOGITS": lambda batch: (batch, 1, 1, 1),
+    "NUM_INPUT_TOKENS": lambda batch: (batch, 1),
+    "NUM_OUTPUT_TOKENS": lambda batch: (batch, 1),
+}
+
 
 def _param(model_config: dict[str, Any], key: str, default: str = "") -> str:
     """A string parameter of config.pbtxt; unfilled `${var}` placeholders count as unset."""
@@ -37,8 +51,28 @@ def _param(model_config: dict[str, Any], key: str, default: str = "") -> str:
     return default if not value or value.startswith("${") else value
 
 
+class StreamDecoder:
+    """A fast tokenizer's DecodeStream: emits the text of new ids once it ends on a whole character."""
+
+    __slots__ = ("last_used", "rust", "stream")
+
+    def __init__(self, rust: Any, skip_special: bool) -> None:
+        from tokenizers.decoders import DecodeStream
+
+        self.rust = rust
+        self.stream = DecodeStream(skip_special_tokens=skip_special)
+        self.last_used = time.monotonic()
+
+    def push(self, new_ids: list[int]) -> str:
+        """One step per id: a step with several ids returns nothing when their text ends in the middle
+        of a character, which would hold back the complete text before it as well."""
+        self.last_used = time.monotonic()
+        step, rust = self.stream.step, self.rust
+        return "".join(filter(None, (step(rust, token) for token in new_ids)))
+
+
 class IncrementalDecoder:
-    """Emits the stable new suffix of the decoded text as tokens arrive.
+    """Emits the stable new suffix of the decoded text as tokens arrive (slow tokenizers).
 
     It decodes the short window `ids[prefix:]` and compares it with `ids[prefix:read]`, so each
     step costs O(window) rather than O(text). Text ending in U+FFFD is held back, since more
@@ -95,13 +129,14 @@ class TritonPythonModel:
         if not tokenizer_dir:
             raise pb_utils.TritonModelException("postprocessing: parameter tokenizer_dir is not set")
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.rust = getattr(self.tokenizer, "backend_tokenizer", None)
         self.skip_special = _param(config, "skip_special_tokens", "true").lower() in {"1", "true", "yes"}
-        self.states: OrderedDict[tuple[int, int], IncrementalDecoder] = OrderedDict()
+        self.states: OrderedDict[tuple[str, int], StreamDecoder | IncrementalDecoder] = OrderedDict()
 
-    def _decode_full(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(
-            ids, skip_special_tokens=self.skip_special, clean_up_tokenization_spaces=False
-        )
+    def _decoder(self) -> StreamDecoder | IncrementalDecoder:
+        if self.rust is not None:
+            return StreamDecoder(self.rust, self.skip_special)
+        return IncrementalDecoder(self.tokenizer, self.skip_special)
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -112,8 +147,9 @@ class TritonPythonModel:
             del self.states[key]
 
     def _postprocess(self, request: Any) -> pb_utils.InferenceResponse:
-        tokens = pb_utils.get_input_tensor_by_name(request, "TOKENS_BATCH").as_numpy()
-        lengths = pb_utils.get_input_tensor_by_name(request, "SEQUENCE_LENGTH").as_numpy()
+        inputs = {tensor.name(): tensor for tensor in request.inputs()}
+        tokens = inputs["TOKENS_BATCH"].as_numpy()
+        lengths = inputs["SEQUENCE_LENGTH"].as_numpy()
         batch, beams = tokens.shape[0], tokens.shape[1]
         lengths = lengths.reshape(batch, beams)
         request_id = request.request_id()
@@ -125,32 +161,26 @@ class TritonPythonModel:
             for beam in range(beams):
                 ids = tokens[row, beam, : int(lengths[row, beam])].tolist()
                 if not incremental:
-                    texts.append(
-                        IncrementalDecoder(self.tokenizer, self.skip_special).push(ids).encode("utf-8")
-                    )
+                    texts.append(self._decoder().push(ids).encode("utf-8"))
                     continue
                 key = (request_id, beam)
-                state = self.states.pop(key, None) or IncrementalDecoder(self.tokenizer, self.skip_special)
+                state = self.states.pop(key, None) or self._decoder()
                 texts.append(state.push(ids).encode("utf-8"))
                 if ids:  # the engine's last response of a stream carries no tokens: the state goes then
                     self.states[key] = state
-        self._expire()
+        if len(self.states) > MAX_STATES or (self.states and self._oldest_expired()):
+            self._expire()
 
         outputs = [pb_utils.Tensor("OUTPUT", np.array(texts, dtype=np.object_))]
-        passthrough = {
-            "CUM_LOG_PROBS": (batch, 1),
-            "OUTPUT_LOG_PROBS": (batch, 1, 1),
-            "CONTEXT_LOGITS": (batch, 1, 1),
-            "GENERATION_LOGITS": (batch, 1, 1, 1),
-            "NUM_INPUT_TOKENS": (batch, 1),
-            "NUM_OUTPUT_TOKENS": (batch, 1),
-        }
-        for name, empty_shape in passthrough.items():
-            tensor = pb_utils.get_input_tensor_by_name(request, name)
-            dtype = np.int32 if name.startswith("NUM_") else np.float32
-            value = tensor.as_numpy() if tensor is not None else np.zeros(empty_shape, dtype)
-            outputs.append(pb_utils.Tensor(f"OUT_{name}", value))
+        for name in PASSTHROUGH:
+            tensor = inputs.get(name)
+            if tensor is not None:
+                outputs.append(pb_utils.Tensor(f"OUT_{name}", tensor.as_numpy()))
         return pb_utils.InferenceResponse(output_tensors=outputs)
+
+    def _oldest_expired(self) -> bool:
+        oldest = next(iter(self.states.values()))
+        return time.monotonic() - oldest.last_used >= STATE_TTL_S
 
     def execute(self, requests: list[Any]) -> list[pb_utils.InferenceResponse]:
         responses = []

@@ -1,14 +1,14 @@
 """Triton `preprocessing` model: prompt and word lists -> token ids for the engine.
 
-Runs on the Python backend. Besides tokenizing, it resolves the end id (Llama-3 ends a chat turn
-with <|eot_id|> while its config names <|end_of_text|>: every end token the checkpoint declares
-stops generation) and avoids a double BOS when the prompt already carries one.
+Runs on the Python backend. Besides tokenizing, it sends the end ids (the `end_ids` parameter,
+filled from the checkpoint: Llama-3 ends a chat turn with <|eot_id|> while its config names
+<|end_of_text|>, and every end token stops generation) and avoids a double BOS when the prompt
+already carries one.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,25 +28,9 @@ def _flag(value: str, default: bool) -> bool:
     return value.strip().lower() in {"1", "true", "yes", "on"}
 
 
-def _optional(request: Any, name: str) -> np.ndarray | None:
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
+def _optional(inputs: dict[str, Any], name: str) -> np.ndarray | None:
+    tensor = inputs.get(name)
     return None if tensor is None else tensor.as_numpy()
-
-
-def _end_ids(tokenizer_dir: Path, tokenizer: Any) -> list[int]:
-    """Every end-of-sequence id the checkpoint declares, the tokenizer's own first."""
-    ids: list[int] = []
-    if tokenizer.eos_token_id is not None:
-        ids.append(int(tokenizer.eos_token_id))
-    for name in ("generation_config.json", "config.json"):
-        path = tokenizer_dir / name
-        if not path.is_file():
-            continue
-        eos = json.loads(path.read_text()).get("eos_token_id")
-        for token_id in eos if isinstance(eos, list) else [eos]:
-            if isinstance(token_id, int) and token_id not in ids:
-                ids.append(token_id)
-    return ids
 
 
 def to_word_list(words: list[list[int]]) -> np.ndarray:
@@ -80,7 +64,9 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException("preprocessing: parameter tokenizer_dir is not set")
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         self.add_special_tokens = _flag(_param(config, "add_special_tokens"), True)
-        self.end_ids = _end_ids(Path(tokenizer_dir), self.tokenizer)
+        configured = [int(part) for part in _param(config, "end_ids").split(",") if part.strip()]
+        eos = self.tokenizer.eos_token_id
+        self.end_ids = configured or ([int(eos)] if eos is not None else [])
         pad = self.tokenizer.pad_token_id
         self.default_pad_id = int(pad) if pad is not None else (self.end_ids[0] if self.end_ids else 0)
         self.vocab_size = len(self.tokenizer)
@@ -98,16 +84,17 @@ class TritonPythonModel:
         return [ids for ids in encoded if ids]
 
     def _preprocess(self, request: Any) -> pb_utils.InferenceResponse:
-        queries = pb_utils.get_input_tensor_by_name(request, "QUERY").as_numpy().reshape(-1)
+        inputs = {tensor.name(): tensor for tensor in request.inputs()}
+        queries = inputs["QUERY"].as_numpy().reshape(-1)
         # An ensemble input declared required is not enforced by every Triton version: check it here.
-        if _optional(request, "REQUEST_OUTPUT_LEN") is None:
+        if _optional(inputs, "REQUEST_OUTPUT_LEN") is None:
             raise ValueError("max_tokens is required")
-        bad = _optional(request, "BAD_WORDS_DICT")
-        stop = _optional(request, "STOP_WORDS_DICT")
-        bias_words = _optional(request, "EMBEDDING_BIAS_WORDS")
-        bias_weights = _optional(request, "EMBEDDING_BIAS_WEIGHTS")
-        end_in = _optional(request, "END_ID")
-        pad_in = _optional(request, "PAD_ID")
+        bad = _optional(inputs, "BAD_WORDS_DICT")
+        stop = _optional(inputs, "STOP_WORDS_DICT")
+        bias_words = _optional(inputs, "EMBEDDING_BIAS_WORDS")
+        bias_weights = _optional(inputs, "EMBEDDING_BIAS_WEIGHTS")
+        end_in = _optional(inputs, "END_ID")
+        pad_in = _optional(inputs, "PAD_ID")
 
         input_ids, bad_lists, stop_lists, biases, end_ids, pad_ids = [], [], [], [], [], []
         for row, raw in enumerate(queries):

@@ -135,9 +135,15 @@ class TritonPythonModel:
 
     def _serve_stream(self, request: Any) -> None:
         sender = request.get_response_sender()
+        pipeline = self._pipeline(request, sender.is_cancelled)
         try:
-            for response in self._pipeline(request, sender.is_cancelled):
-                sender.send(response)
+            for response in pipeline:
+                try:
+                    sender.send(response)
+                except Exception as exc:  # the client went away between two checks: stop, quietly
+                    pb_utils.Logger.log_info(f"tensorrt_llm_bls: response not delivered ({exc}); stopping")
+                    pipeline.close()  # its `finally` stops the engine request
+                    return
             sender.send(flags=FINAL)
         except BlsError as exc:
             sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=FINAL)
@@ -163,28 +169,33 @@ class TritonPythonModel:
             request_id=request_id,
         ).exec(decoupled=True)
         text_so_far = ""
-        for response in stream:
-            if cancelled():
-                self._stop_engine(request_id)
-                return
-            engine_out = _outputs(response)
-            if "output_ids" not in engine_out:
-                continue
-            post = _outputs(
-                pb_utils.InferenceRequest(
-                    model_name="postprocessing",
-                    requested_output_names=list(CLIENT_OUTPUTS),
-                    inputs=_renamed(engine_out, POSTPROCESSING_FROM_ENGINE),
-                    request_id=request_id,
-                ).exec()
-            )
-            tensors = _renamed(post, CLIENT_OUTPUTS)
-            if self.accumulate and streaming:
-                text_so_far += post["OUTPUT"].as_numpy().reshape(-1)[0].decode("utf-8")
-                tensors[0] = pb_utils.Tensor(
-                    "text_output", np.array([text_so_far.encode("utf-8")], np.object_)
+        finished = False
+        try:
+            for response in stream:
+                if cancelled():
+                    return
+                engine_out = _outputs(response)
+                if "output_ids" not in engine_out:
+                    continue
+                post = _outputs(
+                    pb_utils.InferenceRequest(
+                        model_name="postprocessing",
+                        requested_output_names=list(CLIENT_OUTPUTS),
+                        inputs=_renamed(engine_out, POSTPROCESSING_FROM_ENGINE),
+                        request_id=request_id,
+                    ).exec()
                 )
-            yield pb_utils.InferenceResponse(output_tensors=tensors)
+                tensors = _renamed(post, CLIENT_OUTPUTS)
+                if self.accumulate and streaming:
+                    text_so_far += post["OUTPUT"].as_numpy().reshape(-1)[0].decode("utf-8")
+                    tensors[0] = pb_utils.Tensor(
+                        "text_output", np.array([text_so_far.encode("utf-8")], np.object_)
+                    )
+                yield pb_utils.InferenceResponse(output_tensors=tensors)
+            finished = True
+        finally:
+            if not finished:  # cancelled, failed, or closed by the caller: end the engine request too
+                self._stop_engine(request_id)
 
     def _stop_engine(self, request_id: str) -> None:
         """TRT-LLM's way to end a request early: a `stop` request with the same request id."""

@@ -1,0 +1,377 @@
+"""What the service costs on top of Triton: the same streamed requests, direct and through the service.
+
+One command packs the demo model, serves it with `bentoml serve .` (cold start timed), and at each
+concurrency sends the same streamed requests, one target after the other, to (a) Triton's `ensemble`
+over gRPC, (b) `/generate`, (c) `/v1/chat/completions` and (d) `/v1/completions`. It reports output
+tokens/s, time to first token and inter-token latency (p50/p99, as the client sees chunks), tokens
+per chunk, and CPU time per token of the service's processes and of Triton's (from /proc).
+
+Scenario `synthetic` puts the token-source engine in the `tensorrt_llm` slot (tokens as fast as
+Triton relays them: everything measured is the stack around the engine); `reference` runs the demo
+model with the PyTorch reference engine. Results go to bench/results/relay-<label>.{json,md,png}.
+
+    python bench/relay.py --label 2core
+    python bench/relay.py --label h100-box --workers 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGETS = ("direct", "generate", "chat", "completions")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+class Service:
+    """`bentoml serve .` on a freshly packed demo model, in its own process group."""
+
+    def __init__(self, workdir: Path, engine: str, workers: int, max_batch_size: int) -> None:
+        self.workdir = workdir
+        self.home = workdir / "bentoml"
+        self.run_dir = workdir / "run"
+        self.port = free_port()
+        self.env = {
+            **os.environ,
+            "BENTOML_HOME": str(self.home),
+            "BENTOML_DO_NOT_TRACK": "true",
+            "TRTLLM_RUN_DIR": str(self.run_dir),
+            "TRTLLM_WORKERS": str(workers),
+            "TRTLLM_MAX_CONCURRENCY": "100000",
+            "TOKENIZERS_PARALLELISM": "false",
+            "HF_HUB_OFFLINE": "1",
+        }
+        subprocess.run(
+            [
+                sys.executable,
+                "pack_model.py",
+                "--demo",
+                "--engine",
+                engine,
+                "--quiet",
+                "--max-batch-size",
+                str(max_batch_size),
+            ],
+            cwd=ROOT,
+            env=self.env,
+            check=True,
+            capture_output=True,
+        )
+        self.process: subprocess.Popen[bytes] | None = None
+        self.cold_start_s = 0.0
+
+    def start(self, timeout_s: float = 600.0) -> None:
+        started = time.monotonic()
+        log = open(self.workdir / "serve.log", "wb")  # noqa: SIM115 (lives as long as the server)
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "bentoml", "serve", ".", "--host", "127.0.0.1", "--port", str(self.port)],
+            cwd=ROOT,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        while time.monotonic() - started < timeout_s:
+            if self.process.poll() is not None:
+                raise RuntimeError(
+                    f"bentoml serve exited:\n{(self.workdir / 'serve.log').read_text()[-3000:]}"
+                )
+            if ready(f"http://127.0.0.1:{self.port}/readyz"):
+                self.cold_start_s = time.monotonic() - started
+                return
+            time.sleep(0.1)
+        raise RuntimeError("bentoml serve was not ready in time")
+
+    def triton(self) -> dict[str, Any]:
+        return json.loads((self.run_dir / "triton.json").read_text())
+
+    def processes(self) -> tuple[list[psutil.Process], list[psutil.Process]]:
+        """(the service's processes, Triton's processes)."""
+        assert self.process is not None
+        pgid = self.triton()["pgid"]
+        tree = [psutil.Process(self.process.pid), *psutil.Process(self.process.pid).children(recursive=True)]
+        service, triton = [], []
+        for process in tree:
+            with contextlib.suppress(ProcessLookupError, psutil.Error):
+                (triton if os.getpgid(process.pid) == pgid else service).append(process)
+        return service, triton
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
+def cpu_seconds(processes: list[psutil.Process]) -> float:
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+            total += times.user + times.system + times.children_user + times.children_system
+        except psutil.Error:
+            pass
+    return total
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def run_load(
+    service: Service, target: str, concurrency: int, requests: int, max_tokens: int, procs: int
+) -> dict[str, Any]:
+    address = (
+        f"127.0.0.1:{service.triton()['grpc_port']}" if target == "direct" else f"127.0.0.1:{service.port}"
+    )
+    service_procs, triton_procs = service.processes()
+    procs = max(1, min(procs, concurrency))
+    cpu_before = (cpu_seconds(service_procs), cpu_seconds(triton_procs))
+    loads = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "bench" / "loadgen.py"),
+                "--target",
+                target,
+                "--address",
+                address,
+                "--concurrency",
+                str(concurrency // procs + (i < concurrency % procs)),
+                "--requests",
+                str(requests // procs + (i < requests % procs)),
+                "--max-tokens",
+                str(max_tokens),
+                "--seed",
+                str(i * 1000),
+            ],
+            stdout=subprocess.PIPE,
+            env=service.env,
+        )
+        for i in range(procs)
+    ]
+    outputs = [json.loads(load.communicate()[0]) for load in loads]
+    cpu_after = (cpu_seconds(service_procs), cpu_seconds(triton_procs))
+    records = [r for out in outputs for r in out["requests"]]
+    tokens = sum(r["tokens"] for r in records)
+    chunks = sum(r["chunks"] for r in records)
+    gaps = [g for r in records for g in r["gaps"]]
+    ttfts = [r["ttft"] for r in records]
+    wall = max(out["wall"] for out in outputs)
+    per_token = 1e6 / max(tokens, 1)
+    return {
+        "target": target,
+        "concurrency": concurrency,
+        "requests": len(records),
+        "errors": sum(out["error_count"] for out in outputs),
+        "error_samples": [e for out in outputs for e in out["errors"]][:3],
+        "tokens": tokens,
+        "tokens_per_s": tokens / wall if wall else 0.0,
+        "ttft_p50_ms": 1000 * percentile(ttfts, 0.5),
+        "ttft_p99_ms": 1000 * percentile(ttfts, 0.99),
+        "itl_p50_ms": 1000 * percentile(gaps, 0.5),
+        "itl_p99_ms": 1000 * percentile(gaps, 0.99),
+        "tokens_per_chunk": tokens / max(chunks, 1),
+        "service_cpu_us_per_token": (cpu_after[0] - cpu_before[0]) * per_token,
+        "triton_cpu_us_per_token": (cpu_after[1] - cpu_before[1]) * per_token,
+    }
+
+
+def scenario(args: argparse.Namespace, engine: str, levels: list[int], max_tokens: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix=f"bench-relay-{engine}-") as tmp:
+        service = Service(Path(tmp), engine, args.workers, args.max_batch_size)
+        try:
+            service.start()
+            print(f"[{engine}] cold start {service.cold_start_s:.1f} s", flush=True)
+            runs = []
+            for concurrency in levels:
+                requests = max(concurrency * args.requests_per_stream, args.min_requests)
+                procs = max(1, min(args.loadgen_procs, concurrency // 32 or 1))
+                for target in TARGETS:
+                    row = run_load(service, target, concurrency, requests, max_tokens, procs)
+                    runs.append(row)
+                    print(
+                        f"[{engine}] c={concurrency:<4} {target:<12} {row['tokens_per_s']:8.0f} tok/s  "
+                        f"ttft p50 {row['ttft_p50_ms']:7.1f} ms  itl p50 {row['itl_p50_ms']:6.2f} ms  "
+                        f"service {row['service_cpu_us_per_token']:6.1f} us/tok  triton {row['triton_cpu_us_per_token']:6.1f} us/tok  "
+                        f"{row['tokens_per_chunk']:.2f} tok/chunk  errors {row['errors']}",
+                        flush=True,
+                    )
+            return {
+                "engine": engine,
+                "cold_start_s": service.cold_start_s,
+                "max_tokens": max_tokens,
+                "runs": runs,
+            }
+        finally:
+            service.stop()
+
+
+def checks(result: dict[str, Any]) -> list[tuple[str, float, str, bool]]:
+    """The issue's targets, as ratios of the synthetic scenario's runs."""
+    runs = {(r["target"], r["concurrency"]): r for r in result["runs"]}
+    out: list[tuple[str, float, str, bool]] = []
+    levels = sorted({r["concurrency"] for r in result["runs"]})
+    for target in ("generate", "chat"):
+        if (target, 32) in runs:
+            value = runs[(target, 32)]["service_cpu_us_per_token"]
+            out.append((f"service CPU per token, {target}, c=32 (us)", value, "<= 25", value <= 25))
+    for target in ("generate", "chat", "completions"):
+        if (target, 1) in runs:
+            extra = runs[(target, 1)]["ttft_p50_ms"] - runs[("direct", 1)]["ttft_p50_ms"]
+            out.append((f"TTFT p50 - direct, {target}, c=1 (ms)", extra, "<= 2", extra <= 2))
+        for level in (32, 128):
+            if (target, level) in runs:
+                ratio = runs[(target, level)]["ttft_p50_ms"] / runs[("direct", level)]["ttft_p50_ms"]
+                out.append((f"TTFT p50 / direct, {target}, c={level}", ratio, "<= 1.1", ratio <= 1.1))
+        for level in levels:
+            if (target, level) in runs:
+                ratio = runs[(target, level)]["tokens_per_s"] / runs[("direct", level)]["tokens_per_s"]
+                out.append((f"tokens/s / direct, {target}, c={level}", ratio, ">= 0.97", ratio >= 0.97))
+    for target in ("chat", "direct"):
+        if (target, 128) in runs:
+            value = runs[(target, 128)]["tokens_per_s"]
+            out.append((f"tokens/s, {target}, c=128", value, ">= 10000", value >= 10000))
+    return out
+
+
+def markdown(report: dict[str, Any]) -> str:
+    lines = [f"# Relay benchmark: {report['label']}", "", f"`{report['command']}`", ""]
+    lines += [f"- machine: {report['machine']}", f"- workers: {report['workers']}", ""]
+    for result in report["scenarios"]:
+        lines += [f"## {result['engine']} engine ({result['max_tokens']} tokens per request)", ""]
+        lines += [f"Cold start (`bentoml serve` to ready): {result['cold_start_s']:.1f} s", ""]
+        lines += [
+            "| c | target | tokens/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | tokens/chunk | service us/token | Triton us/token | errors |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in result["runs"]:
+            lines.append(
+                f"| {r['concurrency']} | {r['target']} | {r['tokens_per_s']:.0f} | {r['ttft_p50_ms']:.1f} / {r['ttft_p99_ms']:.1f} | "
+                f"{r['itl_p50_ms']:.2f} / {r['itl_p99_ms']:.2f} | {r['tokens_per_chunk']:.2f} | "
+                f"{r['service_cpu_us_per_token']:.1f} | {r['triton_cpu_us_per_token']:.1f} | {r['errors']} |"
+            )
+        lines.append("")
+        if result["engine"] == "synthetic":
+            lines += ["### Targets", "", "| target | measured | goal | met |", "|---|---|---|---|"]
+            for name, value, goal, met in checks(result):
+                lines.append(f"| {name} | {value:.2f} | {goal} | {'yes' if met else 'NO'} |")
+            lines.append("")
+    return "\n".join(lines)
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scenarios = report["scenarios"]
+    fig, axes = plt.subplots(len(scenarios), 3, figsize=(15, 4.2 * len(scenarios)), squeeze=False)
+    for row, result in enumerate(scenarios):
+        for target in TARGETS:
+            runs = [r for r in result["runs"] if r["target"] == target]
+            levels = [r["concurrency"] for r in runs]
+            axes[row][0].plot(levels, [r["tokens_per_s"] for r in runs], marker="o", label=target)
+            axes[row][1].plot(levels, [r["ttft_p50_ms"] for r in runs], marker="o", label=target)
+            if target != "direct":
+                axes[row][2].plot(
+                    levels, [r["service_cpu_us_per_token"] for r in runs], marker="o", label=target
+                )
+        titles = ("output tokens/s", "TTFT p50 (ms)", "service CPU per token (us)")
+        for axis, title in zip(axes[row], titles, strict=True):
+            axis.set_xscale("log", base=2)
+            axis.set_xlabel("concurrent streams")
+            axis.set_title(f"{result['engine']}: {title}")
+            axis.grid(True, alpha=0.3)
+            axis.legend()
+    fig.suptitle(f"relay benchmark, {report['label']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--label", default=platform.node() or "local", help="names the result files")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--scenario", choices=("synthetic", "reference", "both"), default="both")
+    parser.add_argument("--concurrency", default="1,8,32,128,256", help="synthetic scenario levels")
+    parser.add_argument("--reference-concurrency", default="1,8,32")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--reference-max-tokens", type=int, default=64)
+    parser.add_argument("--requests-per-stream", type=int, default=2, help="requests per concurrent stream")
+    parser.add_argument("--min-requests", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=None, help="TRTLLM_WORKERS (default: the service's)")
+    parser.add_argument("--max-batch-size", type=int, default=256)
+    parser.add_argument("--loadgen-procs", type=int, default=4, help="load generator processes at c >= 128")
+    args = parser.parse_args()
+    if args.workers is None:
+        from trtllm_service.settings import default_workers
+
+        args.workers = default_workers()
+    report: dict[str, Any] = {
+        "label": args.label,
+        "command": " ".join(["python", "bench/relay.py", *sys.argv[1:]]),
+        "machine": f"{platform.machine()}, {psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}",
+        "workers": args.workers,
+        "date": time.strftime("%Y-%m-%d"),
+        "scenarios": [],
+    }
+    if args.scenario in ("synthetic", "both"):
+        levels = [int(c) for c in args.concurrency.split(",")]
+        report["scenarios"].append(scenario(args, "synthetic", levels, args.max_tokens))
+    if args.scenario in ("reference", "both"):
+        levels = [int(c) for c in args.reference_concurrency.split(",")]
+        report["scenarios"].append(scenario(args, "reference", levels, args.reference_max_tokens))
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"relay-{args.label}"
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+    stem.with_suffix(".md").write_text(markdown(report) + "\n")
+    try:
+        plot(report, stem.with_suffix(".png"))
+    except ImportError:
+        print("matplotlib is not installed: no plot", file=sys.stderr)
+    print(f"wrote {stem}.json, .md, .png", flush=True)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    main()

@@ -1,0 +1,299 @@
+"""The in-flight batching loop shared by our stand-in engines (reference and synthetic).
+
+One worker thread owns the token source. It admits requests as they arrive and advances every
+active request by one token per round, so no request waits for another to finish. What a request
+asks of the engine is honoured here, the same for every token source: the end id, token stop
+words, `max_new`, streaming (one response per round with the new token), the prompt echo, TRT-LLM's
+`stop` request, and cancellation, checked every `cancel_check_s` per request (as the C++ backend
+polls every `cancellation_check_period_ms`: asking Triton whether a request was cancelled is an
+IPC round trip, too dear for every token).
+
+Responses leave through a few sender lanes (threads): Triton's Python backend makes every `send`
+a round trip to the server process, so one thread sending one response at a time caps the engine
+near one response per round trip; lanes overlap the round trips. Each request keeps its lane, so its
+responses stay in order.
+
+No Triton import: responses are built through the `Responder` that model.py passes in.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+from contract import EngineRequest, response_arrays
+
+STOP_TTL_S = 30.0
+"""How long a `stop` for a request id that is not (yet) running is remembered."""
+
+OUTCOMES = ("completed", "cancelled", "stopped", "error")
+
+
+class Sink(Protocol):
+    """Where the responses of one request go (a decoupled response sender, or a collector)."""
+
+    def send(self, response: Any | None, final: bool) -> None: ...
+
+    def is_cancelled(self) -> bool: ...
+
+
+class Responder(Protocol):
+    """Turns output arrays (or an error message) into the backend's response objects."""
+
+    def response(self, arrays: dict[str, np.ndarray]) -> Any: ...
+
+    def error(self, message: str) -> Any: ...
+
+    def log(self, message: str) -> None: ...
+
+
+class Counters(Protocol):
+    """The engine's metrics: requests finished by outcome, tokens generated."""
+
+    def finished(self, outcome: str) -> None: ...
+
+    def tokens(self, count: int) -> None: ...
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    """One request in flight: what was asked, what was generated, and the source's own state."""
+
+    request: EngineRequest
+    sink: Sink
+    generated: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    cum_log_prob: float = 0.0
+    unsent: int = 0
+    checked_at: float = 0.0
+    lane: int = 0
+    state: Any = None  # the token source's per-request state (KV cache, RNG, ...)
+    context_logits: np.ndarray | None = None
+    generation_logits: list[np.ndarray] = field(default_factory=list)
+
+
+class TokenSource(Protocol):
+    """Produces the next token of each active sequence."""
+
+    def start(self, seq: Sequence) -> None:
+        """Prepares `seq.state` when the request is admitted."""
+
+    def step(self, seqs: list[Sequence]) -> list[tuple[int, float] | BaseException]:
+        """The next token id and its log prob for each sequence (or the error that sequence hit)."""
+
+    def release(self, seq: Sequence) -> None:
+        """Frees what `start` allocated."""
+
+
+class EngineLoop:
+    """Runs a token source over the admitted requests on one worker thread."""
+
+    def __init__(
+        self,
+        source: TokenSource,
+        responder: Responder,
+        counters: Counters,
+        *,
+        cancel_check_s: float = 0.1,
+        step_delay_s: float = 0.0,
+        sender_lanes: int = 4,
+        name: str = "engine",
+    ) -> None:
+        self.source = source
+        self.responder = responder
+        self.counters = counters
+        self.cancel_check_s = cancel_check_s
+        self.step_delay_s = step_delay_s
+        self.name = name
+        self._inbox: queue.SimpleQueue[Sequence | None] = queue.SimpleQueue()
+        self._stops: dict[str, float] = {}  # request id -> when its `stop` arrived
+        self._stops_lock = threading.Lock()
+        self._admitted = 0
+        self._lanes: list[queue.SimpleQueue[tuple[Sink, Any, bool] | None]] = [
+            queue.SimpleQueue() for _ in range(max(1, sender_lanes))
+        ]
+        self._senders = [
+            threading.Thread(target=self._send_loop, args=(lane,), name=f"{name}-send-{i}", daemon=True)
+            for i, lane in enumerate(self._lanes)
+        ]
+        for sender in self._senders:
+            sender.start()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    # ---- called from Triton's execute() ------------------------------------------------------
+
+    def submit(self, request: EngineRequest, sink: Sink) -> None:
+        self._inbox.put(Sequence(request, sink, checked_at=time.monotonic()))
+
+    def stop(self, request_id: str) -> None:
+        """TRT-LLM's early stop: the request with this id ends at its next round."""
+        with self._stops_lock:
+            self._stops[request_id] = time.monotonic()
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        self._inbox.put(None)
+        self._thread.join(timeout=timeout_s)
+        for lane in self._lanes:
+            lane.put(None)
+        for sender in self._senders:
+            sender.join(timeout=timeout_s)
+
+    # ---- sender lanes ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _send_loop(lane: queue.SimpleQueue[tuple[Sink, Any, bool] | None]) -> None:
+        while (item := lane.get()) is not None:
+            sink, response, final = item
+            sink.send(response, final)
+
+    def _send(self, seq: Sequence, response: Any, final: bool) -> None:
+        self._lanes[seq.lane].put((seq.sink, response, final))
+
+    # ---- the worker thread ---------------------------------------------------------------------
+
+    def _run(self) -> None:
+        active: list[Sequence] = []
+        while True:
+            try:
+                while True:  # admit everything that has arrived; block only when idle
+                    seq = self._inbox.get(block=not active)
+                    if seq is None:
+                        self._abort(active, "the engine is shutting down")
+                        return
+                    if self._admit(seq):
+                        active.append(seq)
+            except queue.Empty:
+                pass
+            live: list[Sequence] = []
+            finished: set[int] = set()
+            for seq in active:
+                if self._ended_early(seq):
+                    finished.add(id(seq))
+                else:
+                    live.append(seq)
+            results = self.source.step(live) if live else []
+            tokens = 0
+            for seq, result in zip(live, results, strict=True):
+                if isinstance(result, BaseException):
+                    self.responder.log(f"{self.name}: request {seq.request.request_id!r} failed: {result}")
+                    self.counters.finished("error")
+                    self._send(seq, self.responder.error(f"engine error: {result}"), True)
+                    finished.add(id(seq))
+                    continue
+                tokens += 1
+                if self._push(seq, *result):
+                    finished.add(id(seq))
+            if tokens:
+                self.counters.tokens(tokens)
+            if finished:
+                for seq in active:
+                    if id(seq) in finished:
+                        self.source.release(seq)
+                active = [seq for seq in active if id(seq) not in finished]
+            if self.step_delay_s and active:
+                time.sleep(self.step_delay_s)
+
+    def _admit(self, seq: Sequence) -> bool:
+        seq.lane = self._admitted % len(self._lanes)
+        self._admitted += 1
+        try:
+            self.source.start(seq)
+        except Exception as exc:  # a request the source cannot take must not stop the engine
+            self.counters.finished("error")
+            self._send(seq, self.responder.error(f"engine error: {exc}"), True)
+            return False
+        return True
+
+    def _ended_early(self, seq: Sequence) -> bool:
+        """Finishes `seq` if it was cancelled or stopped; True if it was."""
+        now = time.monotonic()
+        if now - seq.checked_at >= self.cancel_check_s:
+            seq.checked_at = now
+            if seq.sink.is_cancelled():
+                self.counters.finished("cancelled")
+                self.responder.log(
+                    f"{self.name}: request {seq.request.request_id!r} cancelled after "
+                    f"{len(seq.generated)} tokens"
+                )
+                self._send(seq, self._response(seq, []), True)
+                return True
+        if self._stops and self._stop_requested(seq.request.request_id, now):
+            self._finish(seq, "stopped")
+            return True
+        return False
+
+    def _stop_requested(self, request_id: str, now: float) -> bool:
+        if not request_id:
+            return False
+        with self._stops_lock:
+            for key, since in list(self._stops.items()):
+                if now - since > STOP_TTL_S:  # a stop for a request that never came
+                    del self._stops[key]
+            return self._stops.pop(request_id, None) is not None
+
+    def _push(self, seq: Sequence, token: int, log_prob: float) -> bool:
+        """Applies one generated token; returns True when the request is finished."""
+        request = seq.request
+        if token == request.end_id:
+            self._finish(seq)
+            return True
+        seq.generated.append(token)
+        seq.log_probs.append(log_prob)
+        seq.cum_log_prob += log_prob
+        seq.unsent += 1
+        generated = seq.generated
+        stopped = any(generated[-len(word) :] == word for word in request.stop_words)
+        if stopped or len(generated) >= request.max_new:
+            self._finish(seq)
+            return True
+        if request.streaming:
+            self._send_new(seq, final=False)
+        return False
+
+    def _finish(self, seq: Sequence, outcome: str = "completed") -> None:
+        request = seq.request
+        if request.streaming:
+            if seq.unsent:
+                self._send_new(seq, final=False)
+            # The last response of a stream carries no new tokens (as the C++ backend's).
+            self._send(seq, self._response(seq, []), True)
+        else:
+            ids = seq.generated if request.exclude_input else request.input_ids + seq.generated
+            self._send(seq, self._response(seq, ids, log_probs=seq.log_probs, first=True), True)
+        self.counters.finished(outcome)
+
+    def _send_new(self, seq: Sequence, final: bool) -> None:
+        new = seq.generated[len(seq.generated) - seq.unsent :]
+        new_log_probs = seq.log_probs[len(seq.log_probs) - seq.unsent :]
+        first = len(seq.generated) == seq.unsent
+        ids = seq.request.input_ids + new if first and not seq.request.exclude_input else new
+        seq.unsent = 0
+        self._send(seq, self._response(seq, ids, log_probs=new_log_probs, first=first), final)
+
+    def _response(
+        self, seq: Sequence, ids: list[int], log_probs: list[float] | None = None, first: bool = False
+    ) -> Any:
+        request = seq.request
+        generation = None
+        if request.return_generation_logits and seq.generation_logits:
+            generation = np.stack(seq.generation_logits)
+            seq.generation_logits = []
+        arrays = response_arrays(
+            request,
+            ids,
+            generated=len(seq.generated),
+            cum_log_prob=seq.cum_log_prob if request.return_log_probs else 0.0,
+            log_probs=log_probs,
+            context_logits=seq.context_logits if request.return_context_logits and first else None,
+            generation_logits=generation,
+        )
+        return self.responder.response(arrays)
+
+    def _abort(self, active: list[Sequence], why: str) -> None:
+        for seq in active:
+            self._send(seq, self.responder.error(why), True)

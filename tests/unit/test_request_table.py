@@ -1,0 +1,167 @@
+"""THE table (request field -> Triton tensor), the settled request, and what the engine reads back.
+
+`engine_message` builds the protobuf the relay sends; these tests parse it back with the engine's own
+contract module (the code that runs inside Triton), so the two sides are checked against each other
+without a server. The table is also checked against the model configs that declare the inputs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from array import array
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2, service_pb2
+
+from tensorrtllm_backend import TEMPLATES_DIR
+from tensorrtllm_backend.repository import fill_model_config, repository_values
+from trtllm_service.errors import APIError
+from trtllm_service.request import (
+    ENGINE_FIXED,
+    ENGINE_INPUTS,
+    ENSEMBLE_INPUTS,
+    EngineLimits,
+    GenerationRequest,
+    SamplingParams,
+    engine_message,
+    ensemble_message,
+    settle,
+)
+
+LIMITS = EngineLimits(max_seq_len=100, max_input_len=90, end_ids=(7, 8))
+DTYPES = {"INT32": np.int32, "FP32": np.float32, "UINT64": np.uint64, "BOOL": np.bool_}
+
+
+def _contract() -> Any:
+    """The engine's contract.py, imported from the model repository template."""
+    path = TEMPLATES_DIR / "tensorrt_llm" / "1" / "contract.py"
+    spec = importlib.util.spec_from_file_location("engine_contract", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["engine_contract"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+contract = _contract()
+
+
+def _declared(model: str, tmp_path: Path) -> dict[str, str]:
+    values = repository_values(engine_dir=tmp_path, tokenizer_dir=tmp_path, overrides={"end_ids": "7"})
+    config = text_format.Parse(fill_model_config(model, values), model_config_pb2.ModelConfig())
+    return {i.name: model_config_pb2.DataType.Name(i.data_type).removeprefix("TYPE_") for i in config.input}
+
+
+@pytest.mark.parametrize(("model", "table"), [("tensorrt_llm", ENGINE_INPUTS), ("ensemble", ENSEMBLE_INPUTS)])
+def test_every_table_row_is_an_input_the_model_declares(model: str, table: Any, tmp_path: Path) -> None:
+    declared = _declared(model, tmp_path)
+    rows = list(table.values())
+    if model == "tensorrt_llm":
+        rows += [spec for spec, _ in ENGINE_FIXED.values()]
+    for spec in rows:
+        triton_type = "STRING" if spec.datatype == "BYTES" else spec.datatype
+        assert declared.get(spec.name) == triton_type, (
+            f"{model} declares {spec.name} as {declared.get(spec.name)}"
+        )
+
+
+def _read_back(message: bytes) -> tuple[service_pb2.ModelInferRequest, dict[str, np.ndarray]]:
+    request = service_pb2.ModelInferRequest.FromString(message)
+    arrays = {}
+    for tensor, raw in zip(request.inputs, request.raw_input_contents, strict=True):
+        arrays[tensor.name] = np.frombuffer(raw, DTYPES[tensor.datatype]).reshape(list(tensor.shape))
+    return request, arrays
+
+
+def test_the_engine_reads_back_every_field_the_relay_sends() -> None:
+    request = GenerationRequest(
+        prompt_ids=[3, 4, 5, 6],
+        max_tokens=12,
+        temperature=0.5,
+        top_k=40,
+        top_p=0.9,
+        repetition_penalty=1.1,
+        presence_penalty=0.25,
+        frequency_penalty=-0.5,
+        min_tokens=2,
+        seed=(1 << 64) - 1,
+        end_id=7,
+        stop_token_ids=(8, 9),
+    )
+    message, arrays = _read_back(engine_message(request, "req-1"))
+    assert (message.model_name, message.id, [o.name for o in message.outputs]) == (
+        "tensorrt_llm",
+        "req-1",
+        ["output_ids"],
+    )
+    assert arrays["input_ids"].shape == (1, 4) and arrays["stop_words_list"].shape == (1, 2, 2)
+    assert all(
+        arrays[name].shape == (1, 1) for name in arrays if name not in ("input_ids", "stop_words_list")
+    )
+    limits = contract.EngineLimits(vocab_size=100, max_seq_len=100)
+    parsed = contract.parse_request(arrays.get, "req-1", limits, ["output_ids"])
+    assert parsed.input_ids == [3, 4, 5, 6] and parsed.max_new == 12
+    assert (parsed.temperature, parsed.top_k, parsed.repetition_penalty) == (0.5, 40, pytest.approx(1.1))
+    assert parsed.top_p == pytest.approx(0.9) and parsed.presence_penalty == 0.25
+    assert (parsed.frequency_penalty, parsed.min_length, parsed.seed) == (-0.5, 2, (1 << 64) - 1)
+    assert (parsed.end_id, parsed.stop_words, parsed.streaming, parsed.exclude_input) == (
+        7,
+        [[8], [9]],
+        True,
+        True,
+    )
+    assert parsed.outputs == frozenset({"output_ids"})
+
+
+def test_unset_fields_are_not_sent_so_the_engine_keeps_its_defaults() -> None:
+    _, arrays = _read_back(engine_message(GenerationRequest(prompt_ids=[1], max_tokens=3), "r"))
+    assert set(arrays) == {
+        "input_ids",
+        "input_lengths",
+        "request_output_len",
+        "end_id",
+        "streaming",
+        "exclude_input_in_output",
+    }
+    assert int(arrays["end_id"][0, 0]) == -1
+
+
+def test_settle_openai_sampling_in_trtllm_terms() -> None:
+    greedy = settle([1, 2], SamplingParams(temperature=0.0, top_p=0.5, seed=3), LIMITS)
+    assert (greedy.top_k, greedy.temperature, greedy.top_p, greedy.seed) == (1, None, None, None)
+    default = settle([1, 2], SamplingParams(), LIMITS)
+    # TRT-LLM decodes greedily when neither top_k nor top_p is set: sampling sends top_p 1.
+    assert (default.temperature, default.top_k, default.top_p) == (1.0, None, 1.0)
+    top_k = settle([1, 2], SamplingParams(temperature=0.7, top_k=5, seed=9), LIMITS)
+    assert (top_k.temperature, top_k.top_k, top_k.top_p, top_k.seed) == (0.7, 5, None, 9)
+    assert (default.end_id, default.stop_token_ids) == (7, (8,))
+    ignore = settle([1, 2], SamplingParams(ignore_eos=True), LIMITS)
+    assert (ignore.end_id, ignore.stop_token_ids) == (-1, ())
+
+
+def test_settle_the_token_budget_once() -> None:
+    assert settle([1] * 10, SamplingParams(), LIMITS).max_tokens == 90
+    assert settle([1] * 10, SamplingParams(), LIMITS, default_max_tokens=16).max_tokens == 16
+    assert settle([1] * 10, SamplingParams(max_tokens=90), LIMITS).max_tokens == 90
+    with pytest.raises(APIError) as too_many:
+        settle([1] * 10, SamplingParams(max_tokens=91), LIMITS, param="prompt")
+    error = too_many.value
+    assert (error.status, error.code, error.param) == (400, "context_length_exceeded", "prompt")
+    assert "100 tokens" in error.message and "(10 in the prompt, 91 in the completion)" in error.message
+    with pytest.raises(APIError, match="maximum context length"):
+        settle([1] * 91, SamplingParams(max_tokens=1), LIMITS)  # beyond max_input_len
+
+
+def test_ensemble_message_uses_upstream_names() -> None:
+    request = GenerationRequest(prompt_ids=(), max_tokens=5, top_k=1, seed=4, end_id=-1)
+    message = service_pb2.ModelInferRequest.FromString(ensemble_message("héllo", request, "e1"))
+    names = [t.name for t in message.inputs]
+    assert names == ["text_input", "max_tokens", "top_k", "random_seed", "end_id", "stream"]
+    raw = message.raw_input_contents[0]
+    assert int.from_bytes(raw[:4], "little") == len("héllo".encode()) and raw[4:].decode() == "héllo"
+    assert array("q", message.raw_input_contents[3])[0] == 4

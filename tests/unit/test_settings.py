@@ -1,0 +1,52 @@
+"""Settings from the environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from trtllm_service.settings import Settings, SettingsError
+
+
+def test_defaults_work_on_a_fresh_machine() -> None:
+    settings = Settings.from_env({})
+    assert settings.triton_host == "127.0.0.1"
+    assert (settings.triton_grpc_port, settings.triton_http_port, settings.triton_metrics_port) == (0, 0, 0)
+    assert settings.api_keys == ()
+    assert settings.model_tag is None
+
+
+def test_environment_overrides_and_key_splitting() -> None:
+    settings = Settings.from_env(
+        {
+            "TRITON_GRPC_PORT": "9001",
+            "TRTLLM_API_KEYS": " k1, k2 ,,",
+            "TRTLLM_MODEL": "m:v",
+            "TRITON_LOG_VERBOSE": "true",
+        }
+    )
+    assert settings.triton_grpc_port == 9001
+    assert settings.api_keys == ("k1", "k2")
+    assert settings.model_tag == "m:v"
+    assert settings.triton_log_verbose is True
+
+
+def test_bad_values_name_the_variable() -> None:
+    with pytest.raises(SettingsError, match="TRITON_GRPC_PORT"):
+        Settings.from_env({"TRITON_GRPC_PORT": "70000"})
+    with pytest.raises(SettingsError, match="TRITON_STARTUP_TIMEOUT"):
+        Settings.from_env({"TRITON_STARTUP_TIMEOUT": "soon"})
+
+
+def test_api_keys_never_appear_in_repr() -> None:
+    settings = Settings.from_env({"TRTLLM_API_KEYS": "secret-one,secret-two"})
+    assert "secret" not in repr(settings) and "secret" not in str(settings)
+    assert "2 keys" in repr(settings)
+
+
+def test_workers_default_to_a_quarter_of_the_cores_and_can_be_set() -> None:
+    from trtllm_service.settings import default_workers
+
+    assert 1 <= Settings.from_env({}).workers == default_workers() <= 8
+    assert Settings.from_env({"TRTLLM_WORKERS": "3"}).workers == 3
+    with pytest.raises(SettingsError, match="TRTLLM_WORKERS"):
+        Settings.from_env({"TRTLLM_WORKERS": "0"})

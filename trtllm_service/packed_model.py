@@ -1,0 +1,163 @@
+"""What serving reads from a packed model: pack.json, and the Triton repository laid out where it runs.
+
+A model packed by pack_model.py holds ``repository/`` (the filled Triton model repository),
+``engine/``, ``tokenizer/`` and ``pack.json``. The repository's configs name absolute paths inside
+the model directory as it was when packed (``packed_root``); ``layout_runtime_repository`` copies the
+repository with those paths pointing at where the model is now. Build-time code is in packing.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import shlex
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PACK_FORMAT = 1
+PACK_FILE = "pack.json"
+REPOSITORY_DIR = "repository"
+ENGINE_DIR = "engine"
+TOKENIZER_DIR = "tokenizer"
+
+# Characters a path must not contain to be written into a config.pbtxt string value.
+_UNSAFE_PATH_CHARS = re.compile(r'["\\\x00-\x1f]')
+
+
+class PackError(ValueError):
+    """A model cannot be packed, or a packed model cannot be served; the message (one line) says why."""
+
+
+def read_json_object(path: Path, what: str) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PackError(f"cannot read {what} {str(path)!r}: {exc}") from exc
+    except json.JSONDecodeError as exc:
+        raise PackError(f"{what} {str(path)!r} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise PackError(f"{what} {str(path)!r} is not a JSON object")
+    return data
+
+
+@dataclass(frozen=True)
+class PackInfo:
+    """The contents of ``<model>/pack.json``: what was packed, and how to serve it.
+
+    Attributes:
+        tag: The BentoML tag the model was saved under.
+        mode: "engine", "hf" or "demo".
+        backend: Triton backend of the ``tensorrt_llm`` model: "tensorrtllm" or "python".
+        packed_root: The model directory the repository's paths point into (where it was saved).
+        world_size, tp_size, pp_size: Ranks, tensor and pipeline parallel sizes.
+        architecture, dtype: As the engine or checkpoint declares them.
+        max_batch_size: The filled ``triton_max_batch_size``.
+        max_input_len, max_seq_len: Token limits (None when the source does not say).
+        max_beam_width: The engine's beam limit.
+        template_values: Every value the Triton templates were filled with.
+        versions: Tool versions (tensorrt_llm, bentoml, transformers, trtllm-service, ...).
+        launch_command: The production command line (shell-quoted) that serves ``<model>/repository``.
+        chat_template_overridden: Whether ``--chat-template`` replaced the tokenizer's template.
+        format: Layout version of pack.json.
+    """
+
+    tag: str
+    mode: str
+    backend: str
+    packed_root: str
+    world_size: int
+    tp_size: int
+    pp_size: int
+    architecture: str
+    dtype: str
+    max_batch_size: int
+    max_input_len: int | None
+    max_seq_len: int | None
+    max_beam_width: int
+    template_values: dict[str, str] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    launch_command: str = ""
+    chat_template_overridden: bool = False
+    format: int = PACK_FORMAT
+
+    @property
+    def launch_argv(self) -> list[str]:
+        return shlex.split(self.launch_command)
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PackInfo:
+        names = {f.name for f in dataclasses.fields(cls)}
+        missing = sorted(f.name for f in dataclasses.fields(cls) if f.name not in data and _required(f))
+        if missing:
+            raise PackError(f"pack.json lacks {', '.join(missing)}")
+        return cls(**{key: value for key, value in data.items() if key in names})
+
+
+def _required(f: dataclasses.Field[Any]) -> bool:
+    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+def read_pack_info(model_path: Path | str) -> PackInfo:
+    """Reads ``<model_path>/pack.json``.
+
+    Raises:
+        PackError: No pack.json (not a model packed by pack_model.py), or it is unreadable.
+    """
+    path = Path(model_path) / PACK_FILE
+    if not path.is_file():
+        raise PackError(f"{str(model_path)!r} has no {PACK_FILE}: it was not packed by pack_model.py")
+    data = read_json_object(path, PACK_FILE)
+    if data.get("format") != PACK_FORMAT:
+        raise PackError(f"{str(path)!r} has format {data.get('format')!r}, this code reads {PACK_FORMAT}")
+    return PackInfo.from_dict(data)
+
+
+def check_path_safe(path: Path) -> None:
+    if _UNSAFE_PATH_CHARS.search(str(path)):
+        raise PackError(f"path {str(path)!r} contains a quote, backslash or control character")
+
+
+def layout_runtime_repository(model_path: Path | str, dest: Path | str) -> Path:
+    """Copies ``<model_path>/repository`` to ``dest`` with its paths pointing at ``model_path``.
+
+    Every config.pbtxt has the recorded ``packed_root`` replaced by ``model_path``'s absolute path, so
+    the result is right wherever the model store is now. ``dest`` is created if needed; model
+    directories already in it are replaced. Returns ``dest``.
+
+    Raises:
+        PackError: ``model_path`` is not a packed model, or lacks its engine or tokenizer.
+    """
+    model = Path(model_path).resolve()
+    info = read_pack_info(model)
+    for part in (REPOSITORY_DIR, ENGINE_DIR, TOKENIZER_DIR):
+        if not (model / part).is_dir():
+            raise PackError(f"packed model {str(model)!r} lacks {part}/")
+    check_path_safe(model)
+    old_root = re.compile(re.escape(info.packed_root.rstrip("/")) + r'(?=[/"])')
+    new_root = str(model)
+    out = Path(dest)
+    out.mkdir(parents=True, exist_ok=True)
+    for source in sorted((model / REPOSITORY_DIR).iterdir()):
+        if not source.is_dir():
+            continue
+        target = out / source.name
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(source, target)
+        config = target / "config.pbtxt"
+        if config.is_file():
+            config.write_text(old_root.sub(lambda _m: new_root, config.read_text()))
+    return out
+
+
+def end_ids(info: PackInfo) -> tuple[int, ...]:
+    """The ids that end a sequence, as the repository was filled (the first is the engine's end id)."""
+    raw = info.template_values.get("end_ids", "")
+    return tuple(int(part) for part in raw.split(",") if part.strip())

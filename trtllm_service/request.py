@@ -1,0 +1,253 @@
+"""The request object, settled once, and THE table: each request field -> the Triton tensor it rides in.
+
+Both HTTP APIs reduce a request to `SamplingParams` (what the caller asked for, `None` = not set).
+`settle` then decides everything once, against the engine's limits: the token budget (an explicit
+`max_tokens` that does not fit is an error; an unset one is what the context leaves, capped by a
+default), OpenAI's sampling semantics in TensorRT-LLM's terms (temperature 0 = greedy = top_k 1;
+sampling without top_k/top_p samples the whole distribution, top_p 1), the end ids. The result, a
+`GenerationRequest`, is what the relay sends, field by field, through `ENGINE_INPUTS`: adding a
+sampling parameter is one field here, one row in the table, the protocol field, and the Triton
+configs. Stop strings are matched on text by the relay and never sent (a string has no unique
+token sequence).
+"""
+
+from __future__ import annotations
+
+import struct
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+
+from tritonclient.grpc import service_pb2
+
+from trtllm_service.errors import APIError
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """What a caller asked for, before any defaulting. `None` means "not set".
+
+    Attributes:
+        max_tokens: Most tokens to generate (None: what the context leaves, capped by a default).
+        temperature: Softmax temperature; 0 means greedy. None: 1, as OpenAI.
+        top_p: Nucleus sampling mass. top_k: Sample from the k most likely tokens.
+        repetition_penalty: Multiplicative penalty on tokens seen (1.0 = off).
+        presence_penalty, frequency_penalty: Additive penalties on generated tokens.
+        seed: Random seed, for reproducible sampling.
+        min_tokens: Fewest tokens to generate before an end token is allowed.
+        stop: Stop strings, matched on the generated text.
+        ignore_eos: Keep generating past end tokens (benchmarking).
+    """
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    min_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLimits:
+    """What the packed engine accepts, and the ids that end a sequence."""
+
+    max_seq_len: int
+    max_input_len: int
+    end_ids: tuple[int, ...] = ()  # the first is the engine's end id, the others are stop tokens
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """One engine request, settled: every field is what the engine gets (None = engine default)."""
+
+    prompt_ids: Sequence[int]
+    max_tokens: int
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    min_tokens: int | None = None
+    seed: int | None = None
+    end_id: int = -1
+    stop_token_ids: tuple[int, ...] = ()
+    stop: tuple[str, ...] = field(default=(), compare=False)  # matched on text, not sent
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+
+def settle(
+    prompt_ids: Sequence[int],
+    params: SamplingParams,
+    limits: EngineLimits,
+    *,
+    default_max_tokens: int | None = None,
+    param: str = "messages",
+    budget_param: str | None = None,
+) -> GenerationRequest:
+    """The engine request for a tokenized prompt; raises APIError (400) when it cannot fit.
+
+    `param` names the request field the prompt came from, and `budget_param` (default: the same)
+    the field to blame when the prompt fits but the asked-for completion does not; the
+    context_length_exceeded error names them.
+    """
+    prompt_tokens = len(prompt_ids)
+    room = limits.max_seq_len - prompt_tokens
+    asked = params.max_tokens
+    if prompt_tokens > limits.max_input_len or room < 1:
+        raise APIError.context_length_exceeded(limits.max_seq_len, prompt_tokens, asked or 1, param=param)
+    if asked is None:
+        max_tokens = room if default_max_tokens is None else min(room, default_max_tokens)
+    elif asked > room:
+        raise APIError.context_length_exceeded(
+            limits.max_seq_len, prompt_tokens, asked, param=budget_param or param
+        )
+    else:
+        max_tokens = asked
+    temperature = 1.0 if params.temperature is None else params.temperature
+    if temperature == 0.0:
+        sampling: dict[str, object] = {"top_k": 1}
+    else:
+        top_k = params.top_k or None
+        top_p = params.top_p if params.top_p is not None else (None if top_k else 1.0)
+        sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": params.seed}
+    end_ids = limits.end_ids
+    return GenerationRequest(
+        prompt_ids=prompt_ids,
+        max_tokens=max_tokens,
+        repetition_penalty=params.repetition_penalty,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        min_tokens=params.min_tokens or None,
+        end_id=-1 if params.ignore_eos or not end_ids else end_ids[0],
+        stop_token_ids=() if params.ignore_eos else tuple(end_ids[1:]),
+        stop=params.stop,
+        **sampling,  # type: ignore[arg-type]
+    )
+
+
+# ---- the table -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    """A Triton input: its name and datatype, and how a value of the request becomes its bytes."""
+
+    name: str
+    datatype: str  # Triton's: INT32, FP32, UINT64, BOOL, BYTES
+
+    def encode(self, value: object) -> tuple[list[int], bytes]:
+        """(shape, raw little-endian contents) of `value`, with the leading batch dimension."""
+        kind = self.datatype
+        if kind == "BYTES":
+            data = value.encode("utf-8") if isinstance(value, str) else bytes(value)  # type: ignore[arg-type]
+            return [1, 1], struct.pack("<I", len(data)) + data
+        if isinstance(value, (list, tuple, array)):
+            return [1, len(value)], array("i", value).tobytes()
+        return [1, 1], struct.pack(_SCALAR_FORMATS[kind], value)
+
+
+_SCALAR_FORMATS = {"INT32": "<i", "FP32": "<f", "UINT64": "<Q", "BOOL": "<?"}
+
+
+class WordList(TensorSpec):
+    """TRT-LLM's word-list layout [1, 2, N]: flat token ids, then cumulative end offsets (-1 padded)."""
+
+    def encode(self, value: object) -> tuple[list[int], bytes]:
+        words = [[token] if isinstance(token, int) else list(token) for token in value]  # type: ignore[attr-defined]
+        flat = [token for word in words for token in word]
+        offsets, end = [], 0
+        for word in words:
+            end += len(word)
+            offsets.append(end)
+        width = max(len(flat), 1)
+        rows = (flat + [0] * (width - len(flat))) + (offsets + [-1] * (width - len(offsets)))
+        return [1, 2, width], array("i", rows).tobytes()
+
+
+ENGINE_INPUTS: Mapping[str, TensorSpec] = {
+    "prompt_ids": TensorSpec("input_ids", "INT32"),
+    "max_tokens": TensorSpec("request_output_len", "INT32"),
+    "temperature": TensorSpec("temperature", "FP32"),
+    "top_k": TensorSpec("runtime_top_k", "INT32"),
+    "top_p": TensorSpec("runtime_top_p", "FP32"),
+    "repetition_penalty": TensorSpec("repetition_penalty", "FP32"),
+    "presence_penalty": TensorSpec("presence_penalty", "FP32"),
+    "frequency_penalty": TensorSpec("frequency_penalty", "FP32"),
+    "min_tokens": TensorSpec("min_length", "INT32"),
+    "seed": TensorSpec("random_seed", "UINT64"),
+    "end_id": TensorSpec("end_id", "INT32"),
+    "stop_token_ids": WordList("stop_words_list", "INT32"),
+}
+"""GenerationRequest field -> input of the `tensorrt_llm` model (NVIDIA's C++ backend contract)."""
+
+ENGINE_FIXED: Mapping[str, tuple[TensorSpec, object]] = {
+    "streaming": (TensorSpec("streaming", "BOOL"), True),
+    "exclude_input_in_output": (TensorSpec("exclude_input_in_output", "BOOL"), True),
+}
+"""Inputs every engine request carries: streamed, and never the prompt echoed back."""
+
+ENGINE_MODEL = "tensorrt_llm"
+ENGINE_OUTPUT = "output_ids"
+
+ENSEMBLE_INPUTS: Mapping[str, TensorSpec] = {
+    "max_tokens": TensorSpec("max_tokens", "INT32"),
+    "temperature": TensorSpec("temperature", "FP32"),
+    "top_k": TensorSpec("top_k", "INT32"),
+    "top_p": TensorSpec("top_p", "FP32"),
+    "repetition_penalty": TensorSpec("repetition_penalty", "FP32"),
+    "presence_penalty": TensorSpec("presence_penalty", "FP32"),
+    "frequency_penalty": TensorSpec("frequency_penalty", "FP32"),
+    "min_tokens": TensorSpec("min_length", "INT32"),
+    "seed": TensorSpec("random_seed", "UINT64"),
+    "end_id": TensorSpec("end_id", "INT32"),
+}
+"""GenerationRequest field -> input of the upstream-compatible `ensemble` (text in, `text_input`)."""
+
+_FIELDS = tuple(f.name for f in fields(GenerationRequest))
+assert set(ENGINE_INPUTS) <= set(_FIELDS) and set(ENSEMBLE_INPUTS) <= set(_FIELDS)
+
+
+def _add(message: service_pb2.ModelInferRequest, spec: TensorSpec, value: object) -> None:
+    shape, raw = spec.encode(value)
+    tensor = message.inputs.add()
+    tensor.name = spec.name
+    tensor.datatype = spec.datatype
+    tensor.shape.extend(shape)
+    message.raw_input_contents.append(raw)
+
+
+def engine_message(request: GenerationRequest, request_id: str) -> bytes:
+    """The serialized ModelInferRequest of `request` for the `tensorrt_llm` model."""
+    message = service_pb2.ModelInferRequest(model_name=ENGINE_MODEL, id=request_id)
+    for name, spec in ENGINE_INPUTS.items():
+        value = getattr(request, name)
+        if value is None or (name == "stop_token_ids" and not value):
+            continue
+        _add(message, spec, value)
+    _add(message, TensorSpec("input_lengths", "INT32"), len(request.prompt_ids))
+    for spec, value in ENGINE_FIXED.values():
+        _add(message, spec, value)
+    message.outputs.add().name = ENGINE_OUTPUT
+    return message.SerializeToString()
+
+
+def ensemble_message(prompt: str, request: GenerationRequest, request_id: str) -> bytes:
+    """The serialized ModelInferRequest of a text prompt for the `ensemble` (streamed text out)."""
+    message = service_pb2.ModelInferRequest(model_name="ensemble", id=request_id)
+    _add(message, TensorSpec("text_input", "BYTES"), prompt)
+    for name, spec in ENSEMBLE_INPUTS.items():
+        value = getattr(request, name)
+        if value is not None:
+            _add(message, spec, value)
+    _add(message, TensorSpec("stream", "BOOL"), True)
+    message.outputs.add().name = "text_output"
+    return message.SerializeToString()

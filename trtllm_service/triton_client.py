@@ -1,0 +1,277 @@
+"""The relay: generation requests to Triton's `tensorrt_llm` model, token ids back, text out.
+
+The service talks to the engine directly (NVIDIA's C++ backend contract, or our stand-in behind it):
+it tokenized the prompt already, and detokenizing here costs ~1 us per token with the `tokenizers`
+DecodeStream, while the ensemble's postprocessing step would cost a Python-backend round trip per
+token inside Triton. Every call of a worker shares one HTTP/2 connection (`grpc_http2`), read on the
+event loop.
+
+Per request, an `EngineStream` collects token ids as they arrive (from inside the connection's
+data_received, no task per token) and wakes its reader. The reader takes everything that arrived
+since it last asked, so a client that is behind gets the tokens already received in one chunk; the
+first token, or any token when the reader is waiting, goes out at once. Stop strings are matched on
+the decoded text; a match ends the stream and cancels the engine request (RST_STREAM: Triton then
+cancels the request in the engine). Errors become `APIError`s: a request the engine refused 400,
+Triton unreachable or restarting 503, a stream longer than the timeout 504, anything else 500.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from array import array
+from collections.abc import Callable
+from typing import Any
+
+from tritonclient.grpc import service_pb2
+
+from trtllm_service.errors import APIError
+from trtllm_service.grpc_http2 import CANCELLED, OK, UNAVAILABLE, GrpcConnection
+from trtllm_service.request import GenerationRequest, engine_message
+from trtllm_service.stop_strings import StopStringMatcher
+
+logger = logging.getLogger("trtllm_service.relay")
+
+STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
+INVALID_REQUEST_MARKER = "invalid request: "
+"""Our Triton models start the message of a refused request with this (in-stream errors carry no
+gRPC status code)."""
+
+_parse_response = service_pb2.ModelStreamInferResponse.FromString
+
+
+class Detokenizer:
+    """Incremental detokenization: the text of new token ids, exact under concatenation.
+
+    With a fast tokenizer this is `tokenizers`' DecodeStream: it holds back ids whose text ends in an
+    incomplete UTF-8 character, so a trailing incomplete character is never emitted. Slow tokenizers
+    decode a short window of the last ids instead.
+    """
+
+    __slots__ = ("_ids", "_prefix", "_read", "_rust", "_skip", "_stream", "_tokenizer")
+
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
+        self._rust = getattr(tokenizer, "backend_tokenizer", None)
+        self._skip = skip_special_tokens
+        if self._rust is not None:
+            from tokenizers.decoders import DecodeStream
+
+            self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
+        else:
+            self._tokenizer = tokenizer
+            self._ids: list[int] = []
+            self._prefix = self._read = 0
+
+    def push(self, ids: list[int] | array[int]) -> str:
+        """The text the new ids complete. One step per id: a step with several ids returns nothing
+        when their text ends mid-character, holding back the complete text before it as well."""
+        if self._rust is None:
+            return self._push_window(list(ids))
+        step, rust = self._stream.step, self._rust
+        if len(ids) == 1:
+            return step(rust, ids[0]) or ""
+        return "".join(filter(None, (step(rust, token) for token in ids)))
+
+    def _push_window(self, ids: list[int]) -> str:
+        self._ids.extend(ids)
+        decode = self._tokenizer.decode
+        before = decode(self._ids[self._prefix : self._read], skip_special_tokens=self._skip)
+        after = decode(self._ids[self._prefix :], skip_special_tokens=self._skip)
+        if after.endswith("\ufffd") or len(after) <= len(before):
+            return ""
+        self._prefix, self._read = self._read, len(self._ids)
+        return after[len(before) :]
+
+
+class EngineStream:
+    """One request in flight. Read it with `read()` until `finish_reason` is set; `close()` always."""
+
+    __slots__ = (
+        "_cancel",
+        "_decoder",
+        "_error",
+        "_final",
+        "_ids",
+        "_matcher",
+        "_timer",
+        "_waiter",
+        "completion_tokens",
+        "finish_reason",
+        "max_tokens",
+        "request_id",
+        "stream_id",
+    )
+
+    def __init__(
+        self, request: GenerationRequest, decoder: Detokenizer, request_id: str, cancel: Callable[[int], None]
+    ) -> None:
+        self.request_id = request_id
+        self.max_tokens = request.max_tokens
+        self.completion_tokens = 0
+        self.finish_reason: str | None = None
+        self.stream_id = 0
+        self._decoder = decoder
+        self._matcher = StopStringMatcher(request.stop) if request.stop else None
+        self._ids = array("i")
+        self._final = False
+        self._error: APIError | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._cancel = cancel
+        self._timer: asyncio.TimerHandle | None = None
+
+    # ---- CallSink: called by the connection, on the event loop -----------------------------------
+
+    def on_message(self, data: bytes) -> None:
+        response = _parse_response(data)
+        if response.error_message:
+            self._fail(_refused(response.error_message))
+            return
+        result = response.infer_response
+        contents = result.raw_output_contents
+        if contents:
+            self._ids.frombytes(contents[0])
+        if result.parameters["triton_final_response"].bool_param:
+            self._final = True
+        self._wake()
+
+    def on_end(self, status: int, message: str) -> None:
+        if status == OK and self._final:
+            return
+        if status in (UNAVAILABLE, CANCELLED):
+            error = APIError.unavailable(f"The inference server is unavailable: {message}", retry_after=1)
+        elif status == OK:
+            error = APIError.unavailable("The inference server closed the stream early.", retry_after=1)
+        else:
+            error = APIError.server_error(f"Inference server error: {message}")
+        self._fail(error)
+
+    def _fail(self, error: APIError) -> None:
+        if self._error is None and self.finish_reason is None:
+            self._error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def timed_out(self) -> None:
+        self._fail(APIError.timeout())
+
+    # ---- the reader --------------------------------------------------------------------------------
+
+    async def read(self) -> str:
+        """The text generated since the last read; waits for some unless the stream has finished.
+
+        Returns "" only with `finish_reason` set. Raises APIError when the request failed.
+        """
+        while True:
+            if self._error is not None:
+                raise self._error
+            if self.finish_reason is not None:
+                return ""
+            text = self._take() if self._ids else ""
+            if text or self.finish_reason is not None:
+                return text
+            if self._final:
+                self.finish_reason = "length" if self.completion_tokens >= self.max_tokens else "stop"
+                self._done()
+                return self._matcher.flush() if self._matcher is not None else ""
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+
+    def _take(self) -> str:
+        ids, self._ids = self._ids, array("i")
+        self.completion_tokens += len(ids)
+        text = self._decoder.push(ids)
+        if self._matcher is not None and text:
+            text, stopped = self._matcher.push(text)
+            if stopped:
+                self.finish_reason = "stop"
+                self.close()  # the engine request is cancelled
+        return text
+
+    def _done(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def close(self) -> None:
+        """Ends the request: cancels it in the engine unless it has finished. Safe to call twice."""
+        self._done()
+        if self.stream_id and not self._final:
+            self._cancel(self.stream_id)
+        self.stream_id = 0
+        if self.finish_reason is None and self._error is None:
+            self._error = APIError.unavailable("The request was cancelled.")
+
+
+def _refused(message: str) -> APIError:
+    if INVALID_REQUEST_MARKER in message:
+        return APIError.bad_request(
+            message[message.index(INVALID_REQUEST_MARKER) + len(INVALID_REQUEST_MARKER) :]
+        )
+    return APIError.server_error(f"Inference server error: {message}")
+
+
+class TritonRelay:
+    """Starts engine requests on one shared HTTP/2 connection to Triton's gRPC port.
+
+    Args:
+        address: Where Triton's gRPC endpoint is now, as (host, port); None while it is not ready.
+        stream_timeout_s: Longest a request may stream before it ends with a 504.
+    """
+
+    def __init__(
+        self, address: Callable[[], tuple[str, int] | None], *, stream_timeout_s: float = 600.0
+    ) -> None:
+        self.address = address
+        self.stream_timeout_s = stream_timeout_s
+        self._connection: GrpcConnection | None = None
+        self._opening: asyncio.Future[GrpcConnection] | None = None
+
+    async def _connect(self) -> GrpcConnection:
+        connection = self._connection
+        if connection is not None and not connection.closed:
+            return connection
+        if self._opening is not None:
+            return await asyncio.shield(self._opening)
+        where = self.address()
+        if where is None:
+            raise APIError.unavailable(
+                "The model is not ready yet (Triton is starting or restarting).", retry_after=1
+            )
+        self._opening = asyncio.get_running_loop().create_future()
+        try:
+            connection = await GrpcConnection.open(*where)
+        except (OSError, asyncio.TimeoutError) as exc:
+            error = APIError.unavailable(f"The inference server is unreachable: {exc}", retry_after=1)
+            self._opening.set_exception(error)
+            self._opening.exception()  # retrieved: waiters re-raise it
+            raise error from None
+        finally:
+            opening, self._opening = self._opening, None
+        self._connection = connection
+        opening.set_result(connection)
+        return connection
+
+    async def start(self, request: GenerationRequest, decoder: Detokenizer) -> EngineStream:
+        """Sends `request` to the engine; read the returned stream, and close it when done."""
+        connection = await self._connect()
+        request_id = uuid.uuid4().hex
+        stream = EngineStream(request, decoder, request_id, connection.cancel)
+        stream.stream_id = connection.start_call(STREAM_INFER, engine_message(request, request_id), stream)
+        if stream.stream_id:
+            stream._timer = asyncio.get_running_loop().call_later(self.stream_timeout_s, stream.timed_out)
+        return stream
+
+    async def reset(self) -> None:
+        """Drops the connection (Triton restarted); the next request connects again."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            await connection.close()
+
+    close = reset
