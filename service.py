@@ -23,11 +23,13 @@ from trtllm_service.runtime import Runtime, default_model_tag
 from trtllm_service.settings import get_settings
 from trtllm_service.stop_strings import StopStringError, check_stop
 from trtllm_service.streaming import StreamBody, first_text, text_chunks
+from trtllm_service.tracing import exclude_message_spans
 
 logger = logging.getLogger("trtllm_service")
 
 SETTINGS = get_settings()
 MODEL_TAG = default_model_tag(SETTINGS.model_tag)
+exclude_message_spans()  # before BentoML builds the app: no span per streamed chunk
 
 
 @bentoml.asgi_app(openai_routes.app, path="/v1")
