@@ -137,14 +137,31 @@ class Service:
 
 
 def cpu_seconds(processes: list[psutil.Process]) -> float:
-    total = 0.0
+    return sum(cpu_by_process(processes).values())
+
+
+def _role(process: psutil.Process) -> str:
+    """tritonserver, a stub by its model name, or the service's process kind."""
+    name = process.name()
+    cmdline = process.cmdline()
+    if name.startswith("triton_python"):
+        return "stub:" + Path(cmdline[1]).parts[-3] if len(cmdline) > 1 else name
+    if "_bentoml_impl.worker.service" in " ".join(cmdline):
+        return "worker"
+    return name
+
+
+def cpu_by_process(processes: list[psutil.Process]) -> dict[str, float]:
+    """CPU seconds (user + system) by role."""
+    out: dict[str, float] = {}
     for process in processes:
         try:
             times = process.cpu_times()
-            total += times.user + times.system + times.children_user + times.children_system
+            role = _role(process)
+            out[role] = out.get(role, 0.0) + times.user + times.system
         except psutil.Error:
             pass
-    return total
+    return out
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -163,6 +180,7 @@ def run_load(
     service_procs, triton_procs = service.processes()
     procs = max(1, min(procs, concurrency))
     cpu_before = (cpu_seconds(service_procs), cpu_seconds(triton_procs))
+    triton_before = cpu_by_process(triton_procs)
     loads = [
         subprocess.Popen(
             [
@@ -188,6 +206,7 @@ def run_load(
     ]
     outputs = [json.loads(load.communicate()[0]) for load in loads]
     cpu_after = (cpu_seconds(service_procs), cpu_seconds(triton_procs))
+    triton_after = cpu_by_process(triton_procs)
     records = [r for out in outputs for r in out["requests"]]
     tokens = sum(r["tokens"] for r in records)
     chunks = sum(r["chunks"] for r in records)
@@ -210,6 +229,10 @@ def run_load(
         "tokens_per_chunk": tokens / max(chunks, 1),
         "service_cpu_us_per_token": (cpu_after[0] - cpu_before[0]) * per_token,
         "triton_cpu_us_per_token": (cpu_after[1] - cpu_before[1]) * per_token,
+        "triton_cpu_us_per_token_by_process": {
+            role: round((triton_after[role] - triton_before.get(role, 0.0)) * per_token, 1)
+            for role in triton_after
+        },
     }
 
 
@@ -223,14 +246,15 @@ def scenario(args: argparse.Namespace, engine: str, levels: list[int], max_token
             for concurrency in levels:
                 requests = max(concurrency * args.requests_per_stream, args.min_requests)
                 procs = max(1, min(args.loadgen_procs, concurrency // 32 or 1))
-                for target in TARGETS:
+                for target in args.targets.split(","):
                     row = run_load(service, target, concurrency, requests, max_tokens, procs)
                     runs.append(row)
                     print(
                         f"[{engine}] c={concurrency:<4} {target:<12} {row['tokens_per_s']:8.0f} tok/s  "
                         f"ttft p50 {row['ttft_p50_ms']:7.1f} ms  itl p50 {row['itl_p50_ms']:6.2f} ms  "
                         f"service {row['service_cpu_us_per_token']:6.1f} us/tok  triton {row['triton_cpu_us_per_token']:6.1f} us/tok  "
-                        f"{row['tokens_per_chunk']:.2f} tok/chunk  errors {row['errors']}",
+                        f"{row['tokens_per_chunk']:.2f} tok/chunk  errors {row['errors']}  "
+                        f"{ {k: v for k, v in row['triton_cpu_us_per_token_by_process'].items() if v >= 1} }",
                         flush=True,
                     )
             return {
@@ -342,6 +366,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None, help="TRTLLM_WORKERS (default: the service's)")
     parser.add_argument("--max-batch-size", type=int, default=256)
     parser.add_argument("--loadgen-procs", type=int, default=4, help="load generator processes at c >= 128")
+    parser.add_argument(
+        "--targets", default=",".join(TARGETS), help="comma-separated subset of " + ",".join(TARGETS)
+    )
     args = parser.parse_args()
     if args.workers is None:
         from trtllm_service.settings import default_workers

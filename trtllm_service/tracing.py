@@ -26,7 +26,12 @@ def exclude_message_spans() -> None:
 
     @functools.wraps(original)
     def __init__(self: Any, *args: Any, exclude_spans: list[str] | None = None, **kwargs: Any) -> None:
-        original(self, *args, exclude_spans=["receive", "send"] if exclude_spans is None else exclude_spans, **kwargs)
+        original(
+            self,
+            *args,
+            exclude_spans=["receive", "send"] if exclude_spans is None else exclude_spans,
+            **kwargs,
+        )
 
     setattr(__init__, _MARK, True)
     OpenTelemetryMiddleware.__init__ = __init__  # type: ignore[method-assign]

@@ -43,10 +43,13 @@ def test_api_keys_never_appear_in_repr() -> None:
     assert "2 keys" in repr(settings)
 
 
-def test_workers_default_to_a_quarter_of_the_cores_and_can_be_set() -> None:
+def test_workers_default_to_one_per_8_cores_and_can_be_set() -> None:
     from trtllm_service.settings import default_workers
 
-    assert 1 <= Settings.from_env({}).workers == default_workers() <= 8
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    assert Settings.from_env({}).workers == default_workers() == max(1, min(8, cores // 8))
     assert Settings.from_env({"TRTLLM_WORKERS": "3"}).workers == 3
     with pytest.raises(SettingsError, match="TRTLLM_WORKERS"):
         Settings.from_env({"TRTLLM_WORKERS": "0"})

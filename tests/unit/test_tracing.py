@@ -24,7 +24,9 @@ def spans_of_one_request(**options: Any) -> list[str]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    middleware = OpenTelemetryMiddleware(streaming_app, tracer_provider=provider, **options)  # as BentoML does
+    middleware = OpenTelemetryMiddleware(
+        streaming_app, tracer_provider=provider, **options
+    )  # as BentoML does
     scope = {"type": "http", "method": "POST", "path": "/generate", "headers": [], "query_string": b""}
     scope |= {"scheme": "http", "server": ("127.0.0.1", 3000), "client": ("127.0.0.1", 5000)}
 

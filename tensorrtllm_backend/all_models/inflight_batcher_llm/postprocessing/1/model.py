@@ -34,15 +34,17 @@ TRIM_AFTER = 512
 LOOK_BACK = 16
 REPLACEMENT = "\ufffd"
 
-# Inputs passed through as OUT_<name>; the shape of the zeros sent when the engine sent none.
-PASSTHROUGH = {
-    "CUM_LOG_PROBS": lambda batch: (batch, 1),
-    "OUTPUT_LOG_PROBS": lambda batch: (batch, 1, 1),
-    "CONTEXT_LOGITS": lambda batch: (batch, 1, 1),
-    "GENERATION_LOGITS": lambda batch: (batch, 1, 1, 1),
-    "NUM_INPUT_TOKENS": lambda batch: (batch, 1),
-    "NUM_OUTPUT_TOKENS": lambda batch: (batch, 1),
-}
+# Inputs passed through as OUT_<name> when the engine sent them (it does when the request asked).
+PASSTHROUGH = frozenset(
+    {
+        "CUM_LOG_PROBS",
+        "OUTPUT_LOG_PROBS",
+        "CONTEXT_LOGITS",
+        "GENERATION_LOGITS",
+        "NUM_INPUT_TOKENS",
+        "NUM_OUTPUT_TOKENS",
+    }
+)
 
 
 def _param(model_config: dict[str, Any], key: str, default: str = "") -> str:
@@ -147,36 +149,45 @@ class TritonPythonModel:
             del self.states[key]
 
     def _postprocess(self, request: Any) -> pb_utils.InferenceResponse:
-        inputs = {tensor.name(): tensor for tensor in request.inputs()}
-        tokens = inputs["TOKENS_BATCH"].as_numpy()
-        lengths = inputs["SEQUENCE_LENGTH"].as_numpy()
-        batch, beams = tokens.shape[0], tokens.shape[1]
-        lengths = lengths.reshape(batch, beams)
-        request_id = request.request_id()
-        # Without a request id nothing ties the responses of one stream together: decode each alone.
-        incremental = bool(request_id) and batch == 1
-
-        texts: list[bytes] = []
-        for row in range(batch):
-            for beam in range(beams):
-                ids = tokens[row, beam, : int(lengths[row, beam])].tolist()
-                if not incremental:
-                    texts.append(self._decoder().push(ids).encode("utf-8"))
-                    continue
-                key = (request_id, beam)
-                state = self.states.pop(key, None) or self._decoder()
-                texts.append(state.push(ids).encode("utf-8"))
-                if ids:  # the engine's last response of a stream carries no tokens: the state goes then
-                    self.states[key] = state
-        if len(self.states) > MAX_STATES or (self.states and self._oldest_expired()):
-            self._expire()
-
-        outputs = [pb_utils.Tensor("OUTPUT", np.array(texts, dtype=np.object_))]
-        for name in PASSTHROUGH:
-            tensor = inputs.get(name)
-            if tensor is not None:
+        tokens = lengths = None
+        outputs = []
+        for tensor in request.inputs():
+            name = tensor.name()
+            if name == "TOKENS_BATCH":
+                tokens = tensor.as_numpy()
+            elif name == "SEQUENCE_LENGTH":
+                lengths = tensor.as_numpy()
+            elif name in PASSTHROUGH:
                 outputs.append(pb_utils.Tensor(f"OUT_{name}", tensor.as_numpy()))
+        if tokens is None or lengths is None:
+            raise ValueError("TOKENS_BATCH and SEQUENCE_LENGTH are required")
+        batch, beams = tokens.shape[0], tokens.shape[1]
+        request_id = request.request_id()
+        if batch == 1 and beams == 1 and request_id:  # a streamed engine response: the hot path
+            texts = [self._push(request_id, 0, tokens[0, 0, : int(lengths.reshape(-1)[0])].tolist())]
+        else:
+            lengths = lengths.reshape(batch, beams)
+            # Without a request id nothing ties the responses of one stream together: decode each alone.
+            incremental = bool(request_id) and batch == 1
+            texts = []
+            for row in range(batch):
+                for beam in range(beams):
+                    ids = tokens[row, beam, : int(lengths[row, beam])].tolist()
+                    if incremental:
+                        texts.append(self._push(request_id, beam, ids))
+                    else:
+                        texts.append(self._decoder().push(ids).encode("utf-8"))
+        outputs.append(pb_utils.Tensor("OUTPUT", np.array(texts, dtype=np.object_)))
         return pb_utils.InferenceResponse(output_tensors=outputs)
+
+    def _push(self, request_id: str, beam: int, ids: list[int]) -> bytes:
+        """The new text of one stream's response; its decoder lives until the stream's empty last one."""
+        key = (request_id, beam)
+        state = self.states.pop(key, None) or self._decoder()
+        text = state.push(ids).encode("utf-8")
+        if ids:  # the engine's last response of a stream carries no tokens: the state goes then
+            self.states[key] = state
+        return text
 
     def _oldest_expired(self) -> bool:
         oldest = next(iter(self.states.values()))
@@ -184,6 +195,8 @@ class TritonPythonModel:
 
     def execute(self, requests: list[Any]) -> list[pb_utils.InferenceResponse]:
         responses = []
+        if len(self.states) > MAX_STATES or (self.states and self._oldest_expired()):
+            self._expire()
         for request in requests:
             try:
                 responses.append(self._postprocess(request))
