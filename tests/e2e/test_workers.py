@@ -40,9 +40,9 @@ def tritons(service: BentoService) -> list[int]:
     found = []
     for process in psutil.process_iter(["name", "cmdline", "status"]):
         try:
-            if _name(process) == "tritonserver" and process.status() != psutil.STATUS_ZOMBIE:
-                if any(run_dir in arg for arg in process.cmdline()):
-                    found.append(process.pid)
+            live = _name(process) == "tritonserver" and process.status() != psutil.STATUS_ZOMBIE
+            if live and any(run_dir in arg for arg in process.cmdline()):
+                found.append(process.pid)
         except psutil.Error:
             pass
     return found

@@ -29,7 +29,7 @@ class ScriptedTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
         self.cancelled = threading.Event()
         self.received: list[int] = []
 
-    def ModelStreamInfer(self, request_iterator: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
+    def ModelStreamInfer(self, request_iterator: Any, context: grpc.ServicerContext) -> Any:
         request = next(iter(request_iterator))
         self.received.append(len(request.raw_input_contents[0]) if request.raw_input_contents else 0)
         count = request.parameters["count"].int64_param

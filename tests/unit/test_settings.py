@@ -44,9 +44,9 @@ def test_api_keys_never_appear_in_repr() -> None:
 
 
 def test_workers_default_to_one_per_8_cores_and_can_be_set() -> None:
-    from trtllm_service.settings import default_workers
-
     import os
+
+    from trtllm_service.settings import default_workers
 
     cores = len(os.sched_getaffinity(0))
     assert Settings.from_env({}).workers == default_workers() == max(1, min(8, cores // 8))
