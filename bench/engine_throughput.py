@@ -86,6 +86,7 @@ def stream_once(url: str, prompt: str, max_tokens: int, results: list[dict], ind
         tensor("max_tokens", np.array([[max_tokens]], dtype=np.int32), "INT32"),
         tensor("stream", np.array([[True]]), "BOOL"),
         tensor("end_id", np.array([[-1]], dtype=np.int32), "INT32"),
+        tensor("return_num_output_tokens", np.array([[True]]), "BOOL"),
     ]
     started = time.perf_counter()
     client.async_stream_infer("ensemble", inputs, request_id=f"bench-{index}-{time.time_ns()}")
@@ -97,7 +98,9 @@ def stream_once(url: str, prompt: str, max_tokens: int, results: list[dict], ind
             raise RuntimeError(str(error))
         if first is None:
             first = at
-        tokens = int(result.as_numpy("num_output_tokens").reshape(-1)[0])
+        counts = result.as_numpy("num_output_tokens")
+        if counts is not None:
+            tokens = int(counts.reshape(-1)[0])
         if result.get_response().parameters["triton_final_response"].bool_param:
             break
     client.stop_stream()

@@ -18,6 +18,8 @@ from tensorrtllm_backend import TEMPLATES_DIR
 from tensorrtllm_backend.tools.fill_template import fill_text, placeholders
 
 MODELS = ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls")
+# Modules of this package that a model's code imports: copied beside its model.py.
+SHARED_MODULES = {"postprocessing": (Path(__file__).resolve().parent / "detokenizer.py",)}
 BACKENDS = ("python", "tensorrtllm")
 
 DEFAULTS: dict[str, str] = {
@@ -127,7 +129,7 @@ def build_repository(dest: Path | str, values: Mapping[str, str], templates: Pat
         version_dir.mkdir(parents=True)
         (model_dir / "config.pbtxt").write_text(config)
         native_engine = model == "tensorrt_llm" and values.get("triton_backend") != "python"
-        if not native_engine:  # a Python model: model.py and the modules beside it
-            for code in sorted((templates / model / "1").glob("*.py")):
+        if not native_engine:  # a Python model: model.py, the modules beside it, the shared ones
+            for code in [*sorted((templates / model / "1").glob("*.py")), *SHARED_MODULES.get(model, ())]:
                 shutil.copy2(code, version_dir / code.name)
     return dest

@@ -228,14 +228,13 @@ class GrpcConnection(asyncio.Protocol):
         headers = self._headers_cache.get(path)
         if headers is None:
             headers = self._headers_cache[path] = request_headers(self.authority, path)
-        assert self._transport is not None
-        self._transport.write(_frame(HEADERS, END_HEADERS, call.stream_id, headers))
         call.pending = payload
-        self._send_pending(call)
+        self._send_pending(call, _frame(HEADERS, END_HEADERS, call.stream_id, headers))
 
-    def _send_pending(self, call: _Call) -> None:
-        """Sends as much of the call's request as the windows allow; the last frame ends the stream."""
-        out = []
+    def _send_pending(self, call: _Call, headers: bytes = b"") -> None:
+        """Sends as much of the call's request as the windows allow (after `headers`, in one write);
+        the last frame ends the stream."""
+        out = [headers] if headers else []
         while call.pending:
             room = min(self._send_window, call.send_window, self._max_frame)
             if room <= 0:
@@ -306,9 +305,13 @@ class GrpcConnection(asyncio.Protocol):
             if end > size:
                 break
             if data[pos]:
-                self._end(call, INTERNAL, "compressed gRPC messages are not supported")
+                self._abort(call, "compressed gRPC messages are not supported")
                 return
-            sink.on_message(bytes(data[pos + 5 : end]))
+            try:
+                sink.on_message(bytes(data[pos + 5 : end]))
+            except Exception as exc:  # one bad message ends its call, not the connection
+                self._abort(call, f"unreadable response message: {exc}")
+                return
             pos = end
             if call.ended:
                 return
@@ -427,6 +430,12 @@ class GrpcConnection(asyncio.Protocol):
         self._calls.pop(call.stream_id, None)
         call.sink.on_end(status, message)
         self._start_queued()
+
+    def _abort(self, call: _Call, message: str) -> None:
+        """Ends a call on our side (RST_STREAM to the server) with an INTERNAL error its sink hears."""
+        if self._transport is not None and not self.closed:
+            self._transport.write(_frame(RST_STREAM, 0, call.stream_id, _u32.pack(CANCEL)))
+        self._end(call, INTERNAL, message)
 
     def _start_queued(self) -> None:
         while self._queued and len(self._calls) - len(self._queued) < self._max_streams and not self.closed:

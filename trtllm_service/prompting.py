@@ -91,10 +91,6 @@ class PromptFormatter:
         messages.append({"role": "user", "content": prompt})
         return messages
 
-    def from_prompt(self, prompt: str, system_prompt: str | None = None) -> str:
-        """A plain prompt rendered as a one-turn chat, ready for generation."""
-        return self.render(self.messages_from_prompt(prompt, system_prompt), add_generation_prompt=True)
-
     def encode(self, text: str) -> list[int]:
         """The token ids of ``text``, exactly as the Triton preprocessing model tokenizes it.
 
@@ -106,10 +102,6 @@ class PromptFormatter:
         if self._rust is not None:
             return self._rust.encode(text, add_special_tokens=add_special).ids
         return self._tokenizer.encode(text, add_special_tokens=add_special)
-
-    def count_tokens(self, text: str) -> int:
-        """How many tokens ``text`` is for the engine (see ``encode``)."""
-        return len(self.encode(text))
 
 
 class RequestPreparer:

@@ -18,13 +18,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
 from trtllm_service.metrics import TRITON_RESTARTS
 from trtllm_service.packed_model import end_ids, layout_runtime_repository, read_pack_info
 from trtllm_service.prompting import PromptFormatter, RequestPreparer
 from trtllm_service.request import EngineLimits, GenerationRequest, SamplingParams
 from trtllm_service.settings import Settings
 from trtllm_service.shared_triton import SharedTriton
-from trtllm_service.triton_client import Detokenizer, EngineStream, TritonRelay
+from trtllm_service.triton_client import EngineStream, TritonRelay
 from trtllm_service.triton_process import TritonPorts, TritonSupervisor
 
 logger = logging.getLogger("trtllm_service")
@@ -148,9 +149,6 @@ class Runtime:
         if owner and self._run_dir_owned:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
-    def kill_now(self) -> None:
-        self.triton.kill_now()
-
     # ---- requests --------------------------------------------------------------------------------------
 
     async def prepare_chat(
@@ -183,4 +181,4 @@ class Runtime:
 
     async def generate(self, request: GenerationRequest) -> EngineStream:
         """Starts `request`; read the stream, and close it when done (that cancels an unfinished one)."""
-        return await self.relay.start(request, Detokenizer(self.tokenizer))
+        return await self.relay.start(request, IncrementalDetokenizer(self.tokenizer))

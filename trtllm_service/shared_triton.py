@@ -142,10 +142,6 @@ class SharedTriton:
             self._publish(stopping=True)
         self._unlock()
 
-    def kill_now(self) -> None:
-        if self.supervisor is not None:
-            self.supervisor.kill_now()
-
     # ---- ownership ----------------------------------------------------------------------------------
 
     def _try_lock(self) -> bool:

@@ -1,9 +1,9 @@
 """The relay: generation requests to Triton's `tensorrt_llm` model, token ids back, text out.
 
 The service talks to the engine directly (NVIDIA's C++ backend contract, or our stand-in behind it):
-it tokenized the prompt already, and detokenizing here costs ~1 us per token with the `tokenizers`
-DecodeStream, while the ensemble's postprocessing step would cost a Python-backend round trip per
-token inside Triton. Every call of a worker shares one HTTP/2 connection (`grpc_http2`), read on the
+it tokenized the prompt already, and detokenizing here (tensorrtllm_backend.detokenizer, the same
+code as postprocessing's) costs a few microseconds per chunk, while the ensemble's postprocessing
+step would cost a Python-backend round trip per token inside Triton. Every call of a worker shares one HTTP/2 connection (`grpc_http2`), read on the
 event loop.
 
 Per request, an `EngineStream` collects token ids as they arrive (from inside the connection's
@@ -22,10 +22,10 @@ import logging
 import uuid
 from array import array
 from collections.abc import Callable
-from typing import Any
 
 from tritonclient.grpc import service_pb2
 
+from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
 from trtllm_service.errors import APIError
 from trtllm_service.grpc_http2 import CANCELLED, OK, UNAVAILABLE, GrpcConnection
 from trtllm_service.request import GenerationRequest, engine_message
@@ -39,49 +39,6 @@ INVALID_REQUEST_MARKER = "invalid request: "
 gRPC status code)."""
 
 _parse_response = service_pb2.ModelStreamInferResponse.FromString
-
-
-class Detokenizer:
-    """Incremental detokenization: the text of new token ids, exact under concatenation.
-
-    With a fast tokenizer this is `tokenizers`' DecodeStream: it holds back ids whose text ends in an
-    incomplete UTF-8 character, so a trailing incomplete character is never emitted. Slow tokenizers
-    decode a short window of the last ids instead.
-    """
-
-    __slots__ = ("_ids", "_prefix", "_read", "_rust", "_skip", "_stream", "_tokenizer")
-
-    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
-        self._rust = getattr(tokenizer, "backend_tokenizer", None)
-        self._skip = skip_special_tokens
-        if self._rust is not None:
-            from tokenizers.decoders import DecodeStream
-
-            self._stream = DecodeStream(skip_special_tokens=skip_special_tokens)
-        else:
-            self._tokenizer = tokenizer
-            self._ids: list[int] = []
-            self._prefix = self._read = 0
-
-    def push(self, ids: list[int] | array[int]) -> str:
-        """The text the new ids complete. One step per id: a step with several ids returns nothing
-        when their text ends mid-character, holding back the complete text before it as well."""
-        if self._rust is None:
-            return self._push_window(list(ids))
-        step, rust = self._stream.step, self._rust
-        if len(ids) == 1:
-            return step(rust, ids[0]) or ""
-        return "".join(filter(None, (step(rust, token) for token in ids)))
-
-    def _push_window(self, ids: list[int]) -> str:
-        self._ids.extend(ids)
-        decode = self._tokenizer.decode
-        before = decode(self._ids[self._prefix : self._read], skip_special_tokens=self._skip)
-        after = decode(self._ids[self._prefix :], skip_special_tokens=self._skip)
-        if after.endswith("\ufffd") or len(after) <= len(before):
-            return ""
-        self._prefix, self._read = self._read, len(self._ids)
-        return after[len(before) :]
 
 
 class EngineStream:
@@ -104,7 +61,11 @@ class EngineStream:
     )
 
     def __init__(
-        self, request: GenerationRequest, decoder: Detokenizer, request_id: str, cancel: Callable[[int], None]
+        self,
+        request: GenerationRequest,
+        decoder: IncrementalDetokenizer,
+        request_id: str,
+        cancel: Callable[[int], None],
     ) -> None:
         self.request_id = request_id
         self.max_tokens = request.max_tokens
@@ -258,7 +219,7 @@ class TritonRelay:
         opening.set_result(connection)
         return connection
 
-    async def start(self, request: GenerationRequest, decoder: Detokenizer) -> EngineStream:
+    async def start(self, request: GenerationRequest, decoder: IncrementalDetokenizer) -> EngineStream:
         """Sends `request` to the engine; read the returned stream, and close it when done."""
         connection = await self._connect()
         request_id = uuid.uuid4().hex

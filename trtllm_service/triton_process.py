@@ -430,7 +430,3 @@ class TritonSupervisor:
                 await self._watch
         if self.triton is not None:
             await self.triton.stop()
-
-    def kill_now(self) -> None:
-        if self.triton is not None:
-            self.triton.kill_now()

@@ -7,6 +7,7 @@ the tokenizer itself); counts and finish reasons with what that reference genera
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from typing import Any
 
@@ -74,7 +75,7 @@ def test_streamed_chat_equals_non_streamed_with_a_usage_chunk(
     assert all(chunk.object == "chat.completion.chunk" for chunk in chunks)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert text_of(chunks) == expected.text
-    assert len(chunks) > 4, "the text arrives in several chunks"
+    assert len(chunks) >= 4, "role, text, finish reason and usage chunks"
     reasons = [c.finish_reason for chunk in chunks for c in chunk.choices if c.finish_reason]
     assert reasons == ["length"]
 
@@ -206,3 +207,29 @@ def test_client_disconnect_stops_the_engine_requests(service: Any, model_name: s
     tokens = prometheus_metric(service.metrics_url, TOKENS_METRIC)
     time.sleep(0.5)
     assert prometheus_metric(service.metrics_url, TOKENS_METRIC) == tokens, "the engine is still generating"
+
+
+def test_a_long_answer_streams_as_it_is_generated(client: openai.OpenAI, model_name: str) -> None:
+    """Text arrives while the engine generates, not at the end: the first text comes long before the
+    last, and events keep coming in between (tokens that arrive together may share an event)."""
+    started = time.monotonic()
+    arrivals = []
+    stream = client.chat.completions.create(
+        model=model_name,
+        messages=MESSAGES,
+        temperature=0,
+        max_tokens=1800,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            arrivals.append(time.monotonic() - started)
+    generation = arrivals[-1] - arrivals[0]
+    assert generation > 1.0, (
+        f"1800 tokens in {generation:.2f} s: the demo engine is faster than this test assumes"
+    )
+    assert len(arrivals) >= 10, f"only {len(arrivals)} text events"
+    assert arrivals[0] < generation / 2, f"the first text came at {arrivals[0]:.2f} s of {arrivals[-1]:.2f} s"
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+    assert max(gaps) < generation / 2, "the text came in a few bursts, not as it was generated"

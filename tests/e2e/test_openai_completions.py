@@ -101,7 +101,7 @@ def test_async_streamed_completion_equals_non_streamed(service: Any, ref: Refere
     chunks, whole = asyncio.run(run())
     *body, last = chunks
     assert texts_by_index(body) == {0: whole} and whole == expected.text
-    assert len(body) > 3
+    assert len(body) >= 2  # text (tokens that arrive together share a chunk), then the finish chunk
     assert [c.finish_reason for chunk in body for c in chunk.choices if c.finish_reason] == ["length"]
     assert all(chunk.object == "text_completion" and chunk.usage is None for chunk in body)
     assert last.choices == [] and last.usage is not None

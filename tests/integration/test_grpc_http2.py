@@ -178,3 +178,26 @@ def test_a_server_that_goes_away_ends_every_call_with_unavailable(server: Any) -
             await GrpcConnection.open("127.0.0.1", port)
 
     asyncio.run(scenario())
+
+
+def test_a_message_its_reader_cannot_take_ends_that_call_only(server: Any) -> None:
+    _, _, port = server
+
+    class Choking(Collect):
+        def on_message(self, data: bytes) -> None:
+            if len(self.messages) == 2:
+                raise ValueError("not what I expected")
+            super().on_message(data)
+
+    async def scenario() -> None:
+        connection = await GrpcConnection.open("127.0.0.1", port)
+        choking, fine = Choking(), Collect()
+        connection.start_call(PATH, request("echo", "c", count=100), choking)
+        connection.start_call(PATH, request("echo", "f", count=100), fine)
+        status, message = await asyncio.wait_for(choking.done, 30)
+        assert status == 13 and "not what I expected" in message and len(choking.messages) == 2
+        assert await asyncio.wait_for(fine.done, 30) == (OK, "") and len(fine.messages) == 100
+        assert not connection.closed
+        await connection.close()
+
+    asyncio.run(scenario())

@@ -21,7 +21,7 @@ import pytest
 from bentoml._internal.models import ModelStore
 
 from tensorrtllm_backend import TEMPLATES_DIR
-from tensorrtllm_backend.repository import MODELS
+from tensorrtllm_backend.repository import MODELS, SHARED_MODULES
 from tensorrtllm_backend.scripts.launch_triton_server import LauncherError, find_tritonserver
 from tests.support import engine_config
 from trtllm_service import packing
@@ -119,10 +119,9 @@ def assert_only_allowed_files(model_path: Path, engine_files: set[str]) -> None:
     allowed |= {f"tokenizer/{name}" for name in TOKENIZER_FILES}
     for model in MODELS:
         allowed |= {f"repository/{model}/config.pbtxt"}
-        # A Python model's code: the template's modules, and nothing else.
-        allowed |= {
-            f"repository/{model}/1/{code.name}" for code in (TEMPLATES_DIR / model / "1").glob("*.py")
-        }
+        # A Python model's code: the template's modules and the shared ones it imports, nothing else.
+        code = [*(TEMPLATES_DIR / model / "1").glob("*.py"), *SHARED_MODULES.get(model, ())]
+        allowed |= {f"repository/{model}/1/{path.name}" for path in code}
     present = files_under(model_path)
     assert present <= allowed, sorted(present - allowed)
     assert {p.name for p in model_path.iterdir()} == ALLOWED_TOP | ALLOWED_DIRS

@@ -94,29 +94,35 @@ def test_no_messages_is_value_error(tokenizer: PreTrainedTokenizerFast) -> None:
         PromptFormatter(tokenizer).render([])
 
 
+def from_prompt(formatter: PromptFormatter, prompt: str, system_prompt: str | None) -> str:
+    return formatter.render(formatter.messages_from_prompt(prompt, system_prompt))
+
+
 def test_from_prompt_with_and_without_system(tokenizer: PreTrainedTokenizerFast) -> None:
     formatter = PromptFormatter(tokenizer)
     user_only = "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhello<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"
-    assert formatter.from_prompt("hello", None) == user_only
-    assert formatter.from_prompt("hello", "") == user_only
-    assert formatter.from_prompt("hello", "be brief").startswith(
+    assert from_prompt(formatter, "hello", None) == user_only
+    assert from_prompt(formatter, "hello", "") == user_only
+    assert from_prompt(formatter, "hello", "be brief").startswith(
         "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nbe brief<|eot_id|><|start_header_id|>user"
     )
 
 
-def test_count_tokens_adds_bos_once(tokenizer: PreTrainedTokenizerFast) -> None:
+def test_encode_adds_bos_once(tokenizer: PreTrainedTokenizerFast) -> None:
     formatter = PromptFormatter(tokenizer)
-    assert formatter.count_tokens("hello world") == 3  # BOS + 2 words, as the preprocessing model encodes it
-    rendered = formatter.from_prompt("hello world", "be brief")
+    # BOS + 2 words, as the preprocessing model encodes it
+    assert formatter.encode("hello world") == tokenizer.encode("hello world", add_special_tokens=True)
+    assert len(formatter.encode("hello world")) == 3
+    rendered = from_prompt(formatter, "hello world", "be brief")
     ids = tokenizer.encode(rendered, add_special_tokens=False)
     assert ids.count(0) == 1 and ids[0] == 0
-    assert formatter.count_tokens(rendered) == len(ids)  # no second BOS
-    assert formatter.count_tokens(BOS + "hello") == 2
+    assert formatter.encode(rendered) == ids  # no second BOS
+    assert len(formatter.encode(BOS + "hello")) == 2
 
 
-def test_count_tokens_without_bos_token() -> None:
+def test_encode_without_bos_token() -> None:
     tokenizer = make_tokenizer(with_bos=False)
-    assert PromptFormatter(tokenizer).count_tokens("hello world") == 2
+    assert len(PromptFormatter(tokenizer).encode("hello world")) == 2
 
 
 def test_name_is_passed_to_template(tokenizer: PreTrainedTokenizerFast) -> None:

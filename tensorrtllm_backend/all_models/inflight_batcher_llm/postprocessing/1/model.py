@@ -1,11 +1,9 @@
 """Triton `postprocessing` model: engine token ids -> text.
 
-Decoding each streamed response on its own loses leading spaces and turns characters split
-across byte tokens into U+FFFD (upstream's best-known streaming bugs). Here every request that
-has a request id keeps an incremental decoder (`tokenizers`' DecodeStream for fast tokenizers,
-a short decoding window otherwise): it emits only text that is final, so the deltas concatenate
-to exactly the text of the same tokens decoded in one response. A request without an id is
-decoded per response with a fresh decoder, which gives the same text for a non-streamed request.
+Every request that has a request id keeps an incremental detokenizer (detokenizer.py, shared with
+the service): it emits only text that is final, so the deltas concatenate to exactly the text of
+the same tokens decoded in one response. A request without an id is decoded per response with a
+fresh one, which gives the same text for a non-streamed request.
 
 "Final" text ends on a complete character: a trailing incomplete UTF-8 sequence (a model that
 stops in the middle of a character) is never emitted, streamed or not, so both paths agree
@@ -14,7 +12,7 @@ the state; abandoned states (cancelled requests) expire.
 
 Every token of an ensemble stream passes through here, so the per-response work is kept small:
 one pass over the request's inputs (pb_utils.get_input_tensor_by_name rebuilds the input list on
-every call) and one DecodeStream step.
+every call) and one detokenizer step.
 """
 
 from __future__ import annotations
@@ -26,13 +24,11 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from detokenizer import IncrementalDetokenizer  # tensorrtllm_backend/detokenizer.py, copied beside
 from transformers import AutoTokenizer
 
 MAX_STATES = 65536
 STATE_TTL_S = 600.0
-TRIM_AFTER = 512
-LOOK_BACK = 16
-REPLACEMENT = "\ufffd"
 
 # Inputs passed through as OUT_<name> when the engine sent them (it does when the request asked).
 PASSTHROUGH = frozenset(
@@ -53,75 +49,6 @@ def _param(model_config: dict[str, Any], key: str, default: str = "") -> str:
     return default if not value or value.startswith("${") else value
 
 
-class StreamDecoder:
-    """A fast tokenizer's DecodeStream: emits the text of new ids once it ends on a whole character."""
-
-    __slots__ = ("last_used", "rust", "stream")
-
-    def __init__(self, rust: Any, skip_special: bool) -> None:
-        from tokenizers.decoders import DecodeStream
-
-        self.rust = rust
-        self.stream = DecodeStream(skip_special_tokens=skip_special)
-        self.last_used = time.monotonic()
-
-    def push(self, new_ids: list[int]) -> str:
-        """One step per id: a step with several ids returns nothing when their text ends in the middle
-        of a character, which would hold back the complete text before it as well."""
-        self.last_used = time.monotonic()
-        step, rust = self.stream.step, self.rust
-        return "".join(filter(None, (step(rust, token) for token in new_ids)))
-
-
-class IncrementalDecoder:
-    """Emits the stable new suffix of the decoded text as tokens arrive (slow tokenizers).
-
-    It decodes the short window `ids[prefix:]` and compares it with `ids[prefix:read]`, so each
-    step costs O(window) rather than O(text). Text ending in U+FFFD is held back, since more
-    bytes of that character may follow: it emits up to the last token boundary that ends on a
-    complete character instead. Windows start where earlier text was complete, which keeps the
-    concatenated deltas equal to decoding all ids at once.
-    """
-
-    __slots__ = ("ids", "last_used", "prefix", "read", "skip_special", "tokenizer")
-
-    def __init__(self, tokenizer: Any, skip_special: bool) -> None:
-        self.tokenizer = tokenizer
-        self.skip_special = skip_special
-        self.ids: list[int] = []
-        self.prefix = 0
-        self.read = 0
-        self.last_used = time.monotonic()
-
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(
-            ids, skip_special_tokens=self.skip_special, clean_up_tokenization_spaces=False
-        )
-
-    def push(self, new_ids: list[int]) -> str:
-        self.last_used = time.monotonic()
-        self.ids.extend(new_ids)
-        before = self._decode(self.ids[self.prefix : self.read])
-        end = len(self.ids)
-        after = self._decode(self.ids[self.prefix : end])
-        while after.endswith(REPLACEMENT) and end > self.read + 1 and len(self.ids) - end < LOOK_BACK:
-            end -= 1
-            after = self._decode(self.ids[self.prefix : end])
-        if after.endswith(REPLACEMENT):
-            if len(self.ids) - end < LOOK_BACK:
-                return ""  # no complete character among the new tokens yet
-            end = len(self.ids)  # a long run of invalid bytes: emit it, as U+FFFD, like a full decode
-            after = self._decode(self.ids[self.prefix : end])
-        if len(after) <= len(before):
-            return ""
-        self.prefix, self.read = self.read, end
-        if self.prefix > TRIM_AFTER:
-            del self.ids[: self.prefix]
-            self.read -= self.prefix
-            self.prefix = 0
-        return after[len(before) :]
-
-
 class TritonPythonModel:
     """Detokenizes engine responses; passes log probs and logits through."""
 
@@ -131,14 +58,11 @@ class TritonPythonModel:
         if not tokenizer_dir:
             raise pb_utils.TritonModelException("postprocessing: parameter tokenizer_dir is not set")
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        self.rust = getattr(self.tokenizer, "backend_tokenizer", None)
         self.skip_special = _param(config, "skip_special_tokens", "true").lower() in {"1", "true", "yes"}
-        self.states: OrderedDict[tuple[str, int], StreamDecoder | IncrementalDecoder] = OrderedDict()
+        self.states: OrderedDict[tuple[str, int], IncrementalDetokenizer] = OrderedDict()
 
-    def _decoder(self) -> StreamDecoder | IncrementalDecoder:
-        if self.rust is not None:
-            return StreamDecoder(self.rust, self.skip_special)
-        return IncrementalDecoder(self.tokenizer, self.skip_special)
+    def _decoder(self) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self.tokenizer, self.skip_special)
 
     def _expire(self) -> None:
         now = time.monotonic()

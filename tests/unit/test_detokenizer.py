@@ -1,0 +1,77 @@
+"""The incremental detokenizer the service and the postprocessing model share, without Triton.
+
+Reference texts come from the tokenizer's own one-shot decode of all ids.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tensorrtllm_backend.detokenizer import LOOK_BACK, IncrementalDetokenizer
+from tests.integration.test_streaming_text import HARD_TEXT
+from tests.support import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer(demo_model_dir: Path) -> Any:
+    return load_tokenizer(str(demo_model_dir))
+
+
+def whole(tokenizer: Any, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def pieces(tokenizer: Any, ids: list[int], sizes: list[int]) -> list[str]:
+    decoder = IncrementalDetokenizer(tokenizer)
+    out, position = [], 0
+    for size in sizes:
+        out.append(decoder.push(ids[position : position + size]))
+        position += size
+    return out
+
+
+def test_hard_text_one_token_and_random_chunks_at_a_time(tokenizer: Any) -> None:
+    ids = tokenizer.encode(HARD_TEXT, add_special_tokens=False)
+    assert "\ufffd" in "".join(tokenizer.decode([i]) for i in ids), (
+        "the text must split characters across tokens"
+    )
+    rng = random.Random(7)
+    for sizes in ([1] * len(ids), [rng.randint(1, 9) for _ in range(len(ids))], [len(ids)]):
+        out = pieces(tokenizer, ids, sizes)
+        assert "".join(out) == HARD_TEXT == whole(tokenizer, ids)
+        assert not any("\ufffd" in piece for piece in out)
+
+
+def test_a_trailing_incomplete_character_is_never_emitted(tokenizer: Any) -> None:
+    ids = tokenizer.encode("ok 𝄞", add_special_tokens=False)  # a 4-byte character, one token per byte
+    cut = ids[:-1]  # its last byte missing
+    assert whole(tokenizer, cut).endswith("\ufffd")
+    assert "".join(pieces(tokenizer, cut, [1] * len(cut))) == "ok "
+
+
+def test_a_long_run_of_stray_bytes_is_held_back_at_most_look_back_tokens(tokenizer: Any) -> None:
+    stray = tokenizer.encode("𝄞", add_special_tokens=False)[-1:]
+    assert whole(tokenizer, stray) == "\ufffd", "a lone continuation byte"
+    words = tokenizer.encode(" words", add_special_tokens=False)
+    ids = words + stray * (3 * LOOK_BACK) + words
+    decoder = IncrementalDetokenizer(tokenizer)
+    emitted, first_stray_out = [], None
+    for n, token in enumerate(ids):
+        piece = decoder.push([token])
+        emitted.append(piece)
+        if "\ufffd" in piece and first_stray_out is None:
+            first_stray_out = n
+    assert first_stray_out is not None and first_stray_out - len(words) < LOOK_BACK + 1
+    assert "".join(emitted) == whole(tokenizer, ids)
+
+
+def test_empty_pushes_and_special_tokens(tokenizer: Any) -> None:
+    decoder = IncrementalDetokenizer(tokenizer)
+    assert decoder.push([]) == ""
+    eot = tokenizer.convert_tokens_to_ids("<|eot_id|>")
+    ids = tokenizer.encode("Hi", add_special_tokens=False)
+    assert decoder.push(ids) + decoder.push([eot]) == "Hi"
