@@ -329,15 +329,14 @@ def plot(report: dict[str, Any], path: Path) -> None:
     scenarios = report["scenarios"]
     fig, axes = plt.subplots(len(scenarios), 3, figsize=(15, 4.2 * len(scenarios)), squeeze=False)
     for row, result in enumerate(scenarios):
-        for target in TARGETS:
+        for target, color in zip(TARGETS, ("tab:blue", "tab:orange", "tab:green", "tab:red"), strict=True):
             runs = [r for r in result["runs"] if r["target"] == target]
             levels = [r["concurrency"] for r in runs]
-            axes[row][0].plot(levels, [r["tokens_per_s"] for r in runs], marker="o", label=target)
-            axes[row][1].plot(levels, [r["ttft_p50_ms"] for r in runs], marker="o", label=target)
+            style = {"marker": "o", "label": target, "color": color}
+            axes[row][0].plot(levels, [r["tokens_per_s"] for r in runs], **style)
+            axes[row][1].plot(levels, [r["ttft_p50_ms"] for r in runs], **style)
             if target != "direct":
-                axes[row][2].plot(
-                    levels, [r["service_cpu_us_per_token"] for r in runs], marker="o", label=target
-                )
+                axes[row][2].plot(levels, [r["service_cpu_us_per_token"] for r in runs], **style)
         titles = ("output tokens/s", "TTFT p50 (ms)", "service CPU per token (us)")
         for axis, title in zip(axes[row], titles, strict=True):
             axis.set_xscale("log", base=2)
@@ -348,6 +347,11 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig.suptitle(f"relay benchmark, {report['label']}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def replot(json_path: Path) -> None:
+    """Draws the PNG again from a result file (python -c "from bench.relay import replot; ...")."""
+    plot(json.loads(json_path.read_text()), json_path.with_suffix(".png"))
 
 
 def main() -> None:
