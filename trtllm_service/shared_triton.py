@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from tensorrtllm_backend.scripts.launch_triton_server import pid_alive
 from trtllm_service.triton_process import TritonSupervisor, kill_group
 
 logger = logging.getLogger("trtllm_service.triton")
@@ -50,16 +51,6 @@ class TritonState:
     generation: int = 0
     restarts: int = 0
     stopping: bool = False
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class SharedTriton:
@@ -98,7 +89,7 @@ class SharedTriton:
         if self.supervisor is not None:
             return self.supervisor.ready
         state = self.state
-        return state is not None and state.ready and not state.stopping and _pid_alive(state.owner_pid)
+        return state is not None and state.ready and not state.stopping and pid_alive(state.owner_pid)
 
     def grpc_address(self) -> tuple[str, int] | None:
         """Where to send requests now; None while Triton is not ready."""

@@ -49,6 +49,7 @@ __all__ = [
     "build_parser",
     "find_tritonserver",
     "main",
+    "pid_alive",
     "stage_backends",
 ]
 
@@ -203,7 +204,7 @@ def find_tritonserver(
 # --------------------------------------------------------------------------- staging
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -230,7 +231,7 @@ def _sweep_stale_staging(tmp_root: str | None = None) -> None:
                 continue
         except OSError:
             continue
-        if not _pid_alive(int(match.group(1))):
+        if not pid_alive(int(match.group(1))):
             shutil.rmtree(entry.path, ignore_errors=True)
 
 
