@@ -8,6 +8,7 @@ of the service's code is involved.
 from __future__ import annotations
 
 import functools
+import itertools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +85,15 @@ class Reference:
             finish_reason="stop" if stopped else "length",
         )
 
+    def token_texts(self, ids: list[int], max_new_tokens: int) -> list[str]:
+        """The greedy text, split where the engine's responses split it: one piece per token
+        (empty where a token ends inside a character)."""
+        generated = list(self._generate(tuple(ids), max_new_tokens))
+        if generated and generated[-1] == self.end_id:
+            generated = generated[:-1]
+        texts = [stable_text(self.tokenizer, generated[:k]) for k in range(len(generated) + 1)]
+        return [b[len(a) :] for a, b in itertools.pairwise(texts)]
+
 
 @functools.lru_cache(maxsize=2)
 def reference_for(model_dir: Path) -> Reference:
@@ -113,7 +123,8 @@ def ended_requests(metrics_url: str) -> float:
 
 
 def straddling_stop(deltas: list[str], min_index: int = 1) -> tuple[str, int]:
-    """A stop string made of the end of one delta and the start of the next, that occurs first there.
+    """A stop string made of the end of one delta (a token's text) and the start of the next, that
+    occurs first there.
 
     Returns the stop string and the position in the joined text where it starts.
     """

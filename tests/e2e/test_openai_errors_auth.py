@@ -18,6 +18,8 @@ import httpx
 import openai
 import pytest
 
+from tests.support import wait_for
+
 KEYS = "k1,k2"
 
 
@@ -29,6 +31,16 @@ def http(service: Any) -> httpx.Client:
 
 def user(text: str = "Hello") -> list[dict[str, str]]:
     return [{"role": "user", "content": text}]
+
+
+def running(url: str) -> float:
+    """Generation requests in flight, from the service's own metrics."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("trtllm:num_requests_running{")
+    )
 
 
 def assert_error_shape(
@@ -235,6 +247,9 @@ def test_api_keys_rate_limit_and_unavailable(
         )
         assert response.status_code == 429
         assert httpx.get(f"{url}/readyz", timeout=30).status_code == 200  # probes are not limited
+
+    # The held stream is closed; the server counts it out when it sees the disconnect.
+    assert wait_for(lambda: running(url) == 0, 10), "the closed stream still counts as running"
 
     with subtests.test("Triton dies mid-stream: an error event ends the stream"):
         with http.stream("POST", "/v1/chat/completions", json=long) as response:
