@@ -19,7 +19,7 @@ from trtllm_service.limits import ConcurrencyLimitMiddleware
 from trtllm_service.metrics import RequestMetrics, append_triton_metrics
 from trtllm_service.openai import routes as openai_routes
 from trtllm_service.request import SamplingParams
-from trtllm_service.runtime import Runtime, default_model_tag
+from trtllm_service.runtime import Runtime, default_model_tag, run_dir
 from trtllm_service.settings import get_settings
 from trtllm_service.stop_strings import StopStringError, check_stop
 from trtllm_service.streaming import StreamBody, first_text, text_chunks
@@ -130,7 +130,7 @@ MODEL_NAME = MODEL_TAG.split(":")[0]
 TRTLLM.add_asgi_middleware(
     ConcurrencyLimitMiddleware,
     limit=SETTINGS.max_concurrency,
-    workers=SETTINGS.workers,
+    shared_dir=run_dir(SETTINGS),
     model_name=MODEL_NAME,
 )
 if SETTINGS.api_keys:  # covers /generate and /v1/*; probes, metrics and docs stay open

@@ -61,9 +61,10 @@ def default_model_tag(explicit: str | None) -> str:
     return str(max(packed, key=lambda model: model.info.creation_time).tag)
 
 
-def default_run_dir() -> Path:
-    """Shared by every worker of one `bentoml serve` (they are children of the same process)."""
-    return Path(tempfile.gettempdir()) / f"trtllm-service-{os.getppid()}"
+def run_dir(settings: Settings) -> Path:
+    """TRTLLM_RUN_DIR, else a directory shared by every worker of one `bentoml serve` (they are
+    children of the same process): where Triton's repository, log, ownership and counters live."""
+    return settings.run_dir or Path(tempfile.gettempdir()) / f"trtllm-service-{os.getppid()}"
 
 
 def _load_tokenizer(path: Path) -> Any:
@@ -90,7 +91,7 @@ class Runtime:
         )
         self.preparer = RequestPreparer(self.formatter, self.limits)
         self._run_dir_owned = settings.run_dir is None
-        self.run_dir = settings.run_dir or default_run_dir()
+        self.run_dir = run_dir(settings)
         self.triton = SharedTriton(self.run_dir, self._make_supervisor, on_change=self._on_change)
         self.relay = TritonRelay(self.triton.grpc_address, stream_timeout_s=settings.stream_timeout_s)
 

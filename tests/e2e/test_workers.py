@@ -110,3 +110,20 @@ def test_killing_the_owner_leaves_exactly_one_triton(make_service: Callable[...,
     assert psutil.Process(tritons(service)[0]).ppid() == state(service)["owner_pid"]
     for _ in range(4):
         assert generate_ok(service)
+
+
+def test_the_concurrency_limit_counts_across_workers(make_service: Callable[..., BentoService]) -> None:
+    """TRTLLM_MAX_CONCURRENCY=1 with two workers: one stream in flight, and every other request,
+    whichever worker takes it, gets the 429."""
+    service = make_service({"TRTLLM_WORKERS": "2", "TRTLLM_MAX_CONCURRENCY": "1"})
+    long = {**BODY, "max_tokens": 2000, "ignore_eos": True}
+    with (
+        httpx.Client(base_url=service.url, timeout=60) as holder,
+        holder.stream("POST", "/generate", json=long) as held,
+    ):
+        assert held.status_code == 200
+        statuses = []
+        for _ in range(6):  # fresh connections: both workers take some
+            statuses.append(httpx.post(f"{service.url}/generate", json=BODY, timeout=30).status_code)
+        assert statuses == [429] * 6
+    assert wait_for(lambda: generate_ok(service), 30), "the slot was not released"

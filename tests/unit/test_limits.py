@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import httpx
 import pytest
@@ -50,3 +51,44 @@ def test_excess_requests_get_openai_429_and_slots_are_released() -> None:
 def test_limit_must_be_positive() -> None:
     with pytest.raises(ValueError):
         ConcurrencyLimitMiddleware(_app(asyncio.Event()), limit=0)
+
+
+def _hold(path: str, ready: object, release: object, got: object) -> None:
+    """In another process: take one slot, report, hold it until told to go."""
+    from pathlib import Path
+
+    from trtllm_service.limits import SharedSlots
+
+    got.value = SharedSlots(Path(path)).try_acquire(2)  # type: ignore[attr-defined]
+    ready.set()  # type: ignore[attr-defined]
+    release.wait(30)  # type: ignore[attr-defined]
+
+
+def test_the_limit_holds_across_processes_and_dead_ones_do_not_count(tmp_path: Path) -> None:
+    """Two processes each hold a request; a third is refused; a process that dies frees its slot."""
+    from multiprocessing import get_context
+
+    from trtllm_service.limits import SharedSlots
+
+    spawn = get_context("spawn")
+    path = tmp_path / "run" / "in_flight.slots"
+    holders = []
+    for _ in range(2):
+        ready, release, got = spawn.Event(), spawn.Event(), spawn.Value("b", 0)
+        process = spawn.Process(target=_hold, args=(str(path), ready, release, got))
+        process.start()
+        assert ready.wait(30)
+        assert got.value == 1
+        holders.append((process, release))
+    here = SharedSlots(path)
+    assert not here.try_acquire(2), "two requests in flight elsewhere: the limit of 2 is reached"
+    dead, _ = holders[0]
+    dead.kill()
+    dead.join(10)
+    assert here.try_acquire(2), "the killed process's request no longer counts"
+    assert not here.try_acquire(2)
+    here.release()
+    for process, release in holders[1:]:
+        release.set()
+        process.join(10)
+    assert here.try_acquire(2) and here.try_acquire(2)
