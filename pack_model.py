@@ -6,14 +6,16 @@ logic lives in ``trtllm_service.packing``; this file is the command line.
 
 Examples::
 
+    python pack_model.py --hf-model hf/Meta-Llama-3-8B-Instruct --tp-size 2   # LLM API, no engine build
     python pack_model.py --engine-dir engines/llama-3-8b-tp2 --tokenizer hf/Meta-Llama-3-8B-Instruct
-    python pack_model.py --hf-model hf/TinyLlama-1.1B-Chat --name tinyllama
-    python pack_model.py --demo
+    python pack_model.py --hf-model hf/Meta-Llama-3-8B-Instruct --build-engine  # trtllm-build, then as above
+    python pack_model.py --demo                        # offline demo; --flavor ensemble for the ensemble
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -63,13 +65,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--hf-model",
         type=Path,
         metavar="DIR",
-        help="local Hugging Face checkpoint, served by the reference PyTorch engine (python backend); "
-        "only config.json, generation_config.json and the weights from_pretrained loads are packed",
+        help="local Hugging Face checkpoint, served by TensorRT-LLM's LLM API (PyTorch backend, no engine "
+        "build; our reference engine where tensorrt_llm is missing); only config.json, "
+        "generation_config.json and the weights from_pretrained loads are packed",
     )
     mode.add_argument(
         "--demo",
         action="store_true",
         help="build the offline demo model (tiny Llama, Llama-3 style tokenizer) and pack it like --hf-model",
+    )
+    source.add_argument(
+        "--flavor",
+        choices=packing.FLAVORS,
+        help="Triton model repository: llmapi (one LLM API model configured by model.yaml; default for "
+        "--hf-model and --demo) or ensemble (the classic inflight_batcher_llm ensemble; the only one for "
+        "--engine-dir, where it is the default)",
+    )
+    source.add_argument(
+        "--build-engine",
+        action="store_true",
+        help="with --hf-model: convert the checkpoint and build a TensorRT engine with trtllm-build "
+        "(needs TensorRT-LLM installed), then pack that engine as --engine-dir does",
     )
     source.add_argument(
         "--tokenizer",
@@ -96,14 +112,16 @@ def build_parser() -> argparse.ArgumentParser:
         "a two-message conversation",
     )
 
-    engine = parser.add_argument_group("engine without TensorRT-LLM (--hf-model, --demo)")
+    engine = parser.add_argument_group("engine (--hf-model, --demo)")
     engine.add_argument(
         "--engine",
-        choices=packing.STAND_IN_ENGINES,
+        choices=packing.LLMAPI_ENGINES,
         default=defaults.engine,
-        help="what serves the tensorrt_llm slot: reference runs the checkpoint with PyTorch; synthetic "
-        "emits tokens as fast as Triton relays them, no model (for load tests and benchmarks of "
-        "everything around the engine) (default %(default)s)",
+        help="what serves the model: tensorrt_llm (llmapi flavour only, its default: TensorRT-LLM's LLM API, "
+        "falling back to reference where tensorrt_llm cannot be imported unless "
+        "TRTLLM_REQUIRE_TENSORRT_LLM=1); reference runs the checkpoint with PyTorch (the ensemble "
+        "flavour's default); synthetic emits tokens as fast as Triton relays them, no model (for load "
+        "tests and benchmarks of everything around the engine)",
     )
     engine.add_argument(
         "--step-delay-ms",
@@ -114,13 +132,47 @@ def build_parser() -> argparse.ArgumentParser:
         "step), to stand in for an engine of that speed; 0 = as fast as possible (default %(default)s)",
     )
 
+    llm = parser.add_argument_group("LLM API (filled into model.yaml; --hf-model, --demo)")
+    llm.add_argument(
+        "--tp-size",
+        type=int,
+        metavar="N",
+        help="tensor parallel size: GPUs one model is split across (default 1)",
+    )
+    llm.add_argument("--pp-size", type=int, metavar="N", help="pipeline parallel size (default 1)")
+    llm.add_argument(
+        "--max-num-tokens",
+        type=int,
+        metavar="N",
+        help="most tokens (prompt + generated) the engine schedules in one iteration (default: the LLM API's)",
+    )
+    llm.add_argument(
+        "--max-seq-len",
+        type=int,
+        metavar="N",
+        help="most tokens per sequence, prompt included (default: the checkpoint's max_position_embeddings)",
+    )
+    llm.add_argument(
+        "--dtype",
+        choices=packing.DTYPES,
+        default=defaults.dtype,
+        help="weights and activations dtype (default %(default)s: the checkpoint's)",
+    )
+    llm.add_argument(
+        "--trust-remote-code",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.trust_remote_code,
+        help="let the checkpoint run its own Python code (custom architectures); off by default",
+    )
+
     runtime = parser.add_argument_group("runtime (filled into the Triton model configs)")
     runtime.add_argument(
         "--max-batch-size",
         type=int,
         metavar="N",
-        help="Triton max_batch_size: most requests in flight in one batch. Default: the engine's "
-        "build_config.max_batch_size (it cannot be exceeded); 8 for --hf-model/--demo",
+        help="most requests in flight in one batch. Ensemble: Triton's max_batch_size, default the engine's "
+        "build_config.max_batch_size (it cannot be exceeded), 8 for a checkpoint; llmapi: the LLM's "
+        "max_batch_size (default: the LLM API's)",
     )
     runtime.add_argument(
         "--kv-cache-free-gpu-mem-fraction",
@@ -128,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.kv_cache_free_gpu_mem_fraction,
         metavar="F",
         help="share of the GPU memory left free after loading the engine that the paged KV cache takes, "
-        "in (0, 1]; lower it if something else shares the GPU (default %(default)s). TRT-LLM engines only",
+        "in (0, 1]; lower it if something else shares the GPU (default %(default)s). TRT-LLM only",
     )
     runtime.add_argument(
         "--max-tokens-in-paged-kv-cache",
@@ -149,15 +201,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--enable-kv-cache-reuse",
         action=argparse.BooleanOptionalAction,
         default=defaults.enable_kv_cache_reuse,
-        help="reuse the KV cache of shared prompt prefixes (system prompts, chat history) across requests; "
-        "needs an engine built with --use_paged_context_fmha enable (default: off)",
+        help="reuse the KV cache of shared prompt prefixes (system prompts, chat history) across requests "
+        "(llmapi: kv_cache_config.enable_block_reuse); an engine needs --use_paged_context_fmha enable "
+        "(default: off)",
     )
     runtime.add_argument(
         "--enable-chunked-context",
         action=argparse.BooleanOptionalAction,
         default=defaults.enable_chunked_context,
         help="split long prompts into chunks scheduled alongside generation steps, so one long prompt "
-        "does not stall other requests; needs paged context FMHA in the engine (default: off)",
+        "does not stall other requests (llmapi: enable_chunked_prefill); an engine needs paged context "
+        "FMHA (default: off)",
     )
     runtime.add_argument(
         "--max-queue-delay-microseconds",
@@ -213,6 +267,13 @@ def _options(args: argparse.Namespace) -> RuntimeOptions:
         exclude_input_in_output=args.exclude_input_in_output,
         engine=args.engine,
         step_delay_ms=args.step_delay_ms,
+        flavor=args.flavor or ("ensemble" if args.engine_dir is not None or args.build_engine else "llmapi"),
+        tp_size=args.tp_size,
+        pp_size=args.pp_size,
+        max_num_tokens=args.max_num_tokens,
+        max_seq_len=args.max_seq_len,
+        dtype=args.dtype,
+        trust_remote_code=args.trust_remote_code,
     )
     options.validate()
     return options
@@ -236,6 +297,26 @@ def run(args: argparse.Namespace) -> packing.PackResult:
             tokenizer_option=option,
         )
 
+    if args.build_engine:
+        if args.hf_model is None:
+            raise PackError("--build-engine goes with --hf-model (the checkpoint to build an engine from)")
+        if options.flavor != "ensemble":
+            raise PackError("--build-engine packs an engine for the ensemble flavour, not --flavor llmapi")
+        from trtllm_service.engine_build import build_engine
+
+        source = packing.read_hf_checkpoint(args.hf_model)
+        with tempfile.TemporaryDirectory(prefix="pack-build-") as tmp:
+            engine_dir = build_engine(source, options, Path(tmp))
+            build_options = dataclasses.replace(options, tp_size=None, pp_size=None, max_seq_len=None)
+            return packing.pack(
+                packing.read_engine_dir(engine_dir),
+                args.tokenizer or source.directory,
+                build_options,
+                name=args.name or packing.default_name(source),
+                chat_template=chat_template,
+                progress=not args.quiet,
+                tokenizer_option="--tokenizer" if args.tokenizer else "--hf-model",
+            )
     if args.engine_dir is not None:
         if args.tokenizer is None:
             raise PackError("--engine-dir needs --tokenizer DIR (the engine does not carry its tokenizer)")
@@ -268,6 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"tag: {result.tag}")
     print(f"size: {result.human_size}")
     print(f"path: {result.path}")
+    print(f"flavor: {info.flavor}")
     print(f"backend: {info.backend} (world_size {info.world_size}, max_batch_size {info.max_batch_size})")
     print(f"launch_command: {info.launch_command}")
     return 0

@@ -13,6 +13,7 @@ import bentoml
 from annotated_types import Ge, Le
 from starlette.responses import JSONResponse
 
+from tensorrtllm_backend.stop_strings import StopStringError, check_stop
 from trtllm_service.auth import APIKeyMiddleware, APIKeys
 from trtllm_service.errors import APIError
 from trtllm_service.limits import ConcurrencyLimitMiddleware
@@ -21,7 +22,6 @@ from trtllm_service.openai import routes as openai_routes
 from trtllm_service.request import SamplingParams
 from trtllm_service.runtime import Runtime, default_model_tag, run_dir
 from trtllm_service.settings import get_settings
-from trtllm_service.stop_strings import StopStringError, check_stop
 from trtllm_service.streaming import StreamBody, first_text, text_chunks
 from trtllm_service.tracing import exclude_message_spans
 

@@ -2,5 +2,7 @@
 
 from pathlib import Path
 
-TEMPLATES_DIR = Path(__file__).resolve().parent / "all_models" / "inflight_batcher_llm"
+ALL_MODELS_DIR = Path(__file__).resolve().parent / "all_models"
+TEMPLATES_DIR = ALL_MODELS_DIR / "inflight_batcher_llm"
+LLMAPI_TEMPLATES_DIR = ALL_MODELS_DIR / "llmapi"
 LAUNCHER = Path(__file__).resolve().parent / "scripts" / "launch_triton_server.py"

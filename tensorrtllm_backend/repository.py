@@ -14,12 +14,30 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from tensorrtllm_backend import TEMPLATES_DIR
+from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR, TEMPLATES_DIR
 from tensorrtllm_backend.tools.fill_template import fill_text, placeholders
 
 MODELS = ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls")
-# Modules of this package that a model's code imports: copied beside its model.py.
-SHARED_MODULES = {"postprocessing": (Path(__file__).resolve().parent / "detokenizer.py",)}
+LLMAPI_MODELS = ("tensorrt_llm",)
+FLAVORS: dict[str, tuple[Path, tuple[str, ...]]] = {
+    "llmapi": (LLMAPI_TEMPLATES_DIR, LLMAPI_MODELS),
+    "ensemble": (TEMPLATES_DIR, MODELS),
+}
+"""Repository flavours: the LLM API's one model (a checkpoint, no engine build), or the classic
+inflight_batcher_llm ensemble (C++ backend with a prebuilt engine, or a stand-in in its slot)."""
+
+_HERE = Path(__file__).resolve().parent
+_STAND_IN = TEMPLATES_DIR / "tensorrt_llm" / "1"
+# Modules a model's code imports that live elsewhere (one copy in this tree): copied beside model.py.
+SHARED_MODULES: dict[str, tuple[Path, ...]] = {"postprocessing": (_HERE / "detokenizer.py",)}
+LLMAPI_SHARED_MODULES: dict[str, tuple[Path, ...]] = {
+    "tensorrt_llm": (
+        *(_STAND_IN / name for name in ("contract.py", "engine.py", "reference.py", "synthetic.py")),
+        _STAND_IN / "triton_adapter.py",
+        _HERE / "detokenizer.py",
+        _HERE / "stop_strings.py",
+    )
+}
 BACKENDS = ("python", "tensorrtllm")
 
 DEFAULTS: dict[str, str] = {
@@ -40,6 +58,17 @@ DEFAULTS: dict[str, str] = {
     "batch_scheduler_policy": "max_utilization",
     "python_engine": "reference",
     "synthetic_step_delay_ms": "0",
+    # model.yaml (llmapi): the LLM arguments; null = the LLM API's default
+    "tp_size": "1",
+    "pp_size": "1",
+    "llm_max_batch_size": "null",
+    "max_num_tokens": "null",
+    "llm_max_seq_len": "null",
+    "dtype": "auto",
+    "trust_remote_code": "false",
+    "kv_cache_free_gpu_mem_fraction": "0.9",
+    "enable_kv_cache_reuse": "false",
+    "enable_chunked_context": "false",
 }
 
 _LEFT_IN_PARAMETER = re.compile(r'string_value:\s*"\$\{[A-Za-z0-9_]+\}"')
@@ -116,10 +145,38 @@ def fill_model_config(model: str, values: Mapping[str, str], templates: Path = T
     return filled
 
 
-def build_repository(dest: Path | str, values: Mapping[str, str], templates: Path = TEMPLATES_DIR) -> Path:
-    """Writes every model (filled config + version dir with its model.py) under `dest`."""
+def _fill_version_file(path: Path, values: Mapping[str, str]) -> str:
+    """A filled non-code file of a model's version dir (model.yaml): every placeholder needs a value."""
+    text = path.read_text()
+    missing = sorted(placeholders(text) - set(values))
+    if missing:
+        raise RepositoryError(f"{path.parent.parent.name}/1/{path.name}: no value for {', '.join(missing)}")
+    return fill_text(text, {key: values[key] for key in placeholders(text)}, source=str(path))
+
+
+def build_repository(
+    dest: Path | str,
+    values: Mapping[str, str],
+    templates: Path | None = None,
+    *,
+    flavor: str = "ensemble",
+) -> Path:
+    """Writes every model of `flavor` (filled config + version dir with its code) under `dest`."""
+    if flavor not in FLAVORS:
+        raise RepositoryError(f"unknown repository flavor {flavor!r} (choose from {', '.join(FLAVORS)})")
+    default_templates, models = FLAVORS[flavor]
+    templates = templates or default_templates
+    shared = LLMAPI_SHARED_MODULES if flavor == "llmapi" else SHARED_MODULES
     dest = Path(dest)
-    configs = {model: fill_model_config(model, values, templates) for model in MODELS}
+    configs = {model: fill_model_config(model, values, templates) for model in models}
+    extras = {
+        model: {
+            path.name: _fill_version_file(path, values)
+            for path in sorted((templates / model / "1").iterdir())
+            if path.is_file() and path.suffix in (".yaml", ".yml")
+        }
+        for model in models
+    }
     dest.mkdir(parents=True, exist_ok=True)
     for model, config in configs.items():
         model_dir = dest / model
@@ -128,8 +185,12 @@ def build_repository(dest: Path | str, values: Mapping[str, str], templates: Pat
         version_dir = model_dir / "1"
         version_dir.mkdir(parents=True)
         (model_dir / "config.pbtxt").write_text(config)
-        native_engine = model == "tensorrt_llm" and values.get("triton_backend") != "python"
+        native_engine = (
+            flavor == "ensemble" and model == "tensorrt_llm" and values.get("triton_backend") != "python"
+        )
         if not native_engine:  # a Python model: model.py, the modules beside it, the shared ones
-            for code in [*sorted((templates / model / "1").glob("*.py")), *SHARED_MODULES.get(model, ())]:
+            for code in [*sorted((templates / model / "1").glob("*.py")), *shared.get(model, ())]:
                 shutil.copy2(code, version_dir / code.name)
+            for name, text in extras[model].items():
+                (version_dir / name).write_text(text)
     return dest

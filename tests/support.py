@@ -123,11 +123,14 @@ class TritonServer:
         tokenizer_dir: Path,
         overrides: Mapping[str, str] | None = None,
         startup_timeout: float = 180.0,
+        flavor: str = "ensemble",
     ) -> None:
         self.workdir = Path(workdir)
+        self.flavor = flavor
         self.repo = build_repository(
             self.workdir / "repo",
             repository_values(engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, overrides=overrides),
+            flavor=flavor,
         )
         self.grpc_port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()
         self.log_path = self.workdir / "triton.log"
@@ -167,7 +170,9 @@ class TritonServer:
             if self.process.poll() is not None:
                 self.stop()
                 raise RuntimeError(f"tritonserver exited during start-up:\n{self.log()[-4000:]}")
-            if http_ok(f"{self.http_url}/v2/models/ensemble/ready"):
+            if http_ok(
+                f"{self.http_url}/v2/models/{'ensemble' if self.flavor == 'ensemble' else 'tensorrt_llm'}/ready"
+            ):
                 return self
             time.sleep(0.5)
         self.stop()

@@ -62,6 +62,7 @@ class PackInfo:
         versions: Tool versions (tensorrt_llm, bentoml, transformers, trtllm-service, ...).
         launch_command: The production command line (shell-quoted) that serves ``<model>/repository``.
         chat_template_overridden: Whether ``--chat-template`` replaced the tokenizer's template.
+        flavor: The repository flavour: "llmapi" (one LLM API model, model.yaml) or "ensemble".
         format: Layout version of pack.json.
     """
 
@@ -82,6 +83,7 @@ class PackInfo:
     versions: dict[str, str] = field(default_factory=dict)
     launch_command: str = ""
     chat_template_overridden: bool = False
+    flavor: str = "ensemble"
     format: int = PACK_FORMAT
 
     @property
@@ -127,7 +129,7 @@ def check_path_safe(path: Path) -> None:
 def layout_runtime_repository(model_path: Path | str, dest: Path | str) -> Path:
     """Copies ``<model_path>/repository`` to ``dest`` with its paths pointing at ``model_path``.
 
-    Every config.pbtxt has the recorded ``packed_root`` replaced by ``model_path``'s absolute path, so
+    Every config.pbtxt (and the llmapi flavour's model.yaml) has the recorded ``packed_root`` replaced by ``model_path``'s absolute path, so
     the result is right wherever the model store is now. ``dest`` is created if needed; model
     directories already in it are replaced. Returns ``dest``.
 
@@ -151,9 +153,9 @@ def layout_runtime_repository(model_path: Path | str, dest: Path | str) -> Path:
         if target.exists():
             shutil.rmtree(target)
         shutil.copytree(source, target)
-        config = target / "config.pbtxt"
-        if config.is_file():
-            config.write_text(old_root.sub(lambda _m: new_root, config.read_text()))
+        for config in (target / "config.pbtxt", *target.glob("*/model.yaml")):
+            if config.is_file():
+                config.write_text(old_root.sub(lambda _m: new_root, config.read_text()))
     return out
 
 

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from tensorrtllm_backend.repository import DEFAULTS, RepositoryError, build_repository, repository_values
+from tensorrtllm_backend.repository import end_ids as repository_end_ids
 from trtllm_service.packed_model import (
     ENGINE_DIR,
     PACK_FILE,
@@ -54,6 +55,9 @@ PRODUCTION_TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
 MODES = ("engine", "hf", "demo")
 SCHEDULER_POLICIES = ("max_utilization", "guaranteed_no_evict")
 STAND_IN_ENGINES = ("reference", "synthetic")
+FLAVORS = ("llmapi", "ensemble")
+LLMAPI_ENGINES = ("tensorrt_llm", *STAND_IN_ENGINES)
+DTYPES = ("auto", "float16", "bfloat16", "float32")
 
 # Files copied from a tokenizer directory (top level only), when present.
 TOKENIZER_FILES = (
@@ -401,11 +405,43 @@ class RuntimeOptions:
     max_queue_size: int = 0
     preprocessing_instances: int = 1
     exclude_input_in_output: bool = True
-    engine: str = "reference"
+    engine: str | None = None  # None: tensorrt_llm for llmapi, reference for the ensemble
     step_delay_ms: float = 0.0
+    flavor: str = "llmapi"
+    tp_size: int | None = None
+    pp_size: int | None = None
+    max_num_tokens: int | None = None
+    max_seq_len: int | None = None
+    dtype: str = "auto"
+    trust_remote_code: bool = False
+
+    @property
+    def resolved_engine(self) -> str:
+        return self.engine or ("tensorrt_llm" if self.flavor == "llmapi" else "reference")
 
     def validate(self) -> None:
         """Raises PackError for a value out of range."""
+        if self.flavor not in FLAVORS:
+            raise PackError(f"--flavor must be one of {', '.join(FLAVORS)}, got {self.flavor!r}")
+        for option, value in (
+            ("--tp-size", self.tp_size),
+            ("--pp-size", self.pp_size),
+            ("--max-num-tokens", self.max_num_tokens),
+        ):
+            if value is not None and value < 1:
+                raise PackError(f"{option} must be >= 1, got {value}")
+        if self.max_seq_len is not None and self.max_seq_len < 2:
+            raise PackError(f"--max-seq-len must be >= 2, got {self.max_seq_len}")
+        if self.dtype not in DTYPES:
+            raise PackError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.flavor == "ensemble":
+            for option, value in (
+                ("--max-num-tokens", self.max_num_tokens),
+                ("--trust-remote-code", self.trust_remote_code or None),
+                ("--dtype", None if self.dtype == "auto" else self.dtype),
+            ):
+                if value is not None:
+                    raise PackError(f"{option} is an LLM API option: it goes with --flavor llmapi")
         if self.max_batch_size is not None and self.max_batch_size < 1:
             raise PackError(f"--max-batch-size must be >= 1, got {self.max_batch_size}")
         fraction = self.kv_cache_free_gpu_mem_fraction
@@ -428,11 +464,14 @@ class RuntimeOptions:
             raise PackError(f"--max-queue-size must be >= 0, got {self.max_queue_size}")
         if self.preprocessing_instances < 1:
             raise PackError(f"--preprocessing-instances must be >= 1, got {self.preprocessing_instances}")
-        if self.engine not in STAND_IN_ENGINES:
-            raise PackError(f"--engine must be one of {', '.join(STAND_IN_ENGINES)}, got {self.engine!r}")
+        engines = LLMAPI_ENGINES if self.flavor == "llmapi" else STAND_IN_ENGINES
+        if self.resolved_engine not in engines:
+            raise PackError(
+                f"--engine must be one of {', '.join(engines)} with --flavor {self.flavor}, got {self.engine!r}"
+            )
         if not 0.0 <= self.step_delay_ms <= 60_000.0:
             raise PackError(f"--step-delay-ms must be within [0, 60000], got {self.step_delay_ms}")
-        if self.step_delay_ms and self.engine != "synthetic":
+        if self.step_delay_ms and self.resolved_engine != "synthetic":
             raise PackError("--step-delay-ms goes with --engine synthetic only")
 
     def template_values(self, source: ModelSource) -> dict[str, str]:
@@ -442,9 +481,20 @@ class RuntimeOptions:
             PackError: An option exceeds what the engine was built for.
         """
         self.validate()
-        if self.engine != "reference" and source.backend != "python":
+        if source.backend != "python":
+            if self.flavor == "llmapi":
+                raise PackError(
+                    "--engine-dir is a prebuilt engine for the C++ backend: it goes with --flavor ensemble"
+                )
+            if self.engine not in (None, "reference"):
+                raise PackError(
+                    f"--engine {self.engine} replaces the engine: it goes with --hf-model or --demo, "
+                    "not --engine-dir"
+                )
+        if source.max_seq_len and self.max_seq_len and self.max_seq_len > source.max_seq_len:
             raise PackError(
-                f"--engine {self.engine} replaces the engine: it goes with --hf-model or --demo, not --engine-dir"
+                f"--max-seq-len {self.max_seq_len} exceeds what the model was built or trained for "
+                f"({source.max_seq_len})"
             )
         batch = self.max_batch_size
         if source.max_batch_size is not None and batch is not None and batch > source.max_batch_size:
@@ -464,9 +514,16 @@ class RuntimeOptions:
             "max_queue_size": str(self.max_queue_size),
             "preprocessing_instance_count": str(self.preprocessing_instances),
             "exclude_input_in_output": _bool(self.exclude_input_in_output),
-            "max_seq_len": str(source.max_seq_len or 0),
-            "python_engine": self.engine,
+            "max_seq_len": str(self.max_seq_len or source.max_seq_len or 0),
+            "python_engine": self.resolved_engine,
             "synthetic_step_delay_ms": repr(float(self.step_delay_ms)),
+            "tp_size": str(self.tp_size or source.tp_size),
+            "pp_size": str(self.pp_size or source.pp_size),
+            "llm_max_batch_size": str(self.max_batch_size) if self.max_batch_size else "null",
+            "max_num_tokens": str(self.max_num_tokens) if self.max_num_tokens else "null",
+            "llm_max_seq_len": str(self.max_seq_len) if self.max_seq_len else "null",
+            "dtype": self.dtype,
+            "trust_remote_code": _bool(self.trust_remote_code),
         }
         if self.max_tokens_in_paged_kv_cache is not None:
             values["max_tokens_in_paged_kv_cache"] = str(self.max_tokens_in_paged_kv_cache)
@@ -692,6 +749,28 @@ def _apply_chat_template(tokenizer_dir: Path, template: str) -> None:
     config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+def apply_parallelism(source: ModelSource, options: RuntimeOptions) -> ModelSource:
+    """The source as it will be served: --tp-size / --pp-size / --max-seq-len of a checkpoint applied.
+
+    An engine's mapping and limits were fixed when it was built; asking for others is an error.
+    """
+    if options.tp_size is None and options.pp_size is None and options.max_seq_len is None:
+        return source
+    if source.backend != "python":
+        raise PackError(
+            "--tp-size, --pp-size and --max-seq-len go with a checkpoint (--hf-model, --demo); "
+            "an engine's were fixed by trtllm-build"
+        )
+    max_seq_len = options.max_seq_len or source.max_seq_len
+    return dataclasses.replace(
+        source,
+        tp_size=options.tp_size or source.tp_size,
+        pp_size=options.pp_size or source.pp_size,
+        max_seq_len=max_seq_len,
+        max_input_len=max_seq_len - 1 if max_seq_len else None,
+    )
+
+
 def pack(
     source: ModelSource,
     tokenizer_dir: Path | str,
@@ -713,6 +792,7 @@ def pack(
     tokenizer_path = _existing_dir(tokenizer_dir, tokenizer_option)
     tokenizer_names = tokenizer_files(tokenizer_path, option=tokenizer_option)
     values = options.template_values(source)
+    source = apply_parallelism(source, options)
     name = validate_name(name) if name is not None else default_name(source)
     check_tokenizer(tokenizer_path, chat_template)
 
@@ -732,7 +812,8 @@ def pack(
             engine_dir=packed_root / ENGINE_DIR,
             tokenizer_dir=packed_root / TOKENIZER_DIR,
             backend=source.backend,
-            overrides=values,
+            # the end ids come from the tokenizer being packed (the copy is not written yet)
+            overrides={"end_ids": ",".join(map(str, repository_end_ids(tokenizer_path))), **values},
         )
     except RepositoryError as exc:
         raise PackError(str(exc)) from exc
@@ -755,6 +836,7 @@ def pack(
         versions=versions,
         launch_command=launch_command(packed_root / REPOSITORY_DIR, source.world_size, unique=tag.version),
         chat_template_overridden=chat_template is not None,
+        flavor=options.flavor,
     )
     metadata = _metadata(source, options, versions)
     metadata["launch_command"] = info.launch_command
@@ -774,7 +856,7 @@ def pack(
                 if packed.chat_template != chat_template:
                     raise PackError("the packed tokenizer does not pick up --chat-template")
             try:
-                build_repository(staging / REPOSITORY_DIR, values)
+                build_repository(staging / REPOSITORY_DIR, values, flavor=options.flavor)
             except RepositoryError as exc:
                 raise PackError(str(exc)) from exc
             (staging / PACK_FILE).write_text(info.to_json())

@@ -143,16 +143,18 @@ class TensorSpec:
 
     name: str
     datatype: str  # Triton's: INT32, FP32, UINT64, BOOL, BYTES
+    batched: bool = True  # a leading batch dimension (models with max_batch_size > 0)
 
     def encode(self, value: object) -> tuple[list[int], bytes]:
-        """(shape, raw little-endian contents) of `value`, with the leading batch dimension."""
+        """(shape, raw little-endian contents) of `value`, with the leading batch dimension if batched."""
         kind = self.datatype
+        lead = [1] if self.batched else []
         if kind == "BYTES":
             data = value.encode("utf-8") if isinstance(value, str) else bytes(value)  # type: ignore[arg-type]
-            return [1, 1], struct.pack("<I", len(data)) + data
+            return [*lead, 1], struct.pack("<I", len(data)) + data
         if isinstance(value, (list, tuple, array)):
-            return [1, len(value)], array("i", value).tobytes()
-        return [1, 1], struct.pack(_SCALAR_FORMATS[kind], value)
+            return [*lead, len(value)], array("i", value).tobytes()
+        return [*lead, 1], struct.pack(_SCALAR_FORMATS[kind], value)
 
 
 _SCALAR_FORMATS = {"INT32": "<i", "FP32": "<f", "UINT64": "<Q", "BOOL": "<?"}
@@ -212,8 +214,39 @@ ENSEMBLE_INPUTS: Mapping[str, TensorSpec] = {
 }
 """GenerationRequest field -> input of the upstream-compatible `ensemble` (text in, `text_input`)."""
 
+
+def _llmapi(name: str, datatype: str) -> TensorSpec:
+    return TensorSpec(name, datatype, batched=False)  # the llmapi model has max_batch_size 0
+
+
+LLMAPI_INPUTS: Mapping[str, TensorSpec] = {
+    "prompt_ids": _llmapi("input_ids", "INT32"),
+    "max_tokens": _llmapi("sampling_param_max_tokens", "INT32"),
+    "temperature": _llmapi("sampling_param_temperature", "FP32"),
+    "top_k": _llmapi("sampling_param_top_k", "INT32"),
+    "top_p": _llmapi("sampling_param_top_p", "FP32"),
+    "repetition_penalty": _llmapi("sampling_param_repetition_penalty", "FP32"),
+    "presence_penalty": _llmapi("sampling_param_presence_penalty", "FP32"),
+    "frequency_penalty": _llmapi("sampling_param_frequency_penalty", "FP32"),
+    "min_tokens": _llmapi("sampling_param_min_tokens", "INT32"),
+    "seed": _llmapi("sampling_param_seed", "UINT64"),
+    "end_id": _llmapi("sampling_param_end_id", "INT32"),
+    "stop_token_ids": _llmapi("sampling_param_stop_token_ids", "INT32"),
+}
+"""GenerationRequest field -> input of the LLM API flavour's `tensorrt_llm` model (upstream's
+`sampling_param_*` names; input_ids, end_id, stop_token_ids, min_tokens, repetition_penalty are ours)."""
+
+LLMAPI_FIXED: Mapping[str, tuple[TensorSpec, object]] = {
+    "streaming": (_llmapi("streaming", "BOOL"), True),
+    "return_num_output_tokens": (_llmapi("return_num_output_tokens", "BOOL"), True),
+}
+"""Inputs every LLM API request carries: streamed, with the running token count (for usage)."""
+
+LLMAPI_OUTPUTS = ("text_output", "num_output_tokens")
+
 _FIELDS = tuple(f.name for f in fields(GenerationRequest))
 assert set(ENGINE_INPUTS) <= set(_FIELDS) and set(ENSEMBLE_INPUTS) <= set(_FIELDS)
+assert set(LLMAPI_INPUTS) <= set(_FIELDS)
 
 
 def _add(message: service_pb2.ModelInferRequest, spec: TensorSpec, value: object) -> None:
@@ -237,6 +270,21 @@ def engine_message(request: GenerationRequest, request_id: str) -> bytes:
     for spec, value in ENGINE_FIXED.values():
         _add(message, spec, value)
     message.outputs.add().name = ENGINE_OUTPUT
+    return message.SerializeToString()
+
+
+def llmapi_message(request: GenerationRequest, request_id: str) -> bytes:
+    """The serialized ModelInferRequest of `request` for the LLM API flavour's `tensorrt_llm` model."""
+    message = service_pb2.ModelInferRequest(model_name=ENGINE_MODEL, id=request_id)
+    for name, spec in LLMAPI_INPUTS.items():
+        value = getattr(request, name)
+        if value is None or (name == "stop_token_ids" and not value):
+            continue
+        _add(message, spec, value)
+    for spec, value in LLMAPI_FIXED.values():
+        _add(message, spec, value)
+    for output in LLMAPI_OUTPUTS:
+        message.outputs.add().name = output
     return message.SerializeToString()
 
 

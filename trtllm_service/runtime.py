@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
-from trtllm_service.metrics import TRITON_RESTARTS
+from trtllm_service.metrics import TRITON_RESTARTS, served_engine
 from trtllm_service.packed_model import end_ids, layout_runtime_repository, read_pack_info
 from trtllm_service.prompting import PromptFormatter, RequestPreparer
 from trtllm_service.request import EngineLimits, GenerationRequest, SamplingParams
@@ -34,7 +34,8 @@ INLINE_PROMPT_CHARS = 2048
 """Prompts up to this many characters are templated and tokenized on the event loop (well under a
 millisecond); longer ones in a worker thread."""
 
-REQUIRED_MODELS = ("tensorrt_llm", "ensemble")
+REQUIRED_MODELS = {"llmapi": ("tensorrt_llm",), "ensemble": ("tensorrt_llm", "ensemble")}
+"""The models that must be ready before the service is, by repository flavour."""
 
 
 class ModelNotFoundError(RuntimeError):
@@ -93,7 +94,12 @@ class Runtime:
         self._run_dir_owned = settings.run_dir is None
         self.run_dir = run_dir(settings)
         self.triton = SharedTriton(self.run_dir, self._make_supervisor, on_change=self._on_change)
-        self.relay = TritonRelay(self.triton.grpc_address, stream_timeout_s=settings.stream_timeout_s)
+        self.flavor = self.info.flavor
+        self.engine: str | None = None  # learned from Triton once it is ready
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.relay = TritonRelay(
+            self.triton.grpc_address, stream_timeout_s=settings.stream_timeout_s, flavor=self.flavor
+        )
 
     @property
     def max_seq_len(self) -> int:
@@ -112,7 +118,7 @@ class Runtime:
         repository = layout_runtime_repository(self.model_path, self.run_dir / "repository")
         return TritonSupervisor(
             repository,
-            models=REQUIRED_MODELS,
+            models=REQUIRED_MODELS[self.info.flavor],
             run_dir=self.run_dir,
             ports=TritonPorts(
                 settings.triton_grpc_port, settings.triton_http_port, settings.triton_metrics_port
@@ -141,7 +147,29 @@ class Runtime:
         if not ready:
             return
         with contextlib.suppress(RuntimeError):  # no running loop: nothing to reset
-            asyncio.get_running_loop().create_task(self.relay.reset())  # a new Triton: reconnect
+            loop = asyncio.get_running_loop()
+            for work in (self.relay.reset(), self._learn_engine()):  # a new Triton: reconnect, ask
+                task = loop.create_task(work)
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _learn_engine(self) -> None:
+        """Which engine answers: the C++ backend, or what the Python model reports in its metric."""
+        if self.info.backend == "tensorrtllm":
+            engine: str | None = "tensorrt_llm (C++ backend)"
+        else:
+            engine = await served_engine(self.triton.metrics_url)
+        if engine is None or engine == self.engine:
+            return
+        self.engine = engine
+        if self.flavor == "llmapi" and engine == "reference":
+            logger.warning(
+                "%s is served by the reference engine (PyTorch): tensorrt_llm cannot be imported where "
+                "Triton runs. Set TRTLLM_REQUIRE_TENSORRT_LLM=1 to make that a start-up error.",
+                self.model_name,
+            )
+        else:
+            logger.info("%s is served by the %s engine (%s flavour)", self.model_name, engine, self.flavor)
 
     async def stop(self) -> None:
         owner = self.triton.owner
@@ -182,4 +210,6 @@ class Runtime:
 
     async def generate(self, request: GenerationRequest) -> EngineStream:
         """Starts `request`; read the stream, and close it when done (that cancels an unfinished one)."""
-        return await self.relay.start(request, IncrementalDetokenizer(self.tokenizer))
+        # The llmapi flavour's model detokenizes in Triton; the ensemble's engine sends token ids.
+        decoder = None if self.flavor == "llmapi" else IncrementalDetokenizer(self.tokenizer)
+        return await self.relay.start(request, decoder)  # type: ignore[arg-type]

@@ -26,10 +26,10 @@ from collections.abc import Callable
 from tritonclient.grpc import service_pb2
 
 from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
+from tensorrtllm_backend.stop_strings import StopStringMatcher
 from trtllm_service.errors import APIError
 from trtllm_service.grpc_http2 import CANCELLED, OK, UNAVAILABLE, GrpcConnection
-from trtllm_service.request import GenerationRequest, engine_message
-from trtllm_service.stop_strings import StopStringMatcher
+from trtllm_service.request import GenerationRequest, engine_message, llmapi_message
 
 logger = logging.getLogger("trtllm_service.relay")
 
@@ -170,6 +170,59 @@ class EngineStream:
             self._error = APIError.unavailable("The request was cancelled.")
 
 
+class TextEngineStream(EngineStream):
+    """A request to the LLM API flavour's model: text deltas (detokenized in Triton) and a token count.
+
+    Each response carries `text_output` (one BYTES element: a 4-byte length, then UTF-8 that ends on
+    a whole character) and `num_output_tokens`, the tokens generated so far.
+    """
+
+    __slots__ = ("_count", "_text")
+
+    def __init__(
+        self,
+        request: GenerationRequest,
+        decoder: IncrementalDetokenizer | None,
+        request_id: str,
+        cancel: Callable[[int], None],
+    ) -> None:
+        super().__init__(request, decoder, request_id, cancel)  # type: ignore[arg-type]
+        self._text: list[bytes] = []
+        self._count = 0
+
+    def on_message(self, data: bytes) -> None:
+        response = _parse_response(data)
+        if response.error_message:
+            self._fail(_refused(response.error_message))
+            return
+        result = response.infer_response
+        contents = result.raw_output_contents
+        for output, raw in zip(result.outputs, contents, strict=False):
+            if output.name == "text_output":
+                if len(raw) > 4:
+                    self._text.append(raw[4:])
+                    self._ids.append(0)  # marks "something arrived" for read()
+            elif output.name == "num_output_tokens" and len(raw) >= 4:
+                self._count = int.from_bytes(raw[:4], "little", signed=True)
+        if result.parameters["triton_final_response"].bool_param:
+            self._final = True
+        if self._count > self.completion_tokens and not self._ids:
+            self._ids.append(0)  # tokens that are not text yet still count
+        self._wake()
+
+    def _take(self) -> str:
+        pieces, self._text = self._text, []
+        self._ids = array("i")
+        self.completion_tokens = self._count
+        text = b"".join(pieces).decode("utf-8", errors="replace")
+        if self._matcher is not None and text:
+            text, stopped = self._matcher.push(text)
+            if stopped:
+                self.finish_reason = "stop"
+                self.close()
+        return text
+
+
 def _refused(message: str) -> APIError:
     if INVALID_REQUEST_MARKER in message:
         return APIError.bad_request(
@@ -187,9 +240,14 @@ class TritonRelay:
     """
 
     def __init__(
-        self, address: Callable[[], tuple[str, int] | None], *, stream_timeout_s: float = 600.0
+        self,
+        address: Callable[[], tuple[str, int] | None],
+        *,
+        stream_timeout_s: float = 600.0,
+        flavor: str = "ensemble",
     ) -> None:
         self.address = address
+        self.flavor = flavor
         self.stream_timeout_s = stream_timeout_s
         self._connection: GrpcConnection | None = None
         self._opening: asyncio.Future[GrpcConnection] | None = None
@@ -220,11 +278,20 @@ class TritonRelay:
         return connection
 
     async def start(self, request: GenerationRequest, decoder: IncrementalDetokenizer) -> EngineStream:
-        """Sends `request` to the engine; read the returned stream, and close it when done."""
+        """Sends `request` to the engine; read the returned stream, and close it when done.
+
+        The ensemble flavour's engine answers token ids (detokenized here by `decoder`); the LLM API
+        flavour's answers text.
+        """
         connection = await self._connect()
         request_id = uuid.uuid4().hex
-        stream = EngineStream(request, decoder, request_id, connection.cancel)
-        stream.stream_id = connection.start_call(STREAM_INFER, engine_message(request, request_id), stream)
+        if self.flavor == "llmapi":
+            stream: EngineStream = TextEngineStream(request, None, request_id, connection.cancel)
+            message = llmapi_message(request, request_id)
+        else:
+            stream = EngineStream(request, decoder, request_id, connection.cancel)
+            message = engine_message(request, request_id)
+        stream.stream_id = connection.start_call(STREAM_INFER, message, stream)
         if stream.stream_id:
             stream._timer = asyncio.get_running_loop().call_later(self.stream_timeout_s, stream.timed_out)
         return stream

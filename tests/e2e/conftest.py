@@ -21,13 +21,35 @@ from tests.support import free_port, http_ok, prometheus_metric
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+FLAVORS = ("llmapi", "ensemble")
+"""Every e2e test runs on both repository flavours, unless its module sets FLAVORS to fewer."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Deselects the flavours a module does not run on (a module-level FLAVORS tuple)."""
+    keep, drop = [], []
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        flavor = callspec.params.get("flavor") if callspec is not None else None
+        allowed = getattr(item.module, "FLAVORS", FLAVORS)
+        (drop if flavor is not None and flavor not in allowed else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.fixture(scope="session", params=FLAVORS)
+def flavor(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
 @pytest.fixture(scope="session")
-def bentoml_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def bentoml_home(flavor: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A model store holding the demo model, packed by pack_model.py as a user would."""
-    home = tmp_path_factory.mktemp("bentoml_home")
+    home = tmp_path_factory.mktemp(f"bentoml_home_{flavor}")
     env = {**os.environ, "BENTOML_HOME": str(home), "BENTOML_DO_NOT_TRACK": "true"}
     subprocess.run(
-        [sys.executable, "pack_model.py", "--demo", "--quiet"],
+        [sys.executable, "pack_model.py", "--demo", "--flavor", flavor, "--quiet"],
         cwd=REPO_ROOT,
         env=env,
         check=True,

@@ -15,6 +15,7 @@ import yaml
 from tests.e2e.conftest import REPO_ROOT
 
 TRITON_MODELS = ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls")
+FLAVORS = ("llmapi",)  # the packed repository is checked on the default flavour; sources for both
 
 
 def sha256(data: bytes) -> str:
@@ -63,8 +64,8 @@ def test_bentoml_build_packages_model_code_and_templates(
             "tokenizer/tokenizer.json",
         ):
             assert f"{model_root}/{name}" in members, f"{name} missing from the exported bento"
-        for model in TRITON_MODELS:
-            assert f"{model_root}/repository/{model}/config.pbtxt" in members
+        assert f"{model_root}/repository/tensorrt_llm/config.pbtxt" in members
+        assert f"{model_root}/repository/tensorrt_llm/1/model.yaml" in members
         weights = tar.extractfile(members[f"{model_root}/engine/model.safetensors"])
         assert weights is not None
         assert sha256(weights.read()) == sha256(
@@ -88,5 +89,7 @@ def test_bentoml_build_packages_model_code_and_templates(
             model == "ensemble"
             and "tensorrtllm_backend/all_models/inflight_batcher_llm/ensemble/1/.gitkeep" in sources
         ), model
+    for name in ("config.pbtxt", "1/model.py", "1/model.yaml", "1/llmapi_contract.py"):
+        assert f"tensorrtllm_backend/all_models/llmapi/tensorrt_llm/{name}" in sources, name
     unwanted = sorted(s for s in sources if s.startswith(("tests/", "bench/")) or "__pycache__" in s)
     assert not unwanted, f"the bento carries files it must not: {unwanted[:10]}"

@@ -11,6 +11,8 @@ import pytest
 
 from tests.e2e.conftest import BentoService
 
+FLAVORS = ("llmapi",)  # the UI does not depend on the repository flavour
+
 CHROMIUM_ARGS = [
     "--headless=new",
     "--no-sandbox",

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trtllm_service.stop_strings import MAX_STOP_STRINGS, StopStringError, StopStringMatcher, check_stop
+from tensorrtllm_backend.stop_strings import MAX_STOP_STRINGS, StopStringError, StopStringMatcher, check_stop
 
 
 def reference(text: str, stops: list[str]) -> tuple[str, bool]:

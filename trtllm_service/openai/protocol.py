@@ -30,10 +30,10 @@ from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tensorrtllm_backend.stop_strings import MAX_STOP_STRINGS, StopStringError, check_stop
 from trtllm_service.errors import APIError
 from trtllm_service.openai.errors import from_validation_error, request_error
 from trtllm_service.request import SamplingParams
-from trtllm_service.stop_strings import MAX_STOP_STRINGS, StopStringError, check_stop
 
 MAX_N = 8
 MAX_PROMPTS = 64
@@ -444,6 +444,8 @@ class ModelCard(BaseModel):
     created: int = Field(default_factory=_now)
     owned_by: str = "trtllm-service"
     max_model_len: int | None = None
+    engine: str | None = None  # ours: tensorrt_llm, reference or synthetic (the stand-ins)
+    flavor: str | None = None  # ours: the Triton repository flavour, llmapi or ensemble
 
 
 class ModelList(BaseModel):

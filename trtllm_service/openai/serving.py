@@ -102,7 +102,13 @@ class OpenAIServing:
     # ---- models ----------------------------------------------------------------------------------------
 
     def model_card(self) -> ModelCard:
-        return ModelCard(id=self.model_name, created=self._created, max_model_len=self.runtime.max_seq_len)
+        return ModelCard(
+            id=self.model_name,
+            created=self._created,
+            max_model_len=self.runtime.max_seq_len,
+            engine=getattr(self.runtime, "engine", None),
+            flavor=getattr(self.runtime, "flavor", None),
+        )
 
     def list_models(self) -> ModelList:
         return ModelList(data=[self.model_card()])

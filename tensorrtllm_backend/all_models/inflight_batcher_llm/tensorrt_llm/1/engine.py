@@ -74,6 +74,9 @@ class Sequence:
     state: Any = None  # the token source's per-request state (KV cache, RNG, ...)
     context_logits: np.ndarray | None = None
     generation_logits: list[np.ndarray] = field(default_factory=list)
+    finish_reason: str | None = None  # as the LLM API says it: stop, length, cancelled
+    stop_reason: int | str | None = None  # the end id, stop token or stop string that ended it
+    extra: Any = None  # what a subclass of EngineLoop keeps per request (e.g. text state)
 
 
 class TokenSource(Protocol):
@@ -220,10 +223,11 @@ class EngineLoop:
                     f"{self.name}: request {seq.request.request_id!r} cancelled after "
                     f"{len(seq.generated)} tokens"
                 )
-                self._send(seq, self._response(seq, []), True)
+                seq.finish_reason = "cancelled"
+                self._send(seq, self._response(seq, [], final=True), True)
                 return True
         if self._stops and self._stop_requested(seq.request.request_id, now):
-            self._finish(seq, "stopped")
+            self._finish(seq, "stopped", reason="cancelled")
             return True
         return False
 
@@ -240,31 +244,50 @@ class EngineLoop:
         """Applies one generated token; returns True when the request is finished."""
         request = seq.request
         if token == request.end_id:
-            self._finish(seq)
+            self._finish(seq, reason="stop", stop_reason=token)
             return True
         seq.generated.append(token)
         seq.log_probs.append(log_prob)
         seq.cum_log_prob += log_prob
         seq.unsent += 1
         generated = seq.generated
-        stopped = any(generated[-len(word) :] == word for word in request.stop_words)
-        if stopped or len(generated) >= request.max_new:
-            self._finish(seq)
+        for word in request.stop_words:
+            if generated[-len(word) :] == word:
+                self._finish(seq, reason="stop", stop_reason=word[0] if len(word) == 1 else str(word))
+                return True
+        if self._should_stop(seq):
+            self._finish(seq, reason="stop", stop_reason=seq.stop_reason)
+            return True
+        if len(generated) >= request.max_new:
+            self._finish(seq, reason="length")
             return True
         if request.streaming:
             self._send_new(seq, final=False)
         return False
 
-    def _finish(self, seq: Sequence, outcome: str = "completed") -> None:
+    def _should_stop(self, seq: Sequence) -> bool:
+        """A subclass's own reason to end `seq` after its latest token (text stop strings)."""
+        return False
+
+    def _finish(
+        self,
+        seq: Sequence,
+        outcome: str = "completed",
+        *,
+        reason: str = "stop",
+        stop_reason: int | str | None = None,
+    ) -> None:
         request = seq.request
+        seq.finish_reason = reason
+        seq.stop_reason = stop_reason
         if request.streaming:
             if seq.unsent:
                 self._send_new(seq, final=False)
             # The last response of a stream carries no new tokens (as the C++ backend's).
-            self._send(seq, self._response(seq, []), True)
+            self._send(seq, self._response(seq, [], final=True), True)
         else:
             ids = seq.generated if request.exclude_input else request.input_ids + seq.generated
-            self._send(seq, self._response(seq, ids, log_probs=seq.log_probs, first=True), True)
+            self._send(seq, self._response(seq, ids, log_probs=seq.log_probs, first=True, final=True), True)
         self.counters.finished(outcome)
 
     def _send_new(self, seq: Sequence, final: bool) -> None:
@@ -276,8 +299,14 @@ class EngineLoop:
         self._send(seq, self._response(seq, ids, log_probs=new_log_probs, first=first), final)
 
     def _response(
-        self, seq: Sequence, ids: list[int], log_probs: list[float] | None = None, first: bool = False
+        self,
+        seq: Sequence,
+        ids: list[int],
+        log_probs: list[float] | None = None,
+        first: bool = False,
+        final: bool = False,
     ) -> Any:
+        """The response carrying `ids` (C++ backend contract); `final` marks the request's last."""
         request = seq.request
         generation = None
         if request.return_generation_logits and seq.generation_logits:
