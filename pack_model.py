@@ -267,7 +267,7 @@ def _options(args: argparse.Namespace) -> RuntimeOptions:
         exclude_input_in_output=args.exclude_input_in_output,
         engine=args.engine,
         step_delay_ms=args.step_delay_ms,
-        flavor=args.flavor or ("ensemble" if args.engine_dir is not None or args.build_engine else "llmapi"),
+        flavor=args.flavor,
         tp_size=args.tp_size,
         pp_size=args.pp_size,
         max_num_tokens=args.max_num_tokens,
@@ -300,7 +300,7 @@ def run(args: argparse.Namespace) -> packing.PackResult:
     if args.build_engine:
         if args.hf_model is None:
             raise PackError("--build-engine goes with --hf-model (the checkpoint to build an engine from)")
-        if options.flavor != "ensemble":
+        if options.flavor == "llmapi":
             raise PackError("--build-engine packs an engine for the ensemble flavour, not --flavor llmapi")
         from trtllm_service.engine_build import build_engine
 

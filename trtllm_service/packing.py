@@ -407,7 +407,7 @@ class RuntimeOptions:
     exclude_input_in_output: bool = True
     engine: str | None = None  # None: tensorrt_llm for llmapi, reference for the ensemble
     step_delay_ms: float = 0.0
-    flavor: str = "llmapi"
+    flavor: str | None = None  # None: llmapi for a checkpoint, ensemble for an engine
     tp_size: int | None = None
     pp_size: int | None = None
     max_num_tokens: int | None = None
@@ -415,13 +415,17 @@ class RuntimeOptions:
     dtype: str = "auto"
     trust_remote_code: bool = False
 
-    @property
-    def resolved_engine(self) -> str:
-        return self.engine or ("tensorrt_llm" if self.flavor == "llmapi" else "reference")
+    def flavor_for(self, source: ModelSource) -> str:
+        """The repository flavour: as asked, else llmapi for a checkpoint and ensemble for an engine."""
+        return self.flavor or ("llmapi" if source.backend == "python" else "ensemble")
+
+    def engine_for(self, flavor: str) -> str:
+        """What serves the model: as asked, else tensorrt_llm (llmapi) or reference (ensemble)."""
+        return self.engine or ("tensorrt_llm" if flavor == "llmapi" else "reference")
 
     def validate(self) -> None:
         """Raises PackError for a value out of range."""
-        if self.flavor not in FLAVORS:
+        if self.flavor is not None and self.flavor not in FLAVORS:
             raise PackError(f"--flavor must be one of {', '.join(FLAVORS)}, got {self.flavor!r}")
         for option, value in (
             ("--tp-size", self.tp_size),
@@ -434,14 +438,6 @@ class RuntimeOptions:
             raise PackError(f"--max-seq-len must be >= 2, got {self.max_seq_len}")
         if self.dtype not in DTYPES:
             raise PackError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        if self.flavor == "ensemble":
-            for option, value in (
-                ("--max-num-tokens", self.max_num_tokens),
-                ("--trust-remote-code", self.trust_remote_code or None),
-                ("--dtype", None if self.dtype == "auto" else self.dtype),
-            ):
-                if value is not None:
-                    raise PackError(f"{option} is an LLM API option: it goes with --flavor llmapi")
         if self.max_batch_size is not None and self.max_batch_size < 1:
             raise PackError(f"--max-batch-size must be >= 1, got {self.max_batch_size}")
         fraction = self.kv_cache_free_gpu_mem_fraction
@@ -464,14 +460,16 @@ class RuntimeOptions:
             raise PackError(f"--max-queue-size must be >= 0, got {self.max_queue_size}")
         if self.preprocessing_instances < 1:
             raise PackError(f"--preprocessing-instances must be >= 1, got {self.preprocessing_instances}")
-        engines = LLMAPI_ENGINES if self.flavor == "llmapi" else STAND_IN_ENGINES
-        if self.resolved_engine not in engines:
+        if self.engine is not None and self.engine not in LLMAPI_ENGINES:
+            raise PackError(f"--engine must be one of {', '.join(LLMAPI_ENGINES)}, got {self.engine!r}")
+        if self.engine == "tensorrt_llm" and self.flavor == "ensemble":
             raise PackError(
-                f"--engine must be one of {', '.join(engines)} with --flavor {self.flavor}, got {self.engine!r}"
+                "--engine tensorrt_llm goes with --flavor llmapi (the ensemble's TensorRT-LLM is an engine "
+                "built with trtllm-build: --engine-dir or --build-engine)"
             )
         if not 0.0 <= self.step_delay_ms <= 60_000.0:
             raise PackError(f"--step-delay-ms must be within [0, 60000], got {self.step_delay_ms}")
-        if self.step_delay_ms and self.resolved_engine != "synthetic":
+        if self.step_delay_ms and self.engine != "synthetic":
             raise PackError("--step-delay-ms goes with --engine synthetic only")
 
     def template_values(self, source: ModelSource) -> dict[str, str]:
@@ -481,8 +479,17 @@ class RuntimeOptions:
             PackError: An option exceeds what the engine was built for.
         """
         self.validate()
+        flavor = self.flavor_for(source)
+        if flavor == "ensemble":
+            for option, value in (
+                ("--max-num-tokens", self.max_num_tokens),
+                ("--trust-remote-code", self.trust_remote_code or None),
+                ("--dtype", None if self.dtype == "auto" else self.dtype),
+            ):
+                if value is not None:
+                    raise PackError(f"{option} is an LLM API option: it goes with --flavor llmapi")
         if source.backend != "python":
-            if self.flavor == "llmapi":
+            if flavor == "llmapi":
                 raise PackError(
                     "--engine-dir is a prebuilt engine for the C++ backend: it goes with --flavor ensemble"
                 )
@@ -515,7 +522,7 @@ class RuntimeOptions:
             "preprocessing_instance_count": str(self.preprocessing_instances),
             "exclude_input_in_output": _bool(self.exclude_input_in_output),
             "max_seq_len": str(self.max_seq_len or source.max_seq_len or 0),
-            "python_engine": self.resolved_engine,
+            "python_engine": self.engine_for(flavor),
             "synthetic_step_delay_ms": repr(float(self.step_delay_ms)),
             "tp_size": str(self.tp_size or source.tp_size),
             "pp_size": str(self.pp_size or source.pp_size),
@@ -792,6 +799,7 @@ def pack(
     tokenizer_path = _existing_dir(tokenizer_dir, tokenizer_option)
     tokenizer_names = tokenizer_files(tokenizer_path, option=tokenizer_option)
     values = options.template_values(source)
+    flavor = options.flavor_for(source)
     source = apply_parallelism(source, options)
     name = validate_name(name) if name is not None else default_name(source)
     check_tokenizer(tokenizer_path, chat_template)
@@ -836,7 +844,7 @@ def pack(
         versions=versions,
         launch_command=launch_command(packed_root / REPOSITORY_DIR, source.world_size, unique=tag.version),
         chat_template_overridden=chat_template is not None,
-        flavor=options.flavor,
+        flavor=flavor,
     )
     metadata = _metadata(source, options, versions)
     metadata["launch_command"] = info.launch_command
@@ -856,7 +864,7 @@ def pack(
                 if packed.chat_template != chat_template:
                     raise PackError("the packed tokenizer does not pick up --chat-template")
             try:
-                build_repository(staging / REPOSITORY_DIR, values, flavor=options.flavor)
+                build_repository(staging / REPOSITORY_DIR, values, flavor=flavor)
             except RepositoryError as exc:
                 raise PackError(str(exc)) from exc
             (staging / PACK_FILE).write_text(info.to_json())

@@ -20,8 +20,7 @@ import bentoml
 import pytest
 from bentoml._internal.models import ModelStore
 
-from tensorrtllm_backend import TEMPLATES_DIR
-from tensorrtllm_backend.repository import MODELS, SHARED_MODULES
+from tensorrtllm_backend.repository import FLAVORS, LLMAPI_SHARED_MODULES, SHARED_MODULES
 from tensorrtllm_backend.scripts.launch_triton_server import LauncherError, find_tritonserver
 from tests.support import engine_config
 from trtllm_service import packing
@@ -113,24 +112,35 @@ def files_under(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() or p.is_symlink()}
 
 
-def assert_only_allowed_files(model_path: Path, engine_files: set[str]) -> None:
+def assert_only_allowed_files(model_path: Path, engine_files: set[str], flavor: str = "ensemble") -> None:
+    templates, models = FLAVORS[flavor]
+    shared = LLMAPI_SHARED_MODULES if flavor == "llmapi" else SHARED_MODULES
     allowed = set(ALLOWED_TOP)
     allowed |= {f"engine/{name}" for name in engine_files}
     allowed |= {f"tokenizer/{name}" for name in TOKENIZER_FILES}
-    for model in MODELS:
+    for model in models:
         allowed |= {f"repository/{model}/config.pbtxt"}
-        # A Python model's code: the template's modules and the shared ones it imports, nothing else.
-        code = [*(TEMPLATES_DIR / model / "1").glob("*.py"), *SHARED_MODULES.get(model, ())]
+        # A Python model's code: the template's files and the shared modules it imports, nothing else.
+        code = [*(templates / model / "1").glob("*.py"), *shared.get(model, ())]
+        code += [*(templates / model / "1").glob("*.yaml")]
         allowed |= {f"repository/{model}/1/{path.name}" for path in code}
     present = files_under(model_path)
     assert present <= allowed, sorted(present - allowed)
     assert {p.name for p in model_path.iterdir()} == ALLOWED_TOP | ALLOWED_DIRS
     assert {f"engine/{name}" for name in engine_files} <= present
-    assert {f"repository/{model}/config.pbtxt" for model in MODELS} <= present
+    assert {f"repository/{model}/config.pbtxt" for model in models} <= present
 
 
 def absolute_paths(config: str) -> list[str]:
-    return re.findall(r'string_value: "(/[^"]*)"', config)
+    """Absolute paths in a config.pbtxt's string values or a model.yaml's quoted values."""
+    return re.findall(r'(?:string_value|model|tokenizer): "(/[^"]*)"', config)
+
+
+def repository_texts(repository: Path, flavor: str) -> list[str]:
+    """Every filled config.pbtxt (and model.yaml) of a repository of `flavor`."""
+    _, models = FLAVORS[flavor]
+    texts = [(repository / name / "config.pbtxt").read_text() for name in models]
+    return texts + [p.read_text() for p in sorted(repository.glob("*/1/model.yaml"))]
 
 
 def tree_digest(directory: Path) -> dict[str, tuple[str, int]]:
@@ -306,6 +316,38 @@ BAD_INPUTS: dict[str, tuple[Callable[[Inputs], list[Any]], str]] = {
     "negative-queue-delay": (lambda i: ["--demo", "--max-queue-delay-microseconds", "-5"], ">= 0"),
     "zero-preprocessing": (lambda i: ["--demo", "--preprocessing-instances", "0"], ">= 1"),
     "bad-policy": (lambda i: ["--demo", "--batch-scheduler-policy", "fifo"], "invalid choice"),
+    "bad-flavor": (lambda i: ["--demo", "--flavor", "bls"], "invalid choice"),
+    "engine-dir-llmapi": (
+        lambda i: ["--engine-dir", i.engine, "--tokenizer", i.tokenizer, "--flavor", "llmapi"],
+        "goes with --flavor ensemble",
+    ),
+    "tensorrt-llm-in-ensemble": (
+        lambda i: ["--demo", "--flavor", "ensemble", "--engine", "tensorrt_llm"],
+        "--engine tensorrt_llm goes with --flavor llmapi",
+    ),
+    "zero-tp": (lambda i: ["--demo", "--tp-size", "0"], "--tp-size must be >= 1"),
+    "negative-pp": (lambda i: ["--demo", "--pp-size", "-2"], "--pp-size must be >= 1"),
+    "zero-num-tokens": (lambda i: ["--demo", "--max-num-tokens", "0"], "--max-num-tokens must be >= 1"),
+    "seq-len-one": (lambda i: ["--demo", "--max-seq-len", "1"], "--max-seq-len must be >= 2"),
+    "seq-len-above-model": (lambda i: ["--demo", "--max-seq-len", "4096"], "exceeds what the model"),
+    "bad-dtype": (lambda i: ["--demo", "--dtype", "int3"], "invalid choice"),
+    "dtype-in-ensemble": (
+        lambda i: ["--demo", "--flavor", "ensemble", "--dtype", "float16"],
+        "--dtype is an LLM API option",
+    ),
+    "tp-with-engine": (
+        lambda i: ["--engine-dir", i.engine, "--tokenizer", i.tokenizer, "--tp-size", "4"],
+        "fixed by trtllm-build",
+    ),
+    "build-engine-without-trtllm": (
+        lambda i: ["--hf-model", i.tokenizer, "--build-engine"],
+        "--build-engine needs TensorRT-LLM, which cannot be imported here",
+    ),
+    "build-engine-with-demo": (lambda i: ["--demo", "--build-engine"], "--build-engine goes with --hf-model"),
+    "build-engine-llmapi": (
+        lambda i: ["--hf-model", i.tokenizer, "--build-engine", "--flavor", "llmapi"],
+        "not --flavor llmapi",
+    ),
     "chat-template-missing": (
         lambda i: ["--demo", "--chat-template", i.tmp / "absent.jinja"],
         "is not a file",
@@ -448,19 +490,22 @@ def test_packs_tp2_engine(store: Store, engine_dir: Path, demo_model_dir: Path) 
     assert "count: 2" in preprocessing
 
 
-def test_packs_demo_into_its_own_dir(store: Store) -> None:
-    result = store.run("--demo", "--quiet")
+@pytest.mark.parametrize("flavor", ["llmapi", "ensemble"])
+def test_packs_demo_into_its_own_dir(store: Store, flavor: str) -> None:
+    result = store.run("--demo", "--quiet", *(["--flavor", flavor] if flavor == "ensemble" else []))
     assert result.returncode == 0, result.stderr
+    assert f"flavor: {flavor}" in result.stdout  # llmapi is the default
     model = store.only_model()
     assert model.tag.name == "trtllm-demo"
     path = Path(model.path).resolve()
     assert model.info.labels["backend"] == "python" and model.info.labels["world_size"] == "1"
-    assert_only_allowed_files(path, {"config.json", "generation_config.json", "model.safetensors"})
+    assert_only_allowed_files(path, {"config.json", "generation_config.json", "model.safetensors"}, flavor)
     paths = []
-    for name in MODELS:
-        paths += absolute_paths((path / "repository" / name / "config.pbtxt").read_text())
+    for text in repository_texts(path / "repository", flavor):
+        paths += absolute_paths(text)
     assert sorted(set(paths)) == [f"{path}/engine", f"{path}/tokenizer"]
     info = read_pack_info(path)
+    assert info.flavor == flavor
     assert info.packed_root == str(path)
     assert info.template_values["engine_dir"] == f"{path}/engine"
     assert "mpirun" not in info.launch_command
@@ -481,12 +526,13 @@ def test_packs_hf_model_without_clutter(store: Store, demo_model_dir: Path, tmp_
     assert model.tag.name == "trtllm-my_model"
     assert model.info.labels["mode"] == "hf"
     assert_only_allowed_files(
-        Path(model.path), {"config.json", "generation_config.json", "model.safetensors"}
+        Path(model.path), {"config.json", "generation_config.json", "model.safetensors"}, "llmapi"
     )
 
 
-def test_layout_after_moving_the_store(store: Store, tmp_path: Path) -> None:
-    assert store.run("--demo").returncode == 0
+@pytest.mark.parametrize("flavor", ["llmapi", "ensemble"])
+def test_layout_after_moving_the_store(store: Store, tmp_path: Path, flavor: str) -> None:
+    assert store.run("--demo", "--flavor", flavor).returncode == 0
     old_path = Path(store.only_model().path).resolve()
     moved_home = tmp_path / "moved" / "bentoml"
     shutil.copytree(store.home, moved_home)
@@ -497,12 +543,11 @@ def test_layout_after_moving_the_store(store: Store, tmp_path: Path) -> None:
 
     dest = layout_runtime_repository(new_path, tmp_path / "runtime-repo")
     paths = []
-    for name in MODELS:
-        text = (dest / name / "config.pbtxt").read_text()
+    for text in repository_texts(dest, flavor):
         assert str(old_path) not in text
         paths += absolute_paths(text)
     assert sorted(set(paths)) == [f"{new_path}/engine", f"{new_path}/tokenizer"]
-    for name in ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm_bls", "tensorrt_llm"):
+    for name in FLAVORS[flavor][1]:
         assert (dest / name / "config.pbtxt").is_file()
 
 
@@ -571,6 +616,16 @@ def test_help_mentions_every_knob(store: Store) -> None:
         "--exclude-input-in-output",
         "--no-exclude-input-in-output",
         "--quiet",
+        "--flavor",
+        "--build-engine",
+        "--engine",
+        "--tp-size",
+        "--pp-size",
+        "--max-num-tokens",
+        "--max-seq-len",
+        "--dtype",
+        "--trust-remote-code",
+        "--no-trust-remote-code",
     ):
         assert option in result.stdout, option
     text = " ".join(result.stdout.split())
@@ -592,7 +647,7 @@ def test_packed_demo_serves_after_relocation(store: Store, tmp_path: Path) -> No
     """The relocated repository of a packed model loads in a real tritonserver and generates."""
     from tests.support import TritonServer, run_stream, text_inputs
 
-    assert store.run("--demo").returncode == 0
+    assert store.run("--demo", "--flavor", "ensemble").returncode == 0
     moved_home = tmp_path / "elsewhere"
     shutil.move(store.home, moved_home)
     model_path = Path(bentoml.models.list(_model_store=ModelStore(moved_home / "models"))[0].path)
