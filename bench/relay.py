@@ -75,6 +75,8 @@ class Service:
                 sys.executable,
                 "pack_model.py",
                 "--demo",
+                "--flavor",
+                "ensemble",  # target (a) is the upstream-compatible ensemble
                 "--engine",
                 engine,
                 "--quiet",

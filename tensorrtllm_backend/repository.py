@@ -56,7 +56,8 @@ DEFAULTS: dict[str, str] = {
     "tensorrt_llm_model_name": "tensorrt_llm",
     "cancellation_check_period_ms": "100",
     "batch_scheduler_policy": "max_utilization",
-    "python_engine": "reference",
+    "python_engine": "reference",  # the ensemble's stand-in in the tensorrt_llm slot
+    "llmapi_engine": "tensorrt_llm",  # the llmapi model's engine (model.yaml triton_config.engine)
     "synthetic_step_delay_ms": "0",
     # model.yaml (llmapi): the LLM arguments; null = the LLM API's default
     "tp_size": "1",
