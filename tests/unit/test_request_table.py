@@ -18,18 +18,22 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
-from tensorrtllm_backend import TEMPLATES_DIR
+from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR, TEMPLATES_DIR
 from tensorrtllm_backend.repository import fill_model_config, repository_values
 from trtllm_service.errors import APIError
 from trtllm_service.request import (
     ENGINE_FIXED,
     ENGINE_INPUTS,
     ENSEMBLE_INPUTS,
+    LLMAPI_FIXED,
+    LLMAPI_INPUTS,
+    LLMAPI_OUTPUTS,
     EngineLimits,
     GenerationRequest,
     SamplingParams,
     engine_message,
     ensemble_message,
+    llmapi_message,
     settle,
 )
 
@@ -165,3 +169,121 @@ def test_ensemble_message_uses_upstream_names() -> None:
     raw = message.raw_input_contents[0]
     assert int.from_bytes(raw[:4], "little") == len("héllo".encode()) and raw[4:].decode() == "héllo"
     assert array("q", message.raw_input_contents[3])[0] == 4
+
+
+# ---- the LLM API flavour -------------------------------------------------------------------------------
+
+
+def _llmapi_contract() -> Any:
+    """The llmapi model's contract module (it imports the engine's `contract` by that name)."""
+    sys.modules["contract"] = contract
+    path = LLMAPI_TEMPLATES_DIR / "tensorrt_llm" / "1" / "llmapi_contract.py"
+    spec = importlib.util.spec_from_file_location("llmapi_contract", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["llmapi_contract"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+llmapi_contract = _llmapi_contract()
+
+
+def _llmapi_declared(tmp_path: Path) -> tuple[dict[str, tuple[str, list[int]]], set[str]]:
+    values = repository_values(engine_dir=tmp_path, tokenizer_dir=tmp_path, overrides={"end_ids": "7"})
+    text = fill_model_config("tensorrt_llm", values, LLMAPI_TEMPLATES_DIR)
+    config = text_format.Parse(text, model_config_pb2.ModelConfig())
+    assert config.max_batch_size == 0
+    inputs = {
+        i.name: (model_config_pb2.DataType.Name(i.data_type).removeprefix("TYPE_"), list(i.dims))
+        for i in config.input
+    }
+    return inputs, {o.name for o in config.output}
+
+
+def test_llmapi_table_rows_are_inputs_the_model_declares(tmp_path: Path) -> None:
+    declared, outputs = _llmapi_declared(tmp_path)
+    for spec in [*LLMAPI_INPUTS.values(), *(spec for spec, _ in LLMAPI_FIXED.values())]:
+        assert not spec.batched  # max_batch_size 0: no batch dimension
+        assert declared.get(spec.name, ("?",))[0] == spec.datatype, spec.name
+    assert set(LLMAPI_OUTPUTS) <= outputs
+    # Every input the contract reads is declared, and upstream's names are all there.
+    assert set(llmapi_contract.SCALARS) <= set(declared)
+    upstream = {
+        "text_input",
+        "streaming",
+        "sampling_param_stop",
+        "return_finish_reason",
+        "return_stop_reason",
+    }
+    upstream |= {f"sampling_param_{n}" for n in ("temperature", "top_k", "top_p", "max_tokens", "seed")}
+    upstream |= {
+        "sampling_param_frequency_penalty",
+        "sampling_param_presence_penalty",
+        "return_cumulative_logprob",
+    }
+    assert upstream <= set(declared)
+    assert {"text_output", "finish_reason", "stop_reason", "cumulative_logprob"} <= outputs
+
+
+def _read_back_llmapi(message: bytes) -> dict[str, np.ndarray]:
+    request = service_pb2.ModelInferRequest.FromString(message)
+    assert request.model_name == "tensorrt_llm"
+    assert [o.name for o in request.outputs] == list(LLMAPI_OUTPUTS)
+    arrays = {}
+    for tensor, raw in zip(request.inputs, request.raw_input_contents, strict=True):
+        arrays[tensor.name] = np.frombuffer(raw, DTYPES[tensor.datatype]).reshape(list(tensor.shape))
+    return arrays
+
+
+def test_the_llmapi_model_reads_back_every_field_the_relay_sends() -> None:
+    request = GenerationRequest(
+        prompt_ids=[3, 4, 5, 6],
+        max_tokens=12,
+        temperature=0.5,
+        top_k=40,
+        top_p=0.9,
+        repetition_penalty=1.1,
+        presence_penalty=0.25,
+        frequency_penalty=-0.5,
+        min_tokens=2,
+        seed=(1 << 64) - 1,
+        end_id=7,
+        stop_token_ids=(8, 9),
+    )
+    arrays = _read_back_llmapi(llmapi_message(request, "req-1"))
+    limits = llmapi_contract.TextLimits(
+        engine=contract.EngineLimits(vocab_size=100, max_seq_len=100), end_ids=(1, 2)
+    )
+    parsed = llmapi_contract.parse_text_request(arrays.get, "req-1", limits, lambda _: [], lambda _: "")
+    engine = parsed.engine
+    assert engine.input_ids == [3, 4, 5, 6] and engine.max_new == 12 and engine.streaming
+    assert (engine.temperature, engine.top_k, engine.top_p) == pytest.approx((0.5, 40, 0.9))
+    assert (engine.repetition_penalty, engine.presence_penalty) == pytest.approx((1.1, 0.25))
+    assert engine.frequency_penalty == pytest.approx(-0.5)
+    assert (engine.min_length, engine.seed, engine.end_id) == (2, (1 << 64) - 1, 7)
+    assert engine.stop_words == [[8], [9]]  # the request's end ids replace the model's (1, 2)
+    assert not engine.greedy
+    assert parsed.outputs == {"num_output_tokens"} and parsed.echo_prompt is None
+
+
+def test_llmapi_defaults_are_the_models_end_ids_and_the_context_left() -> None:
+    limits = llmapi_contract.TextLimits(
+        engine=contract.EngineLimits(vocab_size=100, max_seq_len=50), end_ids=(1, 2)
+    )
+    text = {"text_input": np.array([b"hello"], dtype=np.object_)}
+    parsed = llmapi_contract.parse_text_request(text.get, "r", limits, lambda s: [5] * len(s), lambda _: "")
+    engine = parsed.engine
+    assert engine.input_ids == [5] * 5 and engine.max_new == 45  # what the context leaves
+    assert engine.end_id == 1 and engine.stop_words == [[2]]
+    assert engine.greedy  # no temperature/top_k/top_p: greedy, as TensorRT-LLM
+    for bad, message in (
+        ({"sampling_param_max_tokens": np.array([0], np.int32)}, "must be positive"),
+        ({"sampling_param_max_tokens": np.array([46], np.int32)}, "exceeds the model's max_seq_len of 50"),
+        ({"input_ids": np.array([1, 2], np.int32)}, "not both"),
+        ({"sampling_param_best_of": np.array([3], np.int32)}, "best_of 3"),
+        ({"text_input": np.array([b"\xff"], dtype=np.object_)}, "not valid UTF-8"),
+    ):
+        arrays = {**text, **bad}
+        with pytest.raises(contract.RequestError, match=message):
+            llmapi_contract.parse_text_request(arrays.get, "r", limits, lambda s: [5] * len(s), lambda _: "")

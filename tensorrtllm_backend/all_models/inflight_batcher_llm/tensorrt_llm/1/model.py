@@ -27,7 +27,7 @@ from contract import (
     parse_request,
 )
 from engine import EngineLoop
-from triton_adapter import Collector, Counters, EngineInfo, Responder, Sender, make_source, param
+from triton_adapter import Collector, Counters, EngineInfo, Responder, Sender, make_source, mpi_rank, param
 
 
 class TritonPythonModel:
@@ -37,6 +37,11 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         model_name = args.get("model_name", "tensorrt_llm")
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        self.engine: Any = None
+        rank = mpi_rank()
+        if rank > 0:  # under mpirun only rank 0 serves; a stand-in has no shard to host
+            pb_utils.Logger.log_info(f"{model_name}: rank {rank} idles; rank 0 serves")
+            return
         model_dir = param(config, "gpt_model_path")
         if not model_dir:
             raise pb_utils.TritonModelException("tensorrt_llm: parameter gpt_model_path is not set")
@@ -104,4 +109,5 @@ class TritonPythonModel:
         sink.send(None if self.decoupled else pb_utils.InferenceResponse(output_tensors=[]), True)
 
     def finalize(self) -> None:
-        self.engine.shutdown()
+        if self.engine is not None:
+            self.engine.shutdown()

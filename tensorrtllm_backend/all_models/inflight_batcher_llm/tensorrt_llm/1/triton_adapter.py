@@ -8,6 +8,7 @@ stand-in engine's counters and its engine-info gauge, and reading config paramet
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -147,3 +148,11 @@ def make_source(
 
     words = printable_tokens(tokenizer_dir or model_dir)
     return SyntheticSource(words), vocab_size(model_dir, max(words) + 1), 1 << 20
+
+
+def mpi_rank() -> int:
+    """This process's rank under mpirun (Open MPI, or PMI/PMIx), 0 when not launched by MPI."""
+    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 0

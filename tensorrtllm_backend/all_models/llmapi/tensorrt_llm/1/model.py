@@ -23,18 +23,10 @@ import triton_python_backend_utils as pb_utils
 import yaml
 from contract import INVALID_REQUEST, EngineLimits, RequestError
 from llmapi_contract import TextLimits, parse_text_request
-from triton_adapter import Collector, Counters, EngineInfo, Responder, Sender, make_source
+from triton_adapter import Collector, Counters, EngineInfo, Responder, Sender, make_source, mpi_rank
 
 REQUIRE_ENV = "TRTLLM_REQUIRE_TENSORRT_LLM"
 ENGINES = ("tensorrt_llm", "reference", "synthetic")
-
-
-def mpi_rank() -> int:
-    """This process's rank under mpirun (Open MPI or PMI), 0 when not launched by MPI."""
-    for name in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
-        if os.environ.get(name, "").isdigit():
-            return int(os.environ[name])
-    return 0
 
 
 def read_model_yaml(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -62,12 +54,12 @@ class TritonPythonModel:
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.engine: Any = None
         self.rank = mpi_rank()
-        if self.rank > 0:
-            pb_utils.Logger.log_info(f"{self.model_name}: rank {self.rank} idles; rank 0 serves")
-            return
         version_dir = Path(args.get("model_repository", "")) / args.get("model_version", "1")
         llm_args, triton_config = read_model_yaml(version_dir / "model.yaml")
         kind = str(triton_config.get("engine", "tensorrt_llm"))
+        if self.rank > 0:
+            self._follow(kind)
+            return
         if kind not in ENGINES:
             raise pb_utils.TritonModelException(
                 f"tensorrt_llm: triton_config.engine must be one of {', '.join(ENGINES)}, got {kind!r}"
@@ -113,6 +105,23 @@ class TritonPythonModel:
             end_ids=_end_ids(str(triton_config.get("end_ids", ""))),
         )
         pb_utils.Logger.log_info(f"{self.model_name}: {self.engine_description()}, max_seq_len {max_seq_len}")
+
+    def _follow(self, kind: str) -> None:
+        """A rank > 0: TensorRT-LLM's LLM API on rank 0 drives this rank through MPI; a stand-in idles."""
+        try:
+            import tensorrt_llm  # noqa: F401
+        except ImportError:
+            kind = "reference"
+        if kind != "tensorrt_llm":
+            pb_utils.Logger.log_info(f"{self.model_name}: rank {self.rank} idles; rank 0 serves")
+            return
+        from mpi4py import MPI
+        from mpi4py.futures import MPICommExecutor
+
+        pb_utils.Logger.log_info(f"{self.model_name}: rank {self.rank} works for rank 0's LLM")
+        with MPICommExecutor(MPI.COMM_WORLD) as executor:  # returns when rank 0 shuts the LLM down
+            if executor is not None:
+                raise pb_utils.TritonModelException(f"rank {self.rank} must not lead the MPI world")
 
     def engine_description(self) -> str:
         describe = getattr(self.engine, "describe", None) or self.engine.source.describe
