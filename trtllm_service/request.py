@@ -258,44 +258,59 @@ def _add(message: service_pb2.ModelInferRequest, spec: TensorSpec, value: object
     message.raw_input_contents.append(raw)
 
 
-def engine_message(request: GenerationRequest, request_id: str) -> bytes:
-    """The serialized ModelInferRequest of `request` for the `tensorrt_llm` model."""
-    message = service_pb2.ModelInferRequest(model_name=ENGINE_MODEL, id=request_id)
-    for name, spec in ENGINE_INPUTS.items():
+def _message(
+    model: str,
+    request_id: str,
+    request: GenerationRequest,
+    table: Mapping[str, TensorSpec],
+    fixed: Mapping[str, tuple[TensorSpec, object]],
+    outputs: Sequence[str],
+    extra: Sequence[tuple[TensorSpec, object]] = (),
+) -> bytes:
+    """The serialized ModelInferRequest: `extra`, the table's fields that are set, the fixed inputs."""
+    message = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+    for spec, value in extra:
+        _add(message, spec, value)
+    for name, spec in table.items():
         value = getattr(request, name)
-        if value is None or (name == "stop_token_ids" and not value):
+        if value is None or (name in _OMIT_WHEN_EMPTY and not value):
             continue
         _add(message, spec, value)
-    _add(message, TensorSpec("input_lengths", "INT32"), len(request.prompt_ids))
-    for spec, value in ENGINE_FIXED.values():
+    for spec, value in fixed.values():
         _add(message, spec, value)
-    message.outputs.add().name = ENGINE_OUTPUT
-    return message.SerializeToString()
-
-
-def llmapi_message(request: GenerationRequest, request_id: str) -> bytes:
-    """The serialized ModelInferRequest of `request` for the LLM API flavour's `tensorrt_llm` model."""
-    message = service_pb2.ModelInferRequest(model_name=ENGINE_MODEL, id=request_id)
-    for name, spec in LLMAPI_INPUTS.items():
-        value = getattr(request, name)
-        if value is None or (name == "stop_token_ids" and not value):
-            continue
-        _add(message, spec, value)
-    for spec, value in LLMAPI_FIXED.values():
-        _add(message, spec, value)
-    for output in LLMAPI_OUTPUTS:
+    for output in outputs:
         message.outputs.add().name = output
     return message.SerializeToString()
 
 
+_OMIT_WHEN_EMPTY = frozenset({"stop_token_ids", "prompt_ids"})
+"""Fields sent only when non-empty (an empty prompt_ids: the prompt travels as text)."""
+
+
+def engine_message(request: GenerationRequest, request_id: str) -> bytes:
+    """The serialized ModelInferRequest of `request` for the `tensorrt_llm` model."""
+    lengths = (TensorSpec("input_lengths", "INT32"), len(request.prompt_ids))
+    return _message(
+        ENGINE_MODEL, request_id, request, ENGINE_INPUTS, ENGINE_FIXED, (ENGINE_OUTPUT,), (lengths,)
+    )
+
+
+def llmapi_message(request: GenerationRequest, request_id: str, prompt: str | None = None) -> bytes:
+    """The serialized ModelInferRequest for the LLM API flavour's `tensorrt_llm` model.
+
+    The prompt goes as token ids, or as `text_input` when `prompt` is given (then `prompt_ids` is
+    left empty), as upstream's clients send it.
+    """
+    extra = () if prompt is None else ((_llmapi("text_input", "BYTES"), prompt),)
+    return _message(ENGINE_MODEL, request_id, request, LLMAPI_INPUTS, LLMAPI_FIXED, LLMAPI_OUTPUTS, extra)
+
+
 def ensemble_message(prompt: str, request: GenerationRequest, request_id: str) -> bytes:
     """The serialized ModelInferRequest of a text prompt for the `ensemble` (streamed text out)."""
-    message = service_pb2.ModelInferRequest(model_name="ensemble", id=request_id)
-    _add(message, TensorSpec("text_input", "BYTES"), prompt)
-    for name, spec in ENSEMBLE_INPUTS.items():
-        value = getattr(request, name)
-        if value is not None:
-            _add(message, spec, value)
-    _add(message, TensorSpec("stream", "BOOL"), True)
-    message.outputs.add().name = "text_output"
-    return message.SerializeToString()
+    text = (TensorSpec("text_input", "BYTES"), prompt)
+    return _message(
+        "ensemble", request_id, request, ENSEMBLE_INPUTS, ENSEMBLE_FIXED, ("text_output",), (text,)
+    )
+
+
+ENSEMBLE_FIXED: Mapping[str, tuple[TensorSpec, object]] = {"stream": (TensorSpec("stream", "BOOL"), True)}

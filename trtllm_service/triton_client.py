@@ -22,6 +22,7 @@ import logging
 import uuid
 from array import array
 from collections.abc import Callable
+from typing import Any
 
 from tritonclient.grpc import service_pb2
 
@@ -49,8 +50,8 @@ class EngineStream:
         "_decoder",
         "_error",
         "_final",
-        "_ids",
         "_matcher",
+        "_pending",
         "_timer",
         "_waiter",
         "completion_tokens",
@@ -74,7 +75,7 @@ class EngineStream:
         self.stream_id = 0
         self._decoder = decoder
         self._matcher = StopStringMatcher(request.stop) if request.stop else None
-        self._ids = array("i")
+        self._pending: Any = array("i")  # arrived, not read yet (ids here; text in a subclass)
         self._final = False
         self._error: APIError | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -91,7 +92,7 @@ class EngineStream:
         result = response.infer_response
         contents = result.raw_output_contents
         if contents:
-            self._ids.frombytes(contents[0])
+            self._pending.frombytes(contents[0])
         if result.parameters["triton_final_response"].bool_param:
             self._final = True
         self._wake()
@@ -134,7 +135,7 @@ class EngineStream:
                 raise self._error
             if self.finish_reason is not None:
                 return ""
-            text = self._take() if self._ids else ""
+            text = self._take() if self._pending else ""
             if text or self.finish_reason is not None:
                 return text
             if self._final:
@@ -145,7 +146,7 @@ class EngineStream:
             await self._waiter
 
     def _take(self) -> str:
-        ids, self._ids = self._ids, array("i")
+        ids, self._pending = self._pending, array("i")
         self.completion_tokens += len(ids)
         text = self._decoder.push(ids)
         if self._matcher is not None and text:
@@ -174,10 +175,11 @@ class TextEngineStream(EngineStream):
     """A request to the LLM API flavour's model: text deltas (detokenized in Triton) and a token count.
 
     Each response carries `text_output` (one BYTES element: a 4-byte length, then UTF-8 that ends on
-    a whole character) and `num_output_tokens`, the tokens generated so far.
+    a whole character) and `num_output_tokens`, the tokens generated so far. `_pending` holds the
+    text pieces not read yet.
     """
 
-    __slots__ = ("_count", "_text")
+    __slots__ = ()
 
     def __init__(
         self,
@@ -187,8 +189,7 @@ class TextEngineStream(EngineStream):
         cancel: Callable[[int], None],
     ) -> None:
         super().__init__(request, decoder, request_id, cancel)  # type: ignore[arg-type]
-        self._text: list[bytes] = []
-        self._count = 0
+        self._pending = []
 
     def on_message(self, data: bytes) -> None:
         response = _parse_response(data)
@@ -196,24 +197,18 @@ class TextEngineStream(EngineStream):
             self._fail(_refused(response.error_message))
             return
         result = response.infer_response
-        contents = result.raw_output_contents
-        for output, raw in zip(result.outputs, contents, strict=False):
+        for output, raw in zip(result.outputs, result.raw_output_contents, strict=False):
             if output.name == "text_output":
                 if len(raw) > 4:
-                    self._text.append(raw[4:])
-                    self._ids.append(0)  # marks "something arrived" for read()
+                    self._pending.append(raw[4:])
             elif output.name == "num_output_tokens" and len(raw) >= 4:
-                self._count = int.from_bytes(raw[:4], "little", signed=True)
+                self.completion_tokens = int.from_bytes(raw[:4], "little", signed=True)
         if result.parameters["triton_final_response"].bool_param:
             self._final = True
-        if self._count > self.completion_tokens and not self._ids:
-            self._ids.append(0)  # tokens that are not text yet still count
         self._wake()
 
     def _take(self) -> str:
-        pieces, self._text = self._text, []
-        self._ids = array("i")
-        self.completion_tokens = self._count
+        pieces, self._pending = self._pending, []
         text = b"".join(pieces).decode("utf-8", errors="replace")
         if self._matcher is not None and text:
             text, stopped = self._matcher.push(text)

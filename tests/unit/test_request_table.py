@@ -74,6 +74,23 @@ def test_every_table_row_is_an_input_the_model_declares(model: str, table: Any, 
         )
 
 
+EVERY_FIELD = GenerationRequest(
+    prompt_ids=[3, 4, 5, 6],
+    max_tokens=12,
+    temperature=0.5,
+    top_k=40,
+    top_p=0.9,
+    repetition_penalty=1.1,
+    presence_penalty=0.25,
+    frequency_penalty=-0.5,
+    min_tokens=2,
+    seed=(1 << 64) - 1,
+    end_id=7,
+    stop_token_ids=(8, 9),
+)
+"""A request with every field of the table set."""
+
+
 def _read_back(message: bytes) -> tuple[service_pb2.ModelInferRequest, dict[str, np.ndarray]]:
     request = service_pb2.ModelInferRequest.FromString(message)
     arrays = {}
@@ -83,20 +100,7 @@ def _read_back(message: bytes) -> tuple[service_pb2.ModelInferRequest, dict[str,
 
 
 def test_the_engine_reads_back_every_field_the_relay_sends() -> None:
-    request = GenerationRequest(
-        prompt_ids=[3, 4, 5, 6],
-        max_tokens=12,
-        temperature=0.5,
-        top_k=40,
-        top_p=0.9,
-        repetition_penalty=1.1,
-        presence_penalty=0.25,
-        frequency_penalty=-0.5,
-        min_tokens=2,
-        seed=(1 << 64) - 1,
-        end_id=7,
-        stop_token_ids=(8, 9),
-    )
+    request = EVERY_FIELD
     message, arrays = _read_back(engine_message(request, "req-1"))
     assert (message.model_name, message.id, [o.name for o in message.outputs]) == (
         "tensorrt_llm",
@@ -227,30 +231,14 @@ def test_llmapi_table_rows_are_inputs_the_model_declares(tmp_path: Path) -> None
 
 
 def _read_back_llmapi(message: bytes) -> dict[str, np.ndarray]:
-    request = service_pb2.ModelInferRequest.FromString(message)
+    request, arrays = _read_back(message)
     assert request.model_name == "tensorrt_llm"
     assert [o.name for o in request.outputs] == list(LLMAPI_OUTPUTS)
-    arrays = {}
-    for tensor, raw in zip(request.inputs, request.raw_input_contents, strict=True):
-        arrays[tensor.name] = np.frombuffer(raw, DTYPES[tensor.datatype]).reshape(list(tensor.shape))
     return arrays
 
 
 def test_the_llmapi_model_reads_back_every_field_the_relay_sends() -> None:
-    request = GenerationRequest(
-        prompt_ids=[3, 4, 5, 6],
-        max_tokens=12,
-        temperature=0.5,
-        top_k=40,
-        top_p=0.9,
-        repetition_penalty=1.1,
-        presence_penalty=0.25,
-        frequency_penalty=-0.5,
-        min_tokens=2,
-        seed=(1 << 64) - 1,
-        end_id=7,
-        stop_token_ids=(8, 9),
-    )
+    request = EVERY_FIELD
     arrays = _read_back_llmapi(llmapi_message(request, "req-1"))
     limits = llmapi_contract.TextLimits(
         engine=contract.EngineLimits(vocab_size=100, max_seq_len=100), end_ids=(1, 2)
