@@ -24,7 +24,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trtllm_service.grpc_http2 import GrpcConnection
-from trtllm_service.request import GenerationRequest, ensemble_message
+from trtllm_service.request import GenerationRequest, ensemble_message, llmapi_message
 
 PROMPT_WORDS = [
     "the",
@@ -255,8 +255,9 @@ class _DirectCall:
 class DirectClient:
     """Streams text requests straight to Triton's `ensemble` over one HTTP/2 connection."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, host: str, port: int, flavor: str = "ensemble") -> None:
         self.host, self.port = host, port
+        self.flavor = flavor
         self.connection: GrpcConnection | None = None
 
     async def run(self, prompt: str, max_tokens: int) -> Record:
@@ -265,9 +266,13 @@ class DirectClient:
         record = Record()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         request = GenerationRequest(prompt_ids=(), max_tokens=max_tokens, top_k=1, end_id=-1)
-        self.connection.start_call(
-            STREAM_INFER, ensemble_message(prompt, request, uuid.uuid4().hex), _DirectCall(record, done)
+        request_id = uuid.uuid4().hex
+        message = (
+            llmapi_message(request, request_id, prompt)
+            if self.flavor == "llmapi"
+            else ensemble_message(prompt, request, request_id)
         )
+        self.connection.start_call(STREAM_INFER, message, _DirectCall(record, done))
         await done
         record.tokens = max_tokens
         return record
@@ -276,7 +281,7 @@ class DirectClient:
 async def drive(args: argparse.Namespace) -> dict[str, Any]:
     host, port = args.address.rsplit(":", 1)
     client: Any = (
-        DirectClient(host, int(port))
+        DirectClient(host, int(port), args.flavor)
         if args.target == "direct"
         else ServiceClient(host, int(port), args.target)
     )
@@ -314,6 +319,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--prompt-words", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--flavor", choices=("ensemble", "llmapi"), default="ensemble")
     args = parser.parse_args()
     print(json.dumps(asyncio.run(drive(args))))
 

@@ -1,8 +1,8 @@
 """What the service costs on top of Triton: the same streamed requests, direct and through the service.
 
 One command packs the demo model, serves it with `bentoml serve .` (cold start timed), and at each
-concurrency sends the same streamed requests, one target after the other, to (a) Triton's `ensemble`
-over gRPC, (b) `/generate`, (c) `/v1/chat/completions` and (d) `/v1/completions`. It reports output
+concurrency sends the same streamed requests, one target after the other, to (a) Triton directly
+over gRPC (`ensemble`, or with `--flavor llmapi` the LLM API model), (b) `/generate`, (c) `/v1/chat/completions` and (d) `/v1/completions`. It reports output
 tokens/s, time to first token and inter-token latency (p50/p99, as the client sees chunks), tokens
 per chunk, and CPU time per token of the service's processes and of Triton's (from /proc).
 
@@ -55,8 +55,9 @@ def ready(url: str) -> bool:
 class Service:
     """`bentoml serve .` on a freshly packed demo model, in its own process group."""
 
-    def __init__(self, workdir: Path, engine: str, workers: int, max_batch_size: int) -> None:
+    def __init__(self, workdir: Path, engine: str, workers: int, max_batch_size: int, flavor: str) -> None:
         self.workdir = workdir
+        self.flavor = flavor
         self.home = workdir / "bentoml"
         self.run_dir = workdir / "run"
         self.port = free_port()
@@ -76,7 +77,7 @@ class Service:
                 "pack_model.py",
                 "--demo",
                 "--flavor",
-                "ensemble",  # target (a) is the upstream-compatible ensemble
+                flavor,
                 "--engine",
                 engine,
                 "--quiet",
@@ -198,6 +199,8 @@ def run_load(
                 str(requests // procs + (i < requests % procs)),
                 "--max-tokens",
                 str(max_tokens),
+                "--flavor",
+                service.flavor,
                 "--seed",
                 str(i * 1000),
             ],
@@ -240,7 +243,7 @@ def run_load(
 
 def scenario(args: argparse.Namespace, engine: str, levels: list[int], max_tokens: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"bench-relay-{engine}-") as tmp:
-        service = Service(Path(tmp), engine, args.workers, args.max_batch_size)
+        service = Service(Path(tmp), engine, args.workers, args.max_batch_size, args.flavor)
         try:
             service.start()
             print(f"[{engine}] cold start {service.cold_start_s:.1f} s", flush=True)
@@ -371,6 +374,13 @@ def main() -> None:
     parser.add_argument("--min-requests", type=int, default=16)
     parser.add_argument("--workers", type=int, default=None, help="TRTLLM_WORKERS (default: the service's)")
     parser.add_argument("--max-batch-size", type=int, default=256)
+    parser.add_argument(
+        "--flavor",
+        choices=("ensemble", "llmapi"),
+        default="ensemble",
+        help="repository flavour; target (a) is its direct gRPC entry: `ensemble`, or the llmapi "
+        "`tensorrt_llm` model (text in, text out, as upstream's clients call it)",
+    )
     parser.add_argument("--loadgen-procs", type=int, default=4, help="load generator processes at c >= 128")
     parser.add_argument(
         "--targets", default=",".join(TARGETS), help="comma-separated subset of " + ",".join(TARGETS)
@@ -385,6 +395,7 @@ def main() -> None:
         "command": " ".join(["python", "bench/relay.py", *sys.argv[1:]]),
         "machine": f"{platform.machine()}, {psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}",
         "workers": args.workers,
+        "flavor": args.flavor,
         "date": time.strftime("%Y-%m-%d"),
         "scenarios": [],
     }
