@@ -14,7 +14,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -546,3 +546,19 @@ __all__ = [
     "wait_engine_idle",
     "wait_for",
 ]
+
+
+@contextlib.contextmanager
+def held_request(url: str, path: str, headers: Mapping[str, str] | None = None) -> Iterator[None]:
+    """A POST to `path` whose JSON body is only half sent while the block runs: it holds a
+    concurrency slot for as long as the test likes, however fast the engine is."""
+    host, port = url.removeprefix("http://").split(":")
+    body = b'{"messages": [{"role": "user", "content": "Hi"}], "prompt": "Hi", "max_tokens": 2}'
+    head = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"{head}Content-Length: {len(body)}\r\n\r\n".encode()
+            + body[:10]
+        )
+        yield

@@ -7,20 +7,18 @@ provoked on it, in that order (the last two kill its Triton).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
-import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from tests.support import wait_for
+from tests.support import held_request, wait_for
 
 KEYS = "k1,k2"
 
@@ -235,7 +233,10 @@ def test_api_keys_rate_limit_and_unavailable(
     key = {"Authorization": "Bearer k1"}
     http = httpx.Client(base_url=url, headers=key, timeout=60)
 
-    with subtests.test("over TRTLLM_MAX_CONCURRENCY: 429 in OpenAI's shape"), _held_request(url, key):
+    with (
+        subtests.test("over TRTLLM_MAX_CONCURRENCY: 429 in OpenAI's shape"),
+        held_request(url, "/v1/chat/completions", key),
+    ):
         # A request whose body has not all arrived holds its slot for as long as we like, however
         # fast the engine is.
         def refused() -> bool:
@@ -284,18 +285,3 @@ def test_api_keys_rate_limit_and_unavailable(
             keyed("k2").completions.create(model=model_name, prompt="Hi", max_tokens=2)
         assert err.value.status_code == 503
         assert time.monotonic() - start < 20, "answered while Triton is still down (backoff 30 s)"
-
-
-@contextlib.contextmanager
-def _held_request(url: str, headers: dict[str, str]) -> Iterator[None]:
-    """A POST whose body is only half sent while the block runs (the connection closes after)."""
-    host, port = url.removeprefix("http://").split(":")
-    body = b'{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}'
-    head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-    with socket.create_connection((host, int(port)), timeout=30) as sock:
-        sock.sendall(
-            f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
-            f"{head}Content-Length: {len(body)}\r\n\r\n".encode()
-            + body[:10]
-        )
-        yield

@@ -18,7 +18,7 @@ import httpx
 import psutil
 
 from tests.e2e.conftest import BentoService, _name
-from tests.support import wait_for
+from tests.support import held_request, wait_for
 
 BODY = {"prompt": "Hello", "max_tokens": 8, "temperature": 0}
 
@@ -116,12 +116,10 @@ def test_the_concurrency_limit_counts_across_workers(make_service: Callable[...,
     """TRTLLM_MAX_CONCURRENCY=1 with two workers: one stream in flight, and every other request,
     whichever worker takes it, gets the 429."""
     service = make_service({"TRTLLM_WORKERS": "2", "TRTLLM_MAX_CONCURRENCY": "1"})
-    long = {**BODY, "max_tokens": 2000, "ignore_eos": True}
-    with (
-        httpx.Client(base_url=service.url, timeout=60) as holder,
-        holder.stream("POST", "/generate", json=long) as held,
-    ):
-        assert held.status_code == 200
+    with held_request(service.url, "/generate"):
+        assert wait_for(
+            lambda: httpx.post(f"{service.url}/generate", json=BODY, timeout=30).status_code == 429, 10
+        )
         statuses = []
         for _ in range(6):  # fresh connections: both workers take some
             statuses.append(httpx.post(f"{service.url}/generate", json=BODY, timeout=30).status_code)
