@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import queue
 import re
@@ -546,6 +547,21 @@ __all__ = [
     "wait_engine_idle",
     "wait_for",
 ]
+
+
+@contextlib.contextmanager
+def sent_request(url: str, path: str, body: Mapping[str, Any]) -> Iterator[socket.socket]:
+    """A POST to `path` sent whole over a raw socket that the block may leave unread; the
+    connection closes when the block ends, as a client that gives up does."""
+    host, port = url.removeprefix("http://").split(":")
+    data = json.dumps(body).encode()
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
+        yield sock
 
 
 @contextlib.contextmanager
