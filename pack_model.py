@@ -172,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="most requests in flight in one batch. Ensemble: Triton's max_batch_size, default the engine's "
         "build_config.max_batch_size (it cannot be exceeded), 8 for a checkpoint; llmapi: the LLM's "
-        "max_batch_size (default: the LLM API's)",
+        "max_batch_size (default: the LLM API's). The reference engine: its batch slots (default 8)",
     )
     runtime.add_argument(
         "--kv-cache-free-gpu-mem-fraction",

@@ -18,6 +18,7 @@ No Triton import: responses are built through the `Responder` that model.py pass
 
 from __future__ import annotations
 
+import collections
 import queue
 import threading
 import time
@@ -81,6 +82,9 @@ class Sequence:
 
 class TokenSource(Protocol):
     """Produces the next token of each active sequence."""
+
+    capacity: int | None
+    """The most sequences it runs at once (its batch slots); None: no limit."""
 
     def start(self, seq: Sequence) -> None:
         """Prepares `seq.state` when the request is admitted."""
@@ -161,17 +165,25 @@ class EngineLoop:
 
     def _run(self) -> None:
         active: list[Sequence] = []
+        waiting: collections.deque[Sequence] = collections.deque()  # arrived, no free slot yet
+        capacity = getattr(self.source, "capacity", None) or 1 << 30
         while True:
             try:
-                while True:  # admit everything that has arrived; block only when idle
-                    seq = self._inbox.get(block=not active)
+                while True:  # take everything that has arrived; block only when idle
+                    seq = self._inbox.get(block=not active and not waiting)
                     if seq is None:
-                        self._abort(active, "the engine is shutting down")
+                        self._abort([*active, *waiting], "the engine is shutting down")
                         return
-                    if self._admit(seq):
-                        active.append(seq)
+                    waiting.append(seq)
             except queue.Empty:
                 pass
+            if waiting:
+                # A request waiting for a slot can still be cancelled or stopped.
+                waiting = collections.deque(seq for seq in waiting if not self._ended_early(seq))
+                while waiting and len(active) < capacity:
+                    seq = waiting.popleft()
+                    if self._admit(seq):
+                        active.append(seq)
             live: list[Sequence] = []
             finished: set[int] = set()
             for seq in active:

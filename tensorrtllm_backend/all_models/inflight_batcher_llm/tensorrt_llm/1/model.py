@@ -52,6 +52,8 @@ class TritonPythonModel:
             param(config, "tokenizer_dir"),
             device=param(config, "reference_device", "auto"),
             dtype=param(config, "reference_dtype", "auto"),
+            slots=int(config.get("max_batch_size") or 0),
+            max_seq_len=int(param(config, "max_seq_len", "0")),
         )
         max_seq_len = int(param(config, "max_seq_len", "0")) or own_limit
         self.limits = EngineLimits(

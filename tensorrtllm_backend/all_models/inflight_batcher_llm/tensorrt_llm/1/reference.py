@@ -1,8 +1,17 @@
 """The reference token source: a Hugging Face causal LM run with PyTorch (CPU, or CUDA when present).
 
 It samples as TensorRT-LLM does (embedding bias, repetition / presence / frequency penalties, bad
-words, min_length, then temperature, top-k, top-p), one forward pass per sequence and step with a
-per-request KV cache. Greedy output equals `transformers` generate token for token.
+words, min_length, then temperature, top-k, top-p). Greedy output equals `transformers` generate
+token for token.
+
+Batching: a prompt is prefilled alone; then every sequence in generation advances in one forward
+pass per step over a fixed number of batch slots (`slots`), each with its own rows in a static KV
+cache of `max_len` positions and its own position and attention mask. The shapes never change,
+whoever else is in the batch, so a request's logits do not depend on its neighbours: the same
+kernels reduce the same numbers in the same order, and greedy output under load equals the solo
+run bit for bit (a batch sized to its contents would pick other GEMM kernels and drift in bf16).
+Models whose attention is not full causal attention everywhere (sliding windows, hybrid layers)
+decode one sequence per forward with a per-request cache instead.
 """
 
 from __future__ import annotations
@@ -14,24 +23,105 @@ import torch
 from engine import Sequence
 from transformers import AutoModelForCausalLM, DynamicCache
 
+DEFAULT_SLOTS = 8
+SPAN_BLOCK = 512
+"""Attention covers the cache up to the next multiple of this past the longest sequence. Positions
+past a sequence's own are masked, so they add exact zeros to its softmax and output; the block
+keeps the attention kernels' own tiling the same whatever the span (checked by the tests, solo vs
+loaded, across block boundaries)."""
+
+
+class SlotCache:
+    """A static KV cache with one row per batch slot, in the shape transformers' attention
+    layers call: `update(keys, values, layer)` stores this step's keys and values at each slot's
+    own position and returns every position (the mask hides those not yet written)."""
+
+    def __init__(
+        self, config: Any, slots: int, max_len: int, dtype: torch.dtype, device: torch.device
+    ) -> None:
+        heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        shape = (slots, heads, max_len + 1, head_dim)  # + a scratch position for idle slots
+        layers = config.num_hidden_layers
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.rows = torch.arange(slots, device=device)
+        self.positions = torch.zeros(slots, dtype=torch.long, device=device)
+        self.span = max_len  # positions attended this step (a multiple of SPAN_BLOCK)
+
+    def update(
+        self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *_: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        self.keys[layer_idx][self.rows, :, self.positions] = keys[:, :, 0]
+        self.values[layer_idx][self.rows, :, self.positions] = values[:, :, 0]
+        return self.keys[layer_idx][:, :, : self.span], self.values[layer_idx][:, :, : self.span]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return 0  # positions are passed explicitly; nothing may infer them from the cache
+
+    def store(self, slot: int, prefilled: Any) -> None:
+        """Copies a prompt's keys and values (a DynamicCache of batch 1) into `slot`."""
+        for layer, (keys, values) in enumerate(_layers(prefilled)):
+            length = keys.shape[2]
+            self.keys[layer][slot, :, :length] = keys[0]
+            self.values[layer][slot, :, :length] = values[0]
+
+
+def _layers(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def full_attention_only(config: Any) -> bool:
+    """Whether every layer attends to every earlier position (what the slot cache's mask does)."""
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and any(kind != "full_attention" for kind in layer_types):
+        return False
+    window = getattr(config, "sliding_window", None)
+    return not (window and getattr(config, "use_sliding_window", True))
+
 
 class ReferenceSource:
     """Token source over a Hugging Face checkpoint directory."""
 
-    def __init__(self, model_dir: str, device: str = "auto", dtype: str = "auto") -> None:
+    def __init__(
+        self,
+        model_dir: str,
+        device: str = "auto",
+        dtype: str = "auto",
+        *,
+        slots: int = DEFAULT_SLOTS,
+        max_len: int = 0,
+    ) -> None:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if dtype == "auto":
             dtype = "bfloat16" if device.startswith("cuda") else "float32"
+        if slots < 1:
+            raise ValueError(f"the reference engine needs at least one batch slot, got {slots}")
         self.device = torch.device(device)
         self.dtype_name = dtype
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
         self.model.to(self.device).eval()
-        self.vocab_size = int(self.model.config.vocab_size)
-        self.max_position_embeddings = int(getattr(self.model.config, "max_position_embeddings", 2048))
+        config = self.model.config
+        self.vocab_size = int(config.vocab_size)
+        self.max_position_embeddings = int(getattr(config, "max_position_embeddings", 2048))
+        self.max_len = max_len or self.max_position_embeddings
+        self.cache: SlotCache | None = None
+        self.capacity: int | None = None
+        if full_attention_only(config):
+            self.cache = SlotCache(config, slots, self.max_len, self.model.dtype, self.device)
+            self.capacity = slots
+            self._free = list(range(slots - 1, -1, -1))
+            self._ids = torch.zeros((slots, 1), dtype=torch.long)
+            self._positions = torch.zeros(slots, dtype=torch.long)
+            self._arange = torch.arange(self.max_len, device=self.device)
 
     def describe(self) -> str:
-        return f"reference engine on {self.device} ({self.dtype_name})"
+        if self.cache is None:
+            batching = "one sequence per forward (not full attention)"
+        else:
+            batching = f"{self.capacity} batch slots x {self.max_len} positions"
+        return f"reference engine on {self.device} ({self.dtype_name}), {batching}"
 
     def start(self, seq: Sequence) -> None:
         request = seq.request
@@ -42,37 +132,127 @@ class ReferenceSource:
             state.generator.manual_seed(int(seed))
         if request.embedding_bias is not None:
             state.bias = torch.from_numpy(request.embedding_bias).to(self.device)
+        state.plain = (
+            request.greedy
+            and state.bias is None
+            and request.repetition_penalty == 1.0
+            and not request.presence_penalty
+            and not request.frequency_penalty
+            and not request.bad_words
+            and not request.return_log_probs
+            and not request.return_generation_logits
+        )
+        if self.cache is not None:
+            if not self._free:
+                raise RuntimeError("no free batch slot (the engine loop admitted too many requests)")
+            state.slot = self._free.pop()
         seq.state = state
 
     def release(self, seq: Sequence) -> None:
+        state: _State | None = seq.state
+        if state is not None and state.slot is not None:
+            self._free.append(state.slot)
         seq.state = None
 
     def step(self, seqs: list[Sequence]) -> list[tuple[int, float] | BaseException]:
-        results: list[tuple[int, float] | BaseException] = []
-        for seq in seqs:
+        results: list[tuple[int, float] | BaseException | None] = [None] * len(seqs)
+        decoding: list[int] = []
+        for i, seq in enumerate(seqs):
+            if seq.state.length and self.cache is not None:
+                if seq.state.length < self.max_len:
+                    decoding.append(i)
+                else:  # the request limits keep this from happening; never write past the cache
+                    results[i] = RuntimeError(f"the sequence filled the engine's {self.max_len} positions")
+                continue
             try:
-                results.append(self._sample(seq, self._forward(seq)))
+                logits = self._prefill(seq) if not seq.state.length else self._decode_one(seq)
+                results[i] = self._sample(seq, logits)
             except Exception as exc:  # a failure of one request must not stop the others
-                results.append(exc)
-        return results
+                results[i] = exc
+        if decoding:
+            batch = [seqs[i] for i in decoding]
+            try:
+                for i, result in zip(decoding, self._decode_batch(batch), strict=True):
+                    results[i] = result
+            except Exception as exc:
+                for i in decoding:
+                    results[i] = exc
+        return results  # type: ignore[return-value]
 
     @torch.inference_mode()
-    def _forward(self, seq: Sequence) -> torch.Tensor:
+    def _prefill(self, seq: Sequence) -> torch.Tensor:
+        """Runs the prompt alone; its keys and values go to the sequence's slot (or stay its own)."""
         state: _State = seq.state
         request = seq.request
-        if state.cache is None:
-            state.cache = DynamicCache(config=self.model.config)
-            ids = torch.tensor([request.input_ids], device=self.device)
-            prompt_counts = torch.bincount(ids[0], minlength=self.vocab_size)[: self.vocab_size]
-            state.counts = torch.zeros(self.vocab_size, dtype=torch.int64, device=self.device)
-            state.prompt_mask = prompt_counts > 0
+        ids = torch.tensor([request.input_ids], device=self.device)
+        prompt_counts = torch.bincount(ids[0], minlength=self.vocab_size)[: self.vocab_size]
+        state.counts = torch.zeros(self.vocab_size, dtype=torch.int64, device=self.device)
+        state.prompt_mask = prompt_counts > 0
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
+        if self.cache is not None:
+            self.cache.store(state.slot, out.past_key_values)
         else:
-            ids = torch.tensor([[seq.generated[-1]]], device=self.device)
-        out = self.model(input_ids=ids, past_key_values=state.cache, use_cache=True)
-        state.cache = out.past_key_values
+            state.own_cache = out.past_key_values
+        state.length = len(request.input_ids)
         if request.return_context_logits and seq.context_logits is None:
             seq.context_logits = out.logits[0].float().cpu().numpy()
         return out.logits[0, -1].float()
+
+    @torch.inference_mode()
+    def _decode_one(self, seq: Sequence) -> torch.Tensor:
+        """One step of one sequence with its own cache (models the slot cache cannot serve)."""
+        state: _State = seq.state
+        ids = torch.tensor([[seq.generated[-1]]], device=self.device)
+        out = self.model(input_ids=ids, past_key_values=state.own_cache, use_cache=True)
+        state.own_cache = out.past_key_values
+        state.length += 1
+        return out.logits[0, -1].float()
+
+    @torch.inference_mode()
+    def _decode_batch(self, seqs: list[Sequence]) -> list[tuple[int, float] | BaseException]:
+        """One step of every sequence in generation: one forward over all the slots."""
+        cache = self.cache
+        assert cache is not None
+        ids, positions = self._ids, self._positions
+        # An idle slot (free, or its prompt prefilled this step) computes a throwaway token into
+        # the scratch position past the end, which no mask ever shows.
+        ids.zero_()
+        positions.fill_(self.max_len)
+        for seq in seqs:
+            state: _State = seq.state
+            ids[state.slot, 0] = seq.generated[-1]
+            positions[state.slot] = state.length
+        longest = max(seq.state.length for seq in seqs)
+        span = min(self.max_len, -(-(longest + 1) // SPAN_BLOCK) * SPAN_BLOCK)
+        cache.positions.copy_(positions)
+        cache.span = span
+        device_positions = cache.positions
+        mask = (self._arange[None, :span] <= device_positions[:, None])[:, None, None, :]
+        out = self.model(
+            input_ids=ids.to(self.device),
+            position_ids=device_positions[:, None],
+            attention_mask=mask,
+            past_key_values=cache,
+            use_cache=True,
+        )
+        logits = out.logits[:, -1].float()
+        greedy = torch.argmax(logits[:, : self.vocab_size], -1).tolist()
+        results: list[tuple[int, float] | BaseException] = []
+        for seq in seqs:
+            state = seq.state
+            state.length += 1
+            request = seq.request
+            if state.plain and not (
+                0 <= request.end_id < self.vocab_size and len(seq.generated) < request.min_length
+            ):
+                results.append((greedy[state.slot], 0.0))
+                continue
+            try:
+                results.append(self._sample(seq, logits[state.slot]))
+            except Exception as exc:
+                results.append(exc)
+        return results
 
     @torch.inference_mode()
     def _sample(self, seq: Sequence, logits: torch.Tensor) -> tuple[int, float]:
@@ -121,12 +301,15 @@ class ReferenceSource:
 
 
 class _State:
-    """Per-request tensors of the reference source."""
+    """Per-request state of the reference source."""
 
-    __slots__ = ("bias", "cache", "counts", "generator", "prompt_mask")
+    __slots__ = ("bias", "counts", "generator", "length", "own_cache", "plain", "prompt_mask", "slot")
 
     def __init__(self) -> None:
-        self.cache: Any = None
+        self.slot: int | None = None  # its rows in the slot cache
+        self.own_cache: Any = None  # its own cache, where there is no slot cache
+        self.length = 0  # positions in its cache: 0 until the prompt is prefilled
+        self.plain = False  # greedy with nothing to apply to the logits: batched argmax
         self.counts: torch.Tensor | None = None
         self.prompt_mask: torch.Tensor | None = None
         self.generator: torch.Generator | None = None

@@ -44,6 +44,8 @@ def printable_tokens(tokenizer_dir: str) -> list[int]:
 class SyntheticSource:
     """Token source that needs no model: see the module docstring."""
 
+    capacity = None  # no model, no batch slots: every request runs at once
+
     def __init__(self, words: list[int]) -> None:
         self.words = words
 

@@ -132,9 +132,19 @@ class EngineInfo:
 
 
 def make_source(
-    kind: str, model_dir: str, tokenizer_dir: str, *, device: str = "auto", dtype: str = "auto"
+    kind: str,
+    model_dir: str,
+    tokenizer_dir: str,
+    *,
+    device: str = "auto",
+    dtype: str = "auto",
+    slots: int = 0,
+    max_seq_len: int = 0,
 ) -> tuple[Any, int, int]:
-    """The stand-in token source `kind`, its vocabulary size and its own sequence-length limit."""
+    """The stand-in token source `kind`, its vocabulary size and its sequence-length limit.
+
+    `slots` (the reference engine's batch, 0 for its default) and `max_seq_len` (0: the model's
+    own) size the reference engine's KV cache."""
     if kind not in ENGINES:
         raise pb_utils.TritonModelException(
             f"tensorrt_llm: the stand-in engine must be one of {', '.join(ENGINES)}, got {kind!r}"
@@ -142,8 +152,10 @@ def make_source(
     if kind == "reference":
         from reference import ReferenceSource
 
-        source = ReferenceSource(model_dir, device, dtype)
-        return source, source.vocab_size, source.max_position_embeddings
+        from reference import DEFAULT_SLOTS
+
+        source = ReferenceSource(model_dir, device, dtype, slots=slots or DEFAULT_SLOTS, max_len=max_seq_len)
+        return source, source.vocab_size, source.max_len
     from synthetic import SyntheticSource, printable_tokens
 
     words = printable_tokens(tokenizer_dir or model_dir)

@@ -89,6 +89,8 @@ class TritonPythonModel:
                 tokenizer_dir,
                 device=str(triton_config.get("reference_device", "auto")),
                 dtype=str(triton_config.get("reference_dtype", llm_args.get("dtype", "auto"))),
+                slots=int(llm_args.get("max_batch_size") or 0),
+                max_seq_len=max_seq_len,
             )
             max_seq_len = max_seq_len or own_limit
             self.engine = TextEngineLoop(
