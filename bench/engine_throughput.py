@@ -3,7 +3,11 @@
 Builds a random Llama of the requested shape with the demo tokenizer, fills our model
 repository, starts tritonserver through our launcher and streams greedy requests over gRPC.
 Reports tokens/s and time to first token for each concurrency, measured side by side in one run,
-as JSON and markdown. Runs on CPU, or on CUDA where present (the device tool lends an H100).
+as JSON and markdown. Then checks batching does not change answers: greedy token ids of N
+concurrent requests to the engine model against each one's solo run (`--check-tokens`), and,
+with `--transformers-cb`, measures transformers' own continuous batching (`generate_batch`, in
+process, no Triton) on the same prompts for comparison. Runs on CPU, or on CUDA where present
+(the device tool lends an H100; an 8B-shaped Llama is `--hidden 4096 --layers 32`).
 
     python bench/engine_throughput.py --out bench/results --hidden 2048 --layers 16 --tokens 128
 """
@@ -56,9 +60,17 @@ def build_model(workdir: Path, hidden: int, layers: int, dtype: str) -> Path:
     config.num_attention_heads = max(hidden // 128, 1)
     config.num_key_value_heads = max(hidden // 512, 1)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(getattr(torch, dtype))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, dtype))  # initialise in place: 8B in float32 is 32 GB
+    try:
+        with torch.device(device):
+            model = LlamaForCausalLM(config)
+    finally:
+        torch.set_default_dtype(default_dtype)
     out = workdir / "model"
     model.save_pretrained(out)
+    del model
     for name in (
         "tokenizer.json",
         "tokenizer_config.json",
@@ -138,6 +150,101 @@ def run_level(url: str, streams: int, max_tokens: int) -> dict:
     }
 
 
+def engine_ids(url: str, input_ids: list[int], max_tokens: int) -> list[int]:
+    """Greedy token ids from the `tensorrt_llm` model itself (one non-streamed request)."""
+    import tritonclient.grpc as grpcclient
+
+    def tensor(name: str, array: np.ndarray, dtype: str) -> grpcclient.InferInput:
+        item = grpcclient.InferInput(name, list(array.shape), dtype)
+        item.set_data_from_numpy(array)
+        return item
+
+    inputs = [
+        tensor("input_ids", np.array([input_ids], dtype=np.int32), "INT32"),
+        tensor("input_lengths", np.array([[len(input_ids)]], dtype=np.int32), "INT32"),
+        tensor("request_output_len", np.array([[max_tokens]], dtype=np.int32), "INT32"),
+        tensor("end_id", np.array([[-1]], dtype=np.int32), "INT32"),
+        tensor("streaming", np.array([[False]]), "BOOL"),
+    ]
+    responses: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    client.start_stream(callback=lambda result, error: responses.put((result, error)))
+    client.async_stream_infer("tensorrt_llm", inputs, request_id=f"check-{time.time_ns()}")
+    ids: list[int] = []
+    while True:
+        result, error = responses.get(timeout=600)
+        if error is not None:
+            raise RuntimeError(str(error))
+        out = result.as_numpy("output_ids")
+        if out is not None:
+            ids += out.reshape(-1).tolist()
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            break
+    client.stop_stream()
+    client.close()
+    return ids
+
+
+def check_prompts(tokenizer_dir: Path, streams: int) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    # Lengths differ, so the requests finish prefill and reach each position at different steps.
+    return [tokenizer.encode(f"Story number {i}:" + " and then" * (i % 7)) for i in range(streams)]
+
+
+def check_greedy(url: str, prompts: list[list[int]], max_tokens: int) -> dict:
+    """Each prompt alone, then all at once: the token ids must be the same."""
+    solo = [engine_ids(url, p, max_tokens) for p in prompts]
+    loaded: list[list[int]] = [[] for _ in prompts]
+
+    def worker(i: int) -> None:
+        loaded[i] = engine_ids(url, prompts[i], max_tokens)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    same = [a == b for a, b in zip(solo, loaded, strict=True)]
+    return {"requests": len(prompts), "tokens": max_tokens, "identical": sum(same), "solo_ids": solo}
+
+
+def transformers_cb(
+    model_dir: Path, prompts: list[list[int]], max_tokens: int, solo: list[list[int]]
+) -> dict:
+    """transformers' continuous batching (`generate_batch`) on the same prompts, in process."""
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto").to(device).eval()
+    config = GenerationConfig(
+        max_new_tokens=max_tokens,
+        min_new_tokens=max_tokens,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    try:
+        model.generate_batch([prompts[0]], generation_config=config)  # warm-up (graphs, caches)
+        started = time.perf_counter()
+        outputs = model.generate_batch(prompts, generation_config=config)
+        wall = time.perf_counter() - started
+    except Exception as exc:  # an API that moved between versions is a result too
+        return {"transformers": transformers.__version__, "error": f"{type(exc).__name__}: {exc}"}
+    ordered = sorted(outputs.values(), key=lambda out: prompts.index(list(out.prompt_ids)))
+    generated = [list(out.generated_tokens) for out in ordered]
+    tokens = sum(len(ids) for ids in generated)
+    return {
+        "transformers": transformers.__version__,
+        "tokens_per_s": round(tokens / wall, 1),
+        "identical_to_our_solo": sum(a == b for a, b in zip(generated, solo, strict=True)),
+        "requests": len(prompts),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
@@ -146,13 +253,23 @@ def main() -> int:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--concurrency", default="1,4,16")
+    parser.add_argument("--max-batch-size", type=int, default=32, help="the engine's batch slots")
+    parser.add_argument("--check-tokens", type=int, default=48, help="greedy ids check: tokens per request")
+    parser.add_argument("--check-streams", type=int, default=0, help="default: the highest concurrency")
+    parser.add_argument("--transformers-cb", action="store_true", help="also measure generate_batch")
+    parser.add_argument("--name", default="engine_throughput", help="file name of the results")
     args = parser.parse_args()
 
     import torch
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-"))
     model = build_model(workdir, args.hidden, args.layers, args.dtype)
-    repo = build_repository(workdir / "repo", repository_values(engine_dir=model, tokenizer_dir=model))
+    values = repository_values(
+        engine_dir=model, tokenizer_dir=model, overrides={"triton_max_batch_size": str(args.max_batch_size)}
+    )
+    repo = build_repository(workdir / "repo", values)
+    concurrency = [int(n) for n in args.concurrency.split(",")]
+    prompts = check_prompts(model, args.check_streams or max(concurrency))
     grpc_port, http_port, metrics_port = free_port(), free_port(), free_port()
     with open(workdir / "triton.log", "wb") as log:
         launcher = subprocess.Popen(
@@ -173,7 +290,8 @@ def main() -> int:
                 time.sleep(1)
         url = f"127.0.0.1:{grpc_port}"
         run_level(url, 1, 8)  # warm-up
-        levels = [run_level(url, int(n), args.tokens) for n in args.concurrency.split(",")]
+        levels = [run_level(url, n, args.tokens) for n in concurrency]
+        check = check_greedy(url, prompts, args.check_tokens) if args.check_tokens else None
     finally:
         launcher.send_signal(signal.SIGTERM)
         try:
@@ -181,29 +299,48 @@ def main() -> int:
         except subprocess.TimeoutExpired:
             os.killpg(launcher.pid, signal.SIGKILL)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"
+    cb = None
+    if args.transformers_cb and check is not None:
+        cb = transformers_cb(model, prompts, args.check_tokens, check["solo_ids"])
     report = {
         "device": device,
         "model": {"hidden": args.hidden or "demo", "layers": args.layers if args.hidden else "demo"},
+        "dtype": args.dtype,
         "max_tokens": args.tokens,
+        "batch_slots": args.max_batch_size,
         "levels": levels,
         "speedup_vs_1_stream": {
             str(level["streams"]): round(level["tokens_per_s"] / levels[0]["tokens_per_s"], 2)
             for level in levels
         },
+        "greedy_check": {k: v for k, v in (check or {}).items() if k != "solo_ids"} or None,
+        "transformers_continuous_batching": cb,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "engine_throughput.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    shape = f"hidden {args.hidden}, {args.layers} layers, {args.dtype}" if args.hidden else "demo model"
     lines = [
         f"# Reference engine through the ensemble on {device}",
         "",
-        "| streams | tokens/s | per-stream tokens/s | TTFT p50 (s) |",
-        "|---|---|---|---|",
+        f"{shape}; {args.tokens} tokens per stream; {args.max_batch_size} batch slots.",
+        "",
+        "| streams | tokens/s | x 1 stream | per-stream tokens/s | TTFT p50 (s) |",
+        "|---|---|---|---|---|",
     ]
     lines += [
-        f"| {lv['streams']} | {lv['tokens_per_s']} | {lv['per_stream_tokens_per_s']} | {lv['ttft_p50_s']} |"
+        f"| {lv['streams']} | {lv['tokens_per_s']} | {report['speedup_vs_1_stream'][str(lv['streams'])]} "
+        f"| {lv['per_stream_tokens_per_s']} | {lv['ttft_p50_s']} |"
         for lv in levels
     ]
-    (args.out / "engine_throughput.md").write_text("\n".join(lines) + "\n")
+    if check:
+        lines += [
+            "",
+            f"Greedy ids, {check['requests']} concurrent requests x {check['tokens']} tokens vs each "
+            f"one's solo run: {check['identical']} of {check['requests']} identical.",
+        ]
+    if cb:
+        lines += ["", f"transformers continuous batching (generate_batch, in process): {json.dumps(cb)}"]
+    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print(json.dumps(report, indent=2))
     return 0
 
