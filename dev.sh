@@ -30,15 +30,19 @@ setup() {
   fi
 }
 
-ensure_chromium() {
-  # The Swagger UI test drives Debian's Chromium headless (Playwright cannot download browsers here).
-  if command -v chromium >/dev/null 2>&1; then return; fi
+ensure_system_packages() {
+  # Debian packages the tests use: Chromium (the Swagger UI test drives it headless; Playwright
+  # cannot download browsers here) and Open MPI's mpirun (the tests of several ranks run it).
+  local missing=()
+  command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+  command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
+  [ "${#missing[@]}" -eq 0 ] && return
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "dev.sh: installing chromium (for the Swagger UI test)" >&2
+    echo "dev.sh: installing ${missing[*]} (for the tests)" >&2
     apt-get update -qq >/dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
-    echo "dev.sh: chromium is missing; install it (e.g. 'sudo apt-get install chromium') to run the UI test" >&2
+    echo "dev.sh: missing ${missing[*]}; install them (e.g. 'sudo apt-get install ${missing[*]}') to run every test" >&2
   fi
 }
 
@@ -53,7 +57,7 @@ case "${1:-}" in
   test)
     shift
     setup
-    ensure_chromium
+    ensure_system_packages
     "$VENV/bin/ruff" check .
     "$VENV/bin/ruff" format --check .
     exec "$PY" -m pytest "$@"

@@ -704,7 +704,7 @@ def launch_command(repository: Path, world_size: int, unique: str) -> str:
         ]
     )
     install = TritonInstall(binary=PRODUCTION_TRITONSERVER, source="assumed")
-    return shlex.join(build_command(args, install, unique=unique, mpirun="mpirun"))
+    return shlex.join(build_command(args, install, unique=unique, mpirun="mpirun", python="python3"))
 
 
 def _labels(source: ModelSource, max_batch_size: int) -> dict[str, str]:

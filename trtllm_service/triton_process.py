@@ -2,10 +2,12 @@
 
 The command line comes from one builder, the launcher's (`launch_triton_server.build_command`:
 tritonserver for one rank, mpirun for several). The service spawns it itself, in a new session
-(so the process group is the whole tree: tritonserver, its Python-backend stubs, or mpirun and its
-ranks) with PR_SET_PDEATHSIG, so the tree is told to stop even when the service is SIGKILLed.
-Stopping sends SIGTERM to the server (it unloads its models and stops its stubs), then SIGKILLs the
-group after a grace period; nothing else ever signals it.
+(its process group holds tritonserver and its Python-backend stubs, or mpirun; mpirun gives each
+rank a group of its own) with PR_SET_PDEATHSIG, so the tree is told to stop even when the service
+is SIGKILLed (each rank's supervisor dies with mpirun in turn).
+Stopping sends SIGTERM to the server (it unloads its models and stops its stubs; under mpirun, to
+each rank's supervisor, see the launcher), then SIGKILLs the tree after a grace period; nothing
+else ever signals it.
 
 `TritonSupervisor` watches the process: it is not ready while it starts, after it died (it is
 restarted with backoff) and while it does not answer health probes; a server that stays
@@ -140,8 +142,11 @@ def kill_group(pgid: int | None, sig: signal.Signals = signal.SIGKILL) -> bool:
 class TritonProcess:
     """One run of Triton: the process tree of one command line, its output, and its stop."""
 
-    def __init__(self, command: Sequence[str], env: dict[str, str], log_path: Path) -> None:
+    def __init__(
+        self, command: Sequence[str], env: dict[str, str], log_path: Path, *, ranks: bool = False
+    ) -> None:
         self.command = list(command)
+        self.ranks = ranks  # the command is mpirun, one tritonserver per rank
         self.env = env
         self.log_path = log_path
         self.process: asyncio.subprocess.Process | None = None
@@ -198,8 +203,9 @@ class TritonProcess:
         if process is None:
             return
         if process.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
+            for pid in launcher.stop_targets(process.pid, self.ranks):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGTERM)
             try:
                 await asyncio.wait_for(_exit_code(process), timeout_s)
             except asyncio.TimeoutError:
@@ -214,9 +220,15 @@ class TritonProcess:
                 await asyncio.wait_for(self._pump, 5)
 
     def kill_now(self) -> None:
-        """SIGKILL to the whole group (stubs or ranks left behind included)."""
-        if self.process is not None:
-            kill_group(self.process.pid)
+        """SIGKILL to the whole tree: the group, and every descendant outside it (mpirun gives
+        each rank a process group of its own), found before anything dies and is re-parented."""
+        if self.process is None:
+            return
+        tree = launcher.descendants(self.process.pid)
+        kill_group(self.process.pid)
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
 
 async def http_ok(host: str, port: int, path: str, timeout_s: float = 2.0) -> bool:
@@ -323,7 +335,7 @@ class TritonSupervisor:
             workdir=self.run_dir,
             verbose=self.verbose,
         )
-        self.triton = TritonProcess(command, env, self.log_path)
+        self.triton = TritonProcess(command, env, self.log_path, ranks=self.world_size > 1)
         await self.triton.start()
         self.generation += 1
         logger.info("started Triton (pid %s): grpc %s:%d", self.triton.pid, self.host, self.ports.grpc)

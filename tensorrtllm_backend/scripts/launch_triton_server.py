@@ -10,6 +10,13 @@ foreground as the parent of the server:
 * the child is started with PR_SET_PDEATHSIG=SIGTERM, so it is told to shut down even when the
   launcher itself is killed with SIGKILL.
 
+For several ranks, ``mpirun`` starts each tritonserver through this same script in its rank mode
+(``--supervise_rank``), which supervises one rank the same way and adds two rules mpirun lacks:
+the rank dies with mpirun (mpirun puts every rank in its own process group, so a SIGKILL to
+mpirun's group would orphan them), and a tritonserver that exits when nobody asked it to fails the
+rank even with status 0, so mpirun takes every rank down and the supervisor above restarts the
+whole tree (Open MPI lets the other ranks run on after a clean exit).
+
 Triton has no authentication, so gRPC, HTTP and metrics listen on ``--host`` (default 127.0.0.1)
 unless told otherwise.
 
@@ -47,15 +54,19 @@ __all__ = [
     "TritonInstall",
     "build_command",
     "build_parser",
+    "descendants",
     "find_tritonserver",
     "main",
     "pid_alive",
     "stage_backends",
+    "stop_targets",
 ]
 
 PROG = "launch_triton_server"
 OPT_TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
 MIN_KILL_GRACE_SECS = 15.0
+RANK_MODE = "--supervise_rank"
+"""First argument of the rank mode: ``--supervise_rank GRACE_SECS -- tritonserver ...``."""
 STAGING_PREFIX = "triton-launch-"
 PR_SET_PDEATHSIG = 1
 
@@ -378,13 +389,15 @@ def build_command(
     *,
     unique: str | int | None = None,
     mpirun: str | None = None,
+    python: str | None = None,
 ) -> list[str]:
     """The argv that starts Triton for ``args`` (as parsed by ``build_parser``).
 
     ``unique`` goes into the Python backend's shared-memory prefix (default: this process's
     pid) so that two servers on one host do not collide. For world_size > 1 the command is
-    ``mpirun --allow-run-as-root -n 1 <rank 0> : -n 1 <rank 1> ...``; ``mpirun`` defaults to the
-    one on PATH, or the bare name when there is none.
+    ``mpirun --allow-run-as-root --noprefix -n 1 <rank 0> : -n 1 <rank 1> ...``, each rank this
+    script's rank mode run by ``python`` (default: this interpreter) around its tritonserver;
+    ``mpirun`` defaults to the one on PATH, or the bare name when there is none.
     """
     _validate(args)
     unique = str(os.getpid() if unique is None else unique)
@@ -394,12 +407,21 @@ def build_command(
         install = dataclasses.replace(install, backend_dir=placeholder)
     if args.world_size == 1:
         return _rank_command(args, install, 0, unique)
-    cmd = [mpirun or shutil.which("mpirun") or "mpirun", "--allow-run-as-root"]
+    # --noprefix: Open MPI treats an absolute mpirun path as --prefix and puts <prefix>/bin and
+    # <prefix>/lib first on every rank's PATH and LD_LIBRARY_PATH, so the Python backend's stub
+    # would find the system's python3 and libpython instead of the launcher's.
+    cmd = [mpirun or shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "--noprefix"]
+    wrapper = [python or sys.executable, os.path.abspath(__file__), RANK_MODE, f"{_kill_grace(args):g}", "--"]
     for rank in range(args.world_size):
         if rank:
             cmd.append(":")
-        cmd += ["-n", "1", *_rank_command(args, install, rank, unique)]
+        cmd += ["-n", "1", *wrapper, *_rank_command(args, install, rank, unique)]
     return cmd
+
+
+def _kill_grace(args: argparse.Namespace) -> float:
+    """How long a stopping tritonserver gets before SIGKILL: its exit timeout and a margin."""
+    return max(MIN_KILL_GRACE_SECS, args.exit_timeout_secs + 5.0)
 
 
 # --------------------------------------------------------------------------- supervision
@@ -428,13 +450,13 @@ def _pdeathsig_preexec(parent_pid: int) -> Callable[[], None] | None:
     return preexec
 
 
-def _descendants(pid: int) -> list[int]:
-    """All descendant pids of ``pid`` (from /proc; empty where /proc is unavailable)."""
+def _children_by_parent() -> dict[int, list[int]]:
+    """Every process's children, from /proc (empty where /proc is unavailable)."""
     children: dict[int, list[int]] = {}
     try:
         entries = os.listdir("/proc")
     except OSError:
-        return []
+        return children
     for entry in entries:
         if not entry.isdigit():
             continue
@@ -447,6 +469,18 @@ def _descendants(pid: int) -> list[int]:
         fields = stat[stat.rfind(b")") + 2 :].split()
         if len(fields) >= 2:
             children.setdefault(int(fields[1]), []).append(int(entry))
+    return children
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of ``pid``: under mpirun, its ranks (each one's supervisor)."""
+    return sorted(_children_by_parent().get(pid, []))
+
+
+def descendants(pid: int) -> list[int]:
+    """All descendant pids of ``pid``, nearest first. Take them before killing anything: a
+    process whose parent died is re-parented and no longer found here."""
+    children = _children_by_parent()
     found: list[int] = []
     queue = [pid]
     while queue:
@@ -458,14 +492,33 @@ def _descendants(pid: int) -> list[int]:
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:
-    victims = [proc.pid, *_descendants(proc.pid)]
+    victims = [proc.pid, *descendants(proc.pid)]
     for pid in victims:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
 
 
-def supervise(cmd: Sequence[str], env: Mapping[str, str], *, kill_grace_secs: float) -> int:
-    """Run ``cmd`` as a child, forward termination signals, escalate, return its exit status."""
+def stop_targets(pid: int, ranks: bool) -> list[int]:
+    """Who gets the stop signal: the server, or under mpirun each rank's supervisor. Not mpirun:
+    stopping, it SIGTERMs every rank and SIGKILLs it a second later, too soon for tritonserver to
+    drain and unload; ranks that all exit cleanly end mpirun cleanly."""
+    return (children(pid) or [pid]) if ranks else [pid]
+
+
+def supervise(
+    cmd: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    kill_grace_secs: float,
+    exit_is_failure: bool = False,
+    ranks: bool = False,
+) -> int:
+    """Run ``cmd`` as a child, forward termination signals, escalate, return its exit status.
+
+    ``exit_is_failure``: a child that exits before it was told to stop returns 1 even when its
+    own status was 0 (a rank that leaves must end its whole job). ``ranks``: the child is
+    mpirun; stop signals go to its ranks (``stop_targets``).
+    """
     state: dict[str, object] = {"proc": None, "pending": None, "stopping": False}
 
     def forward(signum: int) -> None:
@@ -473,9 +526,10 @@ def supervise(cmd: Sequence[str], env: Mapping[str, str], *, kill_grace_secs: fl
         if not isinstance(proc, subprocess.Popen):
             state["pending"] = signum
             return
-        sig = signal.SIGTERM if signum == signal.SIGHUP else signum
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(sig)
+        sig = signal.SIGTERM if signum == signal.SIGHUP or ranks else signum
+        for pid in stop_targets(proc.pid, ranks):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
         if not state["stopping"]:
             state["stopping"] = True
             _log(
@@ -510,12 +564,32 @@ def supervise(cmd: Sequence[str], env: Mapping[str, str], *, kill_grace_secs: fl
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if returncode < 0:
-        return 128 - returncode
+        returncode = 128 - returncode
+    if exit_is_failure and not state["stopping"]:
+        _log(f"{os.path.basename(cmd[0])} (pid {proc.pid}) exited unasked with status {returncode}")
+        return returncode or 1
     return returncode
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def supervise_rank(argv: Sequence[str]) -> int:
+    """The rank mode: ``GRACE_SECS -- tritonserver ...``, run by mpirun for each rank."""
+    if len(argv) < 3 or argv[1] != "--":
+        raise LauncherError(f"usage: {RANK_MODE} GRACE_SECS -- tritonserver ...")
     try:
+        grace = float(argv[0])
+    except ValueError:
+        raise LauncherError(f"{RANK_MODE}: grace {argv[0]!r} is not a number of seconds") from None
+    die_with_mpirun = _pdeathsig_preexec(os.getppid())
+    if die_with_mpirun is not None:
+        die_with_mpirun()  # on ourselves: SIGTERM when mpirun dies, handled as any stop
+    return supervise(argv[2:], os.environ, kill_grace_secs=grace, exit_is_failure=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        if argv[:1] == [RANK_MODE]:
+            return supervise_rank(argv[1:])
         args = build_parser().parse_args(argv)
         _validate(args)
         try:
@@ -536,11 +610,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             mpirun = shutil.which("mpirun")
             if mpirun is None:
                 raise LauncherError(f"--world_size {args.world_size} needs mpirun, which is not on PATH")
-        kill_grace = max(MIN_KILL_GRACE_SECS, args.exit_timeout_secs + 5.0)
         with staged(install) as ready:
             cmd = build_command(args, ready, mpirun=mpirun)
             _log(f"tritonserver from {ready.source}: {shlex.join(cmd)}")
-            return supervise(cmd, ready.child_env(), kill_grace_secs=kill_grace)
+            return supervise(
+                cmd, ready.child_env(), kill_grace_secs=_kill_grace(args), ranks=args.world_size > 1
+            )
     except LauncherError as exc:
         print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2

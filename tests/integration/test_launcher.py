@@ -352,3 +352,89 @@ def test_escalates_to_sigkill_and_kills_descendants(tmp_path: Path):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+
+
+# ---- several ranks under a real mpirun (Open MPI; .ci/run and dev.sh install it) -----------------------
+
+
+def ranks_of(launched: Launched) -> tuple[psutil.Process, list[psutil.Process], list[psutil.Process]]:
+    """mpirun, each rank's supervisor (this launcher in its rank mode) and each tritonserver,
+    ordered by rank (rank 0 is the one that serves HTTP)."""
+    tree = launched.descendants()
+    mpirun = [p for p in tree if p.name() == "mpirun"]
+    assert len(mpirun) == 1, [p.name() for p in tree]
+    supervisors = [p for p in mpirun[0].children() if "--supervise_rank" in p.cmdline()]
+    servers = sorted(
+        (p for p in tree if p.name() == "tritonserver"), key=lambda p: "--allow-http=false" in p.cmdline()
+    )
+    return mpirun[0], supervisors, servers
+
+
+def wait_for_ranks(launched: Launched, count: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while len(ranks_of(launched)[2]) < count:
+        assert time.monotonic() < deadline, f"{count} ranks did not start:\n{launched.log_tail()}"
+        time.sleep(0.2)
+
+
+@requires_triton
+def test_two_ranks_start_serve_and_stop_gracefully(launch, tmp_path: Path):
+    launched = launch(
+        make_repo(tmp_path / "repo"), "--world_size", "2", "--tensorrt_llm_model_name", "stream_ints"
+    )
+    wait_ready(launched)
+    wait_for_ranks(launched, 2)
+    _, supervisors, servers = ranks_of(launched)
+    assert len(supervisors) == 2
+    assert sorted(s.parent().pid for s in servers) == sorted(s.pid for s in supervisors)
+    # Rank 0 serves; rank 1 only hosts its share of the engine model, with no endpoints.
+    assert stream_ints(launched.grpc_port, 3) == [0, 10, 20]
+    assert not [c for c in servers[1].net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    tree = launch.remember(launched)
+
+    launched.proc.send_signal(signal.SIGTERM)
+    assert launched.proc.wait(timeout=STOP_TIMEOUT) == 0, launched.log_tail()
+    assert wait_gone(tree, 5) == []
+    log = launched.log.read_text(errors="replace")
+    # Each rank drained and unloaded (mpirun's own stop would SIGKILL them a second after SIGTERM).
+    assert log.count("successfully unloaded 'stream_ints'") == 2, log[-3000:]
+    assert "exited unasked" not in log
+
+
+@requires_triton
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["rank-killed", "rank-exits-cleanly"])
+def test_a_rank_that_dies_or_leaves_takes_every_rank_down(launch, tmp_path: Path, how: signal.Signals):
+    """Open MPI runs the other ranks on after one exits with status 0; the rank mode makes any
+    unasked exit a failure, so mpirun ends the job and the supervisor above can restart it."""
+    launched = launch(
+        make_repo(tmp_path / "repo"), "--world_size", "2", "--tensorrt_llm_model_name", "stream_ints"
+    )
+    wait_ready(launched)
+    wait_for_ranks(launched, 2)
+    tree = launch.remember(launched)
+    rank1 = ranks_of(launched)[2][1]
+
+    t0 = time.monotonic()
+    rank1.send_signal(how)
+    rc = launched.proc.wait(timeout=STOP_TIMEOUT)
+    print(f"launcher exited {time.monotonic() - t0:.1f} s after rank 1 got {how.name}")
+    assert rc != 0, launched.log_tail()
+    assert wait_gone(tree, 10) == [], [p.name() for p in alive(tree)]
+    assert f"(pid {rank1.pid}) exited unasked" in launched.log.read_text(errors="replace")
+
+
+@requires_triton
+def test_mpirun_killed_leaves_no_rank_behind(launch, tmp_path: Path):
+    """mpirun gives each rank a process group of its own, so a SIGKILL to its group would orphan
+    them; each rank's supervisor dies with mpirun and stops its tritonserver."""
+    launched = launch(
+        make_repo(tmp_path / "repo"), "--world_size", "2", "--tensorrt_llm_model_name", "stream_ints"
+    )
+    wait_ready(launched)
+    wait_for_ranks(launched, 2)
+    tree = launch.remember(launched)
+    mpirun, _, servers = ranks_of(launched)
+    assert all(os.getpgid(s.pid) != os.getpgid(mpirun.pid) for s in servers)
+
+    mpirun.kill()
+    assert wait_gone(tree, STOP_TIMEOUT) == [], [p.name() for p in alive(tree)]

@@ -137,9 +137,13 @@ def test_invalid_values(argv: list[str]):
 
 
 def split_ranks(cmd: list[str]) -> list[list[str]]:
-    assert cmd[1] == "--allow-run-as-root"
+    """Each rank's tritonserver argv, checking what wraps it: one process, run by the launcher's
+    rank mode with the grace that the server's exit timeout needs."""
+    # --noprefix: an absolute mpirun path must not put <prefix>/bin and /lib first on the ranks'
+    # PATH and LD_LIBRARY_PATH (the stub would embed the system's Python).
+    assert cmd[1:3] == ["--allow-run-as-root", "--noprefix"]
     ranks, current = [], []
-    for arg in cmd[2:]:
+    for arg in cmd[3:]:
         if arg == ":":
             ranks.append(current)
             current = []
@@ -148,7 +152,9 @@ def split_ranks(cmd: list[str]) -> list[list[str]]:
     ranks.append(current)
     for rank in ranks:
         assert rank[:2] == ["-n", "1"]
-    return [rank[2:] for rank in ranks]
+        assert rank[2:4] == [sys.executable, str(LAUNCHER)]
+        assert rank[4] == "--supervise_rank" and float(rank[5]) >= 15 and rank[6] == "--"
+    return [rank[7:] for rank in ranks]
 
 
 def test_world_size_two_via_mpirun():

@@ -150,9 +150,7 @@ def make_source(
             f"tensorrt_llm: the stand-in engine must be one of {', '.join(ENGINES)}, got {kind!r}"
         )
     if kind == "reference":
-        from reference import ReferenceSource
-
-        from reference import DEFAULT_SLOTS
+        from reference import DEFAULT_SLOTS, ReferenceSource
 
         source = ReferenceSource(model_dir, device, dtype, slots=slots or DEFAULT_SLOTS, max_len=max_seq_len)
         return source, source.vocab_size, source.max_len
