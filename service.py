@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncGenerator
-from typing import Annotated
+from typing import Annotated, Any
 
 import bentoml
 from annotated_types import Ge, Le
@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse
 from tensorrtllm_backend.stop_strings import StopStringError, check_stop
 from trtllm_service.auth import APIKeyMiddleware, APIKeys
 from trtllm_service.errors import APIError
+from trtllm_service.guided import GuideRequestError, checked, json_schema_guide
 from trtllm_service.limits import ConcurrencyLimitMiddleware
 from trtllm_service.metrics import RequestMetrics, append_triton_metrics
 from trtllm_service.openai import routes as openai_routes
@@ -79,8 +80,10 @@ class TRTLLM:
         seed: Annotated[int, Ge(0)] | None = None,
         stop: list[str] | None = None,
         ignore_eos: bool = False,
+        json_schema: dict[str, Any] | None = None,
     ) -> AsyncGenerator[str, None]:
-        """Formats the prompt with the model's chat template and streams the answer as text.
+        """Formats the prompt with the model's chat template and streams the answer as text;
+        with `json_schema`, the answer is JSON that validates against it.
 
         Errors before the first chunk are JSON responses with a 4xx/5xx status, never text in
         the stream: the first text is awaited before the response starts.
@@ -92,7 +95,16 @@ class TRTLLM:
                 stops = check_stop(stop or [])
             except StopStringError as exc:
                 raise APIError.bad_request(str(exc), param="stop") from None
+            try:
+                guide = (
+                    None
+                    if json_schema is None
+                    else checked(json_schema_guide(json_schema, "json_schema"), "json_schema")
+                )
+            except GuideRequestError as exc:
+                raise APIError.bad_request(str(exc), param=exc.param) from None
             params = SamplingParams(
+                guide=guide,
                 max_tokens=max_tokens,
                 temperature=temperature,
                 top_p=top_p,

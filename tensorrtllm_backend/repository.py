@@ -29,13 +29,17 @@ inflight_batcher_llm ensemble (C++ backend with a prebuilt engine, or a stand-in
 _HERE = Path(__file__).resolve().parent
 _STAND_IN = TEMPLATES_DIR / "tensorrt_llm" / "1"
 # Modules a model's code imports that live elsewhere (one copy in this tree): copied beside model.py.
-SHARED_MODULES: dict[str, tuple[Path, ...]] = {"postprocessing": (_HERE / "detokenizer.py",)}
+SHARED_MODULES: dict[str, tuple[Path, ...]] = {
+    "postprocessing": (_HERE / "detokenizer.py",),
+    "tensorrt_llm": (_HERE / "grammars.py",),
+}
 LLMAPI_SHARED_MODULES: dict[str, tuple[Path, ...]] = {
     "tensorrt_llm": (
         *(_STAND_IN / name for name in ("contract.py", "engine.py", "reference.py", "synthetic.py")),
         _STAND_IN / "triton_adapter.py",
         _HERE / "detokenizer.py",
         _HERE / "stop_strings.py",
+        _HERE / "grammars.py",
     )
 }
 BACKENDS = ("python", "tensorrtllm")

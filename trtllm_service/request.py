@@ -37,6 +37,7 @@ class SamplingParams:
         min_tokens: Fewest tokens to generate before an end token is allowed.
         stop: Stop strings, matched on the generated text.
         ignore_eos: Keep generating past end tokens (benchmarking).
+        guide: What the answer must look like: (guided decoding type, its text), checked.
     """
 
     max_tokens: int | None = None
@@ -50,6 +51,7 @@ class SamplingParams:
     min_tokens: int | None = None
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    guide: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +79,8 @@ class GenerationRequest:
     seed: int | None = None
     end_id: int = -1
     stop_token_ids: tuple[int, ...] = ()
+    guide_type: str | None = None
+    guide: str | None = None
     stop: tuple[str, ...] = field(default=(), compare=False)  # matched on text, not sent
 
     @property
@@ -130,6 +134,8 @@ def settle(
         end_id=-1 if params.ignore_eos or not end_ids else end_ids[0],
         stop_token_ids=() if params.ignore_eos else tuple(end_ids[1:]),
         stop=params.stop,
+        guide_type=params.guide[0] if params.guide else None,
+        guide=params.guide[1] if params.guide else None,
         **sampling,  # type: ignore[arg-type]
     )
 
@@ -188,6 +194,8 @@ ENGINE_INPUTS: Mapping[str, TensorSpec] = {
     "seed": TensorSpec("random_seed", "UINT64"),
     "end_id": TensorSpec("end_id", "INT32"),
     "stop_token_ids": WordList("stop_words_list", "INT32"),
+    "guide_type": TensorSpec("guided_decoding_guide_type", "BYTES"),
+    "guide": TensorSpec("guided_decoding_guide", "BYTES"),
 }
 """GenerationRequest field -> input of the `tensorrt_llm` model (NVIDIA's C++ backend contract)."""
 
@@ -232,6 +240,8 @@ LLMAPI_INPUTS: Mapping[str, TensorSpec] = {
     "seed": _llmapi("sampling_param_seed", "UINT64"),
     "end_id": _llmapi("sampling_param_end_id", "INT32"),
     "stop_token_ids": _llmapi("sampling_param_stop_token_ids", "INT32"),
+    "guide_type": _llmapi("guided_decoding_guide_type", "BYTES"),
+    "guide": _llmapi("guided_decoding_guide", "BYTES"),
 }
 """GenerationRequest field -> input of the LLM API flavour's `tensorrt_llm` model (upstream's
 `sampling_param_*` names; input_ids, end_id, stop_token_ids, min_tokens, repetition_penalty are ours)."""

@@ -221,3 +221,52 @@ def test_end_of_text_also_ends_the_turn(triton: TritonServer, tokenizer: Any) ->
         text, count = ensemble_text(triton, prompt, 50, stream=stream, **bias)
         assert text == "", f"stream={stream}"
         assert count == 1, f"stream={stream}"
+
+
+def test_a_guide_on_the_engine_contract_shapes_the_ids(triton: TritonServer, tokenizer: Any) -> None:
+    """The C++ backend's guided_decoding_guide_type / _guide inputs, sent straight to the engine
+    model: the ids decode to text the guide allows; an unknown guide type is a refused request."""
+    import json
+    import re
+
+    prompt = tokenizer.encode("Hello")
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 50}, "ok": {"type": "boolean"}},
+        "required": ["n", "ok"],
+        "additionalProperties": False,
+    }
+    cases = [
+        ("json_schema", json.dumps(schema), lambda text: _validates(json.loads(text), schema)),
+        ("regex", "[a-f]{4}-[0-9]{2}", lambda text: re.fullmatch("[a-f]{4}-[0-9]{2}", text)),
+        ("ebnf_grammar", 'root ::= "on" | "off"', lambda text: text in ("on", "off")),
+    ]
+    for guide_type, guide, accepts in cases:
+        for streaming in (False, True):
+            inputs = engine_inputs(
+                prompt,
+                200,
+                end_id=1025,
+                streaming=streaming,
+                guided_decoding_guide_type=guide_type,
+                guided_decoding_guide=guide,
+            )
+            result = run_stream(triton.grpc_url, inputs, model="tensorrt_llm", request_id=rid())
+            assert result.error is None, result.error
+            text = tokenizer.decode(output_ids(result))
+            assert accepts(text), f"{guide_type}, streaming={streaming}: {text!r}"
+
+    refused = run_stream(
+        triton.grpc_url,
+        engine_inputs(prompt, 5, guided_decoding_guide_type="yaml", guided_decoding_guide="x"),
+        model="tensorrt_llm",
+        request_id=rid(),
+    )
+    assert refused.error is not None and "invalid request" in refused.error and "yaml" in refused.error
+
+
+def _validates(value: Any, schema: dict[str, Any]) -> bool:
+    import jsonschema
+
+    jsonschema.validate(value, schema)
+    return True

@@ -238,8 +238,6 @@ def test_non_text_content_part_named() -> None:
         ("functions", [{"name": "f"}]),
         ("function_call", {"name": "f"}),
         ("parallel_tool_calls", True),
-        ("response_format", {"type": "json_object"}),
-        ("response_format", {"type": "json_schema", "json_schema": {}}),
         ("audio", {"voice": "alloy"}),
         ("modalities", ["text", "audio"]),
         ("reasoning_effort", "high"),
@@ -269,6 +267,31 @@ def test_unsupported_chat_parameters_are_named(name: str, value: Any) -> None:
 )
 def test_off_values_and_harmless_params_accepted(name: str, value: Any) -> None:
     assert parse_request(ChatCompletionRequest, chat(**{name: value})).sampling_params() == SamplingParams()
+
+
+@pytest.mark.parametrize(
+    ("fields", "guide"),
+    [
+        ({"response_format": {"type": "json_object"}}, ("json", "")),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "p", "schema": {"type": "integer"}},
+                }
+            },
+            ("json_schema", '{"type": "integer"}'),
+        ),
+        ({"guided_json": '{"type": "string"}'}, ("json_schema", '{"type": "string"}')),
+        ({"guided_regex": "[0-9]+"}, ("regex", "[0-9]+")),
+        ({"guided_choice": ["a b", 'say "hi"', "a b"]}, ("ebnf_grammar", 'root ::= "a b" | "say \\"hi\\""')),
+        ({"guided_grammar": 'root ::= "x"'}, ("ebnf_grammar", 'root ::= "x"')),
+    ],
+)
+def test_structured_output_becomes_one_guide(fields: dict[str, Any], guide: tuple[str, str]) -> None:
+    assert parse_request(ChatCompletionRequest, chat(**fields)).sampling_params().guide == guide
+    completion = parse_request(CompletionRequest, {"prompt": "p", **fields})
+    assert completion.sampling_params().guide == guide
 
 
 def test_unparseable_json() -> None:

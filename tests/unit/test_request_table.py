@@ -8,6 +8,7 @@ without a server. The table is also checked against the model configs that decla
 from __future__ import annotations
 
 import importlib.util
+import struct
 import sys
 from array import array
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
+import tensorrtllm_backend
 from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR, TEMPLATES_DIR
 from tensorrtllm_backend.repository import fill_model_config, repository_values
 from trtllm_service.errors import APIError
@@ -42,7 +44,11 @@ DTYPES = {"INT32": np.int32, "FP32": np.float32, "UINT64": np.uint64, "BOOL": np
 
 
 def _contract() -> Any:
-    """The engine's contract.py, imported from the model repository template."""
+    """The engine's contract.py, imported from the model repository template (with the shared
+    modules it imports, copied beside it in a real repository, importable)."""
+    shared = str(Path(tensorrtllm_backend.__file__).parent)
+    if shared not in sys.path:
+        sys.path.insert(0, shared)
     path = TEMPLATES_DIR / "tensorrt_llm" / "1" / "contract.py"
     spec = importlib.util.spec_from_file_location("engine_contract", path)
     assert spec is not None and spec.loader is not None
@@ -87,6 +93,8 @@ EVERY_FIELD = GenerationRequest(
     seed=(1 << 64) - 1,
     end_id=7,
     stop_token_ids=(8, 9),
+    guide_type="json_schema",
+    guide='{"type": "integer"}',
 )
 """A request with every field of the table set."""
 
@@ -95,6 +103,14 @@ def _read_back(message: bytes) -> tuple[service_pb2.ModelInferRequest, dict[str,
     request = service_pb2.ModelInferRequest.FromString(message)
     arrays = {}
     for tensor, raw in zip(request.inputs, request.raw_input_contents, strict=True):
+        if tensor.datatype == "BYTES":  # Triton's layout: each element a 4-byte length, then its bytes
+            items, offset = [], 0
+            while offset < len(raw):
+                (size,) = struct.unpack_from("<I", raw, offset)
+                items.append(raw[offset + 4 : offset + 4 + size])
+                offset += 4 + size
+            arrays[tensor.name] = np.array(items, dtype=np.object_).reshape(list(tensor.shape))
+            continue
         arrays[tensor.name] = np.frombuffer(raw, DTYPES[tensor.datatype]).reshape(list(tensor.shape))
     return request, arrays
 
@@ -124,6 +140,7 @@ def test_the_engine_reads_back_every_field_the_relay_sends() -> None:
         True,
     )
     assert parsed.outputs == frozenset({"output_ids"})
+    assert parsed.guide == ("json_schema", '{"type": "integer"}')
 
 
 def test_unset_fields_are_not_sent_so_the_engine_keeps_its_defaults() -> None:
@@ -209,7 +226,8 @@ def test_llmapi_table_rows_are_inputs_the_model_declares(tmp_path: Path) -> None
     declared, outputs = _llmapi_declared(tmp_path)
     for spec in [*LLMAPI_INPUTS.values(), *(spec for spec, _ in LLMAPI_FIXED.values())]:
         assert not spec.batched  # max_batch_size 0: no batch dimension
-        assert declared.get(spec.name, ("?",))[0] == spec.datatype, spec.name
+        triton_type = "STRING" if spec.datatype == "BYTES" else spec.datatype
+        assert declared.get(spec.name, ("?",))[0] == triton_type, spec.name
     assert set(LLMAPI_OUTPUTS) <= outputs
     # Every input the contract reads is declared, and upstream's names are all there.
     assert set(llmapi_contract.SCALARS) <= set(declared)
@@ -251,6 +269,7 @@ def test_the_llmapi_model_reads_back_every_field_the_relay_sends() -> None:
     assert engine.frequency_penalty == pytest.approx(-0.5)
     assert (engine.min_length, engine.seed, engine.end_id) == (2, (1 << 64) - 1, 7)
     assert engine.stop_words == [[8], [9]]  # the request's end ids replace the model's (1, 2)
+    assert engine.guide == ("json_schema", '{"type": "integer"}')
     assert not engine.greedy
     assert parsed.outputs == {"num_output_tokens"} and parsed.echo_prompt is None
 

@@ -4,7 +4,7 @@ Request policy (what happens to each parameter a client sends):
 
 * Supported parameters are validated (types strictly, ranges as OpenAI documents them) and reduced to
   ``SamplingParams`` by ``sampling_params()``.
-* Parameters we cannot honour (tools, logprobs, logit_bias, response_format other than text, best_of > 1,
+* Parameters we cannot honour (tools, logprobs, logit_bias, best_of > 1,
   suffix, audio, ...) are rejected with a 400 whose ``param`` names them and whose code is
   ``unsupported_parameter``. Their "off" values (``null``, ``false``, ``{}``, ``[]``, ``{"type": "text"}``,
   ``best_of: 1``, ...) are accepted, since clients often send defaults explicitly.
@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tensorrtllm_backend.stop_strings import MAX_STOP_STRINGS, StopStringError, check_stop
 from trtllm_service.errors import APIError
+from trtllm_service.guided import Guide, GuideRequestError, checked, choice_guide, json_schema_guide
 from trtllm_service.openai.errors import from_validation_error, request_error
 from trtllm_service.request import SamplingParams
 
@@ -63,10 +64,6 @@ _CHAT_UNSUPPORTED: dict[str, _Rule] = {
     "functions": (_unset, _NO_TOOLS),
     "function_call": (lambda v: v in (None, "none", "auto"), _NO_TOOLS),
     "parallel_tool_calls": (lambda v: v is None, _NO_TOOLS),
-    "response_format": (
-        lambda v: v is None or (isinstance(v, dict) and v.get("type") == "text"),
-        "only the 'text' response format is supported (no JSON mode or structured outputs)",
-    ),
     "audio": (_unset, "audio output is not supported"),
     "modalities": (lambda v: v in (None, ["text"]), "only the 'text' modality is supported"),
     "prediction": (_unset, "predicted outputs are not supported"),
@@ -165,12 +162,48 @@ def _join_text_parts(parts: list[Any]) -> str:
     return "\n".join(texts)
 
 
+class JSONSchemaFormat(BaseModel):
+    """`response_format.json_schema`: the schema the answer must validate against."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str = Field(max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """`response_format`: plain text, any JSON object, or JSON that validates against a schema."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise request_error(
+                "missing_required_parameter", "'json_schema' is required for this type.", "json_schema"
+            )
+        if self.type != "json_schema" and self.json_schema is not None:
+            raise request_error(
+                "invalid_value", f"'json_schema' needs type 'json_schema', not {self.type!r}.", "json_schema"
+            )
+        return self
+
+
+_GUIDE_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+
+
 class _RequestBase(BaseModel):
     """Fields and checks shared by chat and text completions."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
     _unsupported: ClassVar[dict[str, _Rule]] = {}
+    _guide: Guide | None = None  # set by _check_guide: what the answer must look like
 
     model: str | None = Field(None, description="Model id; omitted means the served model")
     max_tokens: int | None = Field(None, ge=1)
@@ -188,6 +221,15 @@ class _RequestBase(BaseModel):
     user: str | None = Field(None, description="Accepted and ignored")
     min_tokens: int | None = Field(None, ge=0, description="Extension")
     ignore_eos: bool = Field(False, description="Extension: generate past end-of-sequence")
+    response_format: ResponseFormat | None = Field(
+        None, description="{'type': 'json_object'} or {'type': 'json_schema', 'json_schema': {...}}"
+    )
+    guided_json: dict[str, Any] | str | None = Field(None, description="Extension (vLLM): a JSON schema")
+    guided_regex: str | None = Field(None, description="Extension (vLLM): a regular expression")
+    guided_choice: list[str] | None = Field(None, description="Extension (vLLM): one of these strings")
+    guided_grammar: str | None = Field(
+        None, description="Extension (vLLM): a GBNF grammar (root rule `root`)"
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -217,6 +259,48 @@ class _RequestBase(BaseModel):
             where = () if exc.index is None or isinstance(value, str) else (exc.index,)
             raise request_error(exc.code, str(exc), *where) from None
         return value
+
+    @model_validator(mode="after")
+    def _check_guide(self) -> _RequestBase:
+        """At most one structured-output field, and a schema or grammar llguidance compiles."""
+        given = [
+            name
+            for name in _GUIDE_FIELDS
+            if getattr(self, name) is not None
+            and not (name == "response_format" and self.response_format.type == "text")  # type: ignore[union-attr]
+        ]
+        if len(given) > 1:
+            raise request_error(
+                "invalid_value",
+                f"Only one of {', '.join(given)} may be set (they all shape the answer).",
+                given[1],
+            )
+        self._guide = None
+        if given:
+            try:
+                self._guide = checked(*self._requested_guide(given[0]))
+            except GuideRequestError as exc:
+                raise request_error("invalid_value", str(exc), *exc.param.split(".")) from None
+        return self
+
+    def _requested_guide(self, name: str) -> tuple[Guide, str]:
+        """The guide the field `name` asks for, and the request path to blame for it."""
+        if name == "response_format":
+            fmt = self.response_format
+            assert fmt is not None
+            if fmt.type == "json_object":
+                return ("json", ""), name
+            assert fmt.json_schema is not None
+            schema = fmt.json_schema.schema_ if fmt.json_schema.schema_ is not None else {}
+            path = "response_format.json_schema.schema"
+            return json_schema_guide(schema, path), path
+        if name == "guided_json":
+            return json_schema_guide(self.guided_json, name), name
+        if name == "guided_regex":
+            return ("regex", str(self.guided_regex)), name
+        if name == "guided_choice":
+            return choice_guide(self.guided_choice or [], name), name
+        return ("ebnf_grammar", str(self.guided_grammar)), name
 
     @model_validator(mode="after")
     def _check_lengths(self) -> _RequestBase:
@@ -260,6 +344,7 @@ class _RequestBase(BaseModel):
             min_tokens=self.min_tokens,
             stop=self.stop_strings(),
             ignore_eos=self.ignore_eos,
+            guide=self._guide,
         )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import numpy as np
+from grammars import GUIDE_TYPES
 
 GetInput = Callable[[str], "np.ndarray | None"]
 
@@ -41,6 +42,7 @@ SCALAR_DEFAULTS: dict[str, object] = {
     "stop": False,
 }
 ARRAY_INPUTS = ("input_ids", "stop_words_list", "bad_words_list", "embedding_bias")
+TEXT_INPUTS = ("guided_decoding_guide_type", "guided_decoding_guide")
 OUTPUTS = (
     "output_ids",
     "sequence_length",
@@ -68,6 +70,32 @@ def scalar(get: GetInput, name: str) -> object:
     if array is None or array.size == 0:
         return SCALAR_DEFAULTS[name]
     return array.reshape(-1)[0].item()
+
+
+def text(get: GetInput, name: str) -> str | None:
+    """A string input (BYTES [1] or [1, 1]) as text, None when absent or empty."""
+    array = get(name)
+    if array is None or array.size == 0:
+        return None
+    value = array.reshape(-1)[0]
+    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
+
+
+def parse_guide(get: GetInput) -> tuple[str, str] | None:
+    """The guided-decoding request (type, guide text), as the C++ backend takes it, or None."""
+    guide_type = text(get, "guided_decoding_guide_type")
+    guide = text(get, "guided_decoding_guide")
+    if guide_type is None:
+        if guide is not None:
+            raise RequestError("guided_decoding_guide needs guided_decoding_guide_type")
+        return None
+    if guide_type not in GUIDE_TYPES:
+        raise RequestError(
+            f"guided_decoding_guide_type {guide_type!r} is not one of {', '.join(GUIDE_TYPES)}"
+        )
+    if guide is None and guide_type != "json":
+        raise RequestError(f"guided_decoding_guide_type {guide_type!r} needs guided_decoding_guide")
+    return guide_type, guide or ""
 
 
 def parse_word_list(array: np.ndarray | None) -> list[list[int]]:
@@ -121,6 +149,7 @@ class EngineRequest:
     return_context_logits: bool
     return_generation_logits: bool
     outputs: frozenset[str]
+    guide: tuple[str, str] | None = None  # (guided_decoding_guide_type, guided_decoding_guide)
 
 
 def is_stop_request(get: GetInput) -> bool:
@@ -219,6 +248,7 @@ def parse_request(
         return_context_logits=return_context_logits,
         return_generation_logits=return_generation_logits,
         outputs=frozenset(enabled & set(requested or OUTPUTS)),
+        guide=parse_guide(get),
     )
 
 

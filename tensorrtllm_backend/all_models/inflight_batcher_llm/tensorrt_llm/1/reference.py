@@ -91,6 +91,7 @@ class ReferenceSource:
         *,
         slots: int = DEFAULT_SLOTS,
         max_len: int = 0,
+        tokenizer_dir: str = "",
     ) -> None:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -106,6 +107,9 @@ class ReferenceSource:
         self.vocab_size = int(config.vocab_size)
         self.max_position_embeddings = int(getattr(config, "max_position_embeddings", 2048))
         self.max_len = max_len or self.max_position_embeddings
+        self.tokenizer_dir = tokenizer_dir or model_dir
+        self._guide_tokenizer: Any = None  # llguidance's view of the tokenizer, made on first use
+        self._guide_ends: frozenset[int] = frozenset()  # the ids it takes as the end of text
         self.cache: SlotCache | None = None
         self.capacity: int | None = None
         if full_attention_only(config):
@@ -132,8 +136,11 @@ class ReferenceSource:
             state.generator.manual_seed(int(seed))
         if request.embedding_bias is not None:
             state.bias = torch.from_numpy(request.embedding_bias).to(self.device)
+        if request.guide is not None:
+            state.guide = self._guide(*request.guide)
         state.plain = (
-            request.greedy
+            state.guide is None
+            and request.greedy
             and state.bias is None
             and request.repetition_penalty == 1.0
             and not request.presence_penalty
@@ -147,6 +154,32 @@ class ReferenceSource:
                 raise RuntimeError("no free batch slot (the engine loop admitted too many requests)")
             state.slot = self._free.pop()
         seq.state = state
+
+    def _guide(self, guide_type: str, guide: str) -> Any:
+        """An llguidance matcher for one request's guide (GuideError when it does not compile)."""
+        from grammars import GuideError, grammar
+        from llguidance import LLMatcher
+
+        if self._guide_tokenizer is None:
+            from llguidance.hf import from_tokenizer
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir)
+            self._guide_tokenizer = from_tokenizer(tokenizer, n_vocab=self.vocab_size)
+            self._guide_ends = frozenset(self._guide_tokenizer.eos_tokens)
+        matcher = LLMatcher(self._guide_tokenizer, grammar(guide_type, guide), log_level=0)
+        if matcher.is_error():
+            raise GuideError(matcher.get_error())
+        return matcher
+
+    def _allowed(self, matcher: Any) -> torch.Tensor:
+        """The tokens the grammar allows next, as a boolean vector over the model's vocabulary.
+        (Not llguidance.torch: importing it runs torch.compile, which needs a UTF-8 locale that
+        Triton's Python stub does not set, and a compiler.)"""
+        allowed = torch.frombuffer(bytearray(matcher.compute_logit_bias()), dtype=torch.uint8) > 0
+        if allowed.numel() < self.vocab_size:  # ids past the tokenizer's vocabulary: never allowed
+            allowed = torch.cat([allowed, allowed.new_zeros(self.vocab_size - allowed.numel())])
+        return allowed[: self.vocab_size]
 
     def release(self, seq: Sequence) -> None:
         state: _State | None = seq.state
@@ -277,6 +310,11 @@ class ReferenceSource:
                 logits[word[-1]] = -float("inf")
         if 0 <= request.end_id < self.vocab_size and len(seq.generated) < request.min_length:
             logits[request.end_id] = -float("inf")
+        matcher = state.guide
+        if matcher is not None:
+            if matcher.is_stopped():  # the grammar is complete: the answer ends here
+                return request.end_id, 0.0
+            logits = logits.masked_fill(~self._allowed(matcher).to(logits.device), -float("inf"))
         if request.return_generation_logits:
             seq.generation_logits.append(logits.cpu().numpy())
 
@@ -297,13 +335,20 @@ class ReferenceSource:
             token = int(torch.multinomial(log_probs.exp(), 1, generator=state.generator))
             log_prob = float(log_probs[token])
         state.counts[token] += 1
+        if matcher is not None:
+            if token in self._guide_ends:  # the grammar is satisfied and the model ends here
+                return request.end_id, log_prob
+            if not matcher.consume_token(token):
+                raise RuntimeError(f"guided decoding: {matcher.get_error()}")
         return token, log_prob
 
 
 class _State:
     """Per-request state of the reference source."""
 
-    __slots__ = ("bias", "counts", "generator", "length", "own_cache", "plain", "prompt_mask", "slot")
+    __slots__ = (
+        "bias", "counts", "generator", "guide", "length", "own_cache", "plain", "prompt_mask", "slot",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.slot: int | None = None  # its rows in the slot cache
@@ -314,3 +359,4 @@ class _State:
         self.prompt_mask: torch.Tensor | None = None
         self.generator: torch.Generator | None = None
         self.bias: torch.Tensor | None = None
+        self.guide: Any = None  # an llguidance matcher: its grammar masks every step's logits

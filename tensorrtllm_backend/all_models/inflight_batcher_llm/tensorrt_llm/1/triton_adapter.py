@@ -152,7 +152,14 @@ def make_source(
     if kind == "reference":
         from reference import DEFAULT_SLOTS, ReferenceSource
 
-        source = ReferenceSource(model_dir, device, dtype, slots=slots or DEFAULT_SLOTS, max_len=max_seq_len)
+        source = ReferenceSource(
+            model_dir,
+            device,
+            dtype,
+            slots=slots or DEFAULT_SLOTS,
+            max_len=max_seq_len,
+            tokenizer_dir=tokenizer_dir,
+        )
         return source, source.vocab_size, source.max_len
     from synthetic import SyntheticSource, printable_tokens
 

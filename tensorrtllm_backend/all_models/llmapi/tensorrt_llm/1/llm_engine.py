@@ -45,7 +45,19 @@ def sampling_params(request: TextRequest) -> Any:
         kwargs.update(temperature=0.0, top_k=1)
     else:
         kwargs.update(temperature=engine.temperature, top_k=engine.top_k or None, top_p=engine.top_p or None)
+    if engine.guide is not None:
+        kwargs["guided_decoding"] = guided_decoding(*engine.guide)
     return tensorrt_llm.SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})
+
+
+def guided_decoding(guide_type: str, guide: str) -> Any:
+    """The LLM API's GuidedDecodingParams of a guide (the LLM needs `guided_decoding_backend` set)."""
+    from tensorrt_llm.sampling_params import GuidedDecodingParams
+
+    field = {"json": "json_object", "json_schema": "json", "regex": "regex", "ebnf_grammar": "grammar"}[
+        guide_type
+    ]
+    return GuidedDecodingParams(**{field: True if guide_type == "json" else guide})
 
 
 class LLMEngine:

@@ -5,8 +5,10 @@ Pure logic, no Triton. Upstream's wire format: `text_input` (a prompt), `streami
 `return_stop_reason`, `return_cumulative_logprob` switches; out come `text_output` and, when asked
 for, `finish_reason`, `stop_reason`, `cumulative_logprob` (as strings, like upstream). Our
 extensions, all optional: `input_ids` (a tokenized prompt instead of text, as the service sends),
-`sampling_param_{repetition_penalty,min_tokens,end_id,stop_token_ids}`, and
-`return_num_{input,output}_tokens` (INT32 `num_input_tokens` / `num_output_tokens`, for usage).
+`sampling_param_{repetition_penalty,min_tokens,end_id,stop_token_ids}`,
+`return_num_{input,output}_tokens` (INT32 `num_input_tokens` / `num_output_tokens`, for usage), and
+the C++ backend's `guided_decoding_guide_type` / `guided_decoding_guide` (the LLM API's
+`GuidedDecodingParams`).
 
 Unlike upstream, streamed `text_output`s are deltas that concatenate exactly to the whole text, and
 a request the engine refuses is an INVALID_ARG error whose message starts with INVALID_REQUEST.
@@ -18,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from contract import EngineLimits, EngineRequest, RequestError
+from contract import EngineLimits, EngineRequest, RequestError, parse_guide
 
 GetInput = Callable[[str], "np.ndarray | None"]
 
@@ -192,6 +194,7 @@ def parse_text_request(
         return_context_logits=False,
         return_generation_logits=False,
         outputs=frozenset(),
+        guide=parse_guide(get),
     )
     return TextRequest(
         engine=request,

@@ -1,0 +1,68 @@
+"""Guided decoding: TensorRT-LLM's guide types, turned into llguidance grammars.
+
+A request's guide is a pair (`guided_decoding_guide_type`, `guided_decoding_guide`), the names of
+the C++ backend's inputs and of the LLM API's `GuidedDecodingParams`:
+
+  json          any JSON object (OpenAI's `json_object` response format); the guide text is unused
+  json_schema   JSON that validates against the JSON Schema in the guide text
+  regex         text matching the regular expression in the guide text
+  ebnf_grammar  text of the GBNF grammar (llama.cpp's EBNF dialect, root rule `root`) in the guide
+
+The service checks a guide before sending it (a bad one is a 400 naming the field); the reference
+engine compiles it into an llguidance matcher that masks every step's logits. This file is copied
+beside the Triton models that use it (one copy in this tree); llguidance is imported on use.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
+
+ANY_JSON_OBJECT = {"type": "object"}
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+"""JSON is written on one line, one space after `,` and `:`: a grammar that allows free whitespace
+lets a model pad forever (a random-weights model does), and the output never ends."""
+
+
+class GuideError(ValueError):
+    """A guide that cannot be compiled; the message says why (llguidance's words)."""
+
+
+def grammar(guide_type: str, guide: str) -> str:
+    """The llguidance grammar of one guide. Raises GuideError for an unknown type or bad text
+    (only JSON parsing is checked here; `check` compiles the grammar)."""
+    from llguidance import LLMatcher
+
+    if guide_type == "json":
+        return LLMatcher.grammar_from_json_schema(ANY_JSON_OBJECT, overrides=JSON_LAYOUT)
+    if guide_type == "json_schema":
+        try:
+            schema = json.loads(guide)
+        except ValueError as exc:
+            raise GuideError(f"the JSON schema is not valid JSON: {exc}") from None
+        if not isinstance(schema, (dict, bool)):
+            raise GuideError("a JSON schema must be an object (or true/false)")
+        return LLMatcher.grammar_from_json_schema(schema, overrides=JSON_LAYOUT)
+    if guide_type == "regex":
+        return LLMatcher.grammar_from_regex(guide)
+    if guide_type == "ebnf_grammar":
+        from llguidance.gbnf_to_lark import gbnf_to_lark
+
+        try:
+            return LLMatcher.grammar_from_lark(gbnf_to_lark(guide))
+        except Exception as exc:  # the converter raises plain exceptions on bad input
+            raise GuideError(f"the grammar is not valid GBNF: {exc}") from None
+    raise GuideError(f"unknown guided decoding type {guide_type!r} (one of {', '.join(GUIDE_TYPES)})")
+
+
+def check(guide_type: str, guide: str, tokenizer: Any = None) -> str:
+    """The compiled grammar of a guide; GuideError with llguidance's message when it is refused."""
+    from llguidance import LLMatcher
+
+    compiled = grammar(guide_type, guide)
+    error = LLMatcher.validate_grammar(compiled, tokenizer)
+    if error and not error.startswith("WARNING"):
+        raise GuideError(error)
+    return compiled
