@@ -13,14 +13,15 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from trtllm_service import tool_calls
 from trtllm_service.errors import APIError
 from trtllm_service.request import EngineLimits, GenerationRequest, SamplingParams, settle
 
 LLAMA3_CHAT_TEMPLATE: str = (
     "{{- '<|begin_of_text|>' -}}"
     "{%- for message in messages -%}"
-    "{%- if message['role'] not in ['system', 'user', 'assistant'] -%}"
-    "{{- raise_exception(\"Unsupported role '\" ~ message['role'] ~ \"': this template accepts system, user and assistant\") -}}"
+    "{%- if message['role'] not in ['system', 'user', 'assistant', 'ipython'] -%}"
+    "{{- raise_exception(\"Unsupported role '\" ~ message['role'] ~ \"': this template accepts system, user, assistant and ipython (tool results)\") -}}"
     "{%- endif -%}"
     "{{- '<|start_header_id|>' ~ message['role'] ~ '<|end_header_id|>\\n\\n' ~ (message['content'] | trim) ~ '<|eot_id|>' -}}"
     "{%- endfor -%}"
@@ -60,20 +61,42 @@ class PromptFormatter:
         self.bos_token = self._bos
         self._rust = getattr(tokenizer, "backend_tokenizer", None)
 
-    def render(self, messages: list[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
-        """Render messages with the chat template (no tokenization).
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template renders tool definitions itself (it reads `tools`)."""
+        return "tools" in self.chat_template
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """Render messages (and the functions a request offers) with the chat template (no
+        tokenization). A template that renders no tools gets them in Llama-3.1's JSON format
+        (`tool_calls`).
 
         Raises:
             ValueError: No messages, or the template rejected them (e.g. an unsupported role).
         """
         if not messages:
             raise ValueError("At least one message is required")
+        extra: dict[str, Any] = {}
+        if any(m.get("tool_calls") or m["role"] == "tool" for m in messages) or tools:
+            if self.renders_tools:
+                messages = tool_calls.template_messages(messages)
+                if tools:
+                    extra["tools"] = [{"type": "function", "function": f} for f in tools]
+            else:
+                messages = tool_calls.fallback_messages(messages, tools or [])
         try:
             text = self._tokenizer.apply_chat_template(
                 messages,
                 chat_template=self.chat_template,
                 add_generation_prompt=add_generation_prompt,
                 tokenize=False,
+                **extra,
             )
         except jinja2.TemplateError as exc:
             raise ValueError(f"The chat template could not format these messages: {exc}") from exc
@@ -118,16 +141,18 @@ class RequestPreparer:
 
     def chat(
         self,
-        messages: list[dict[str, str]],
+        messages: list[dict[str, Any]],
         params: SamplingParams,
         default_max_tokens: int | None = None,
         *,
         param: str = "messages",
         budget_param: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> GenerationRequest:
-        """`param` / `budget_param`: the request fields a context_length_exceeded error names."""
+        """`param` / `budget_param`: the request fields a context_length_exceeded error names;
+        `tools`: the functions the request offers (OpenAI's `function` objects)."""
         try:
-            text = self.formatter.render(messages)
+            text = self.formatter.render(messages, tools=tools)
         except ValueError as exc:
             raise APIError.bad_request(str(exc), param=param) from None
         return settle(

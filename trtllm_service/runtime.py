@@ -182,17 +182,22 @@ class Runtime:
 
     async def prepare_chat(
         self,
-        messages: list[dict[str, str]],
+        messages: list[dict[str, Any]],
         params: SamplingParams,
         *,
         default_max_tokens: int | None = None,
         param: str = "messages",
         budget_param: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> GenerationRequest:
         """Renders the chat template, tokenizes and settles (400 for what cannot be served)."""
         size = sum(len(m.get("content") or "") for m in messages)
         prepare = functools.partial(
-            self.preparer.chat, default_max_tokens=default_max_tokens, param=param, budget_param=budget_param
+            self.preparer.chat,
+            default_max_tokens=default_max_tokens,
+            param=param,
+            budget_param=budget_param,
+            tools=tools,
         )
         return await self._maybe_in_thread(size, prepare, messages, params)
 

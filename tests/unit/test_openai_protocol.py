@@ -201,14 +201,23 @@ def test_invalid_values_name_the_parameter(fields: dict[str, Any], param: str, c
         ({"content": "x"}, "messages[0].role", "missing_required_parameter"),
         ({"role": "user"}, "messages[0].content", "missing_required_parameter"),
         ({"role": "wizard", "content": "x"}, "messages[0].role", "invalid_value"),
-        ({"role": "tool", "content": "x", "tool_call_id": "1"}, "messages[0].role", "unsupported_value"),
+        ({"role": "function", "content": "x", "name": "f"}, "messages[0].role", "unsupported_value"),
+        (
+            {
+                "role": "user",
+                "content": "x",
+                "tool_calls": [{"id": "1", "function": {"name": "f", "arguments": "{}"}}],
+            },
+            "messages[0].tool_calls",
+            "invalid_value",
+        ),
         ({"role": "user", "content": 5}, "messages[0].content", "invalid_type"),
         ({"role": "user", "content": [{"type": "text"}]}, "messages[0].content[0].text", "invalid_type"),
         ({"role": "user", "content": ["x"]}, "messages[0].content[0]", "invalid_type"),
         (
             {"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]},
-            "messages[0].tool_calls",
-            "unsupported_parameter",
+            "messages[0].tool_calls[0].function",
+            "missing_required_parameter",
         ),
         ({"role": "user", "content": "x", "weight": 1}, "messages[0].weight", "unknown_parameter"),
     ],
@@ -232,12 +241,8 @@ def test_non_text_content_part_named() -> None:
         ("logit_bias", {"50256": -100}),
         ("logprobs", True),
         ("top_logprobs", 2),
-        ("tools", [{"type": "function", "function": {"name": "f"}}]),
-        ("tool_choice", "required"),
-        ("tool_choice", {"type": "function", "function": {"name": "f"}}),
         ("functions", [{"name": "f"}]),
         ("function_call", {"name": "f"}),
-        ("parallel_tool_calls", True),
         ("audio", {"voice": "alloy"}),
         ("modalities", ["text", "audio"]),
         ("reasoning_effort", "high"),
@@ -407,6 +412,57 @@ def test_from_validation_error_lists_several_problems() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- responses
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "says"),
+    [
+        ({"tool_choice": "required"}, "tool_choice", "needs 'tools'"),
+        (
+            {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+            "tool_choice",
+            "'g'",
+        ),
+        ({"tools": [TOOL, TOOL]}, "tools", "unique"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "bad name"}}]},
+            "tools[0].function.name",
+            "pattern",
+        ),
+        (
+            {"tools": [TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}},
+            "tool_choice",
+            "cannot be combined",
+        ),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nope"}}}],
+                "tool_choice": "required",
+            },
+            "tools",
+            "nope",
+        ),
+    ],
+)
+def test_bad_tools_are_named(fields: dict[str, Any], param: str, says: str) -> None:
+    err = chat_error(chat(**fields))
+    assert err.param == param and says in err.message, err.body()
+
+
+def test_a_forced_call_is_a_guide_on_the_calls_schema() -> None:
+    named = parse_request(
+        ChatCompletionRequest, chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "f"}})
+    )
+    guide = named.sampling_params().guide
+    assert guide is not None and guide[0] == "json_schema"
+    assert json.loads(guide[1])["properties"]["name"] == {"const": "f"}
+    assert named.tool_mode == "forced"
+    assert parse_request(ChatCompletionRequest, chat(tools=[TOOL])).tool_mode == "auto"
+    assert parse_request(ChatCompletionRequest, chat(tools=[TOOL], tool_choice="none")).tool_mode is None
+    assert parse_request(ChatCompletionRequest, chat(tools=[TOOL])).sampling_params().guide is None
 
 
 def test_chat_response_defaults() -> None:

@@ -83,8 +83,13 @@ class FakeRuntime:
         self._cancelled: set[int] = set()
         self._next = 1
 
-    async def prepare_chat(self, messages: list[dict[str, str]], params: SamplingParams) -> GenerationRequest:
-        return self.preparer.chat(messages, params)
+    async def prepare_chat(
+        self,
+        messages: list[dict[str, Any]],
+        params: SamplingParams,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> GenerationRequest:
+        return self.preparer.chat(messages, params, tools=tools)
 
     async def prepare_prompts(self, prompts: list[str], params: SamplingParams) -> list[GenerationRequest]:
         return self.preparer.prompts(prompts, params)

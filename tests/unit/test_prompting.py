@@ -70,8 +70,8 @@ def test_override_template_wins(tokenizer: PreTrainedTokenizerFast) -> None:
 
 
 def test_unsupported_role_is_value_error(tokenizer: PreTrainedTokenizerFast) -> None:
-    with pytest.raises(ValueError, match="Unsupported role 'tool'"):
-        PromptFormatter(tokenizer).render([{"role": "tool", "content": "x"}])
+    with pytest.raises(ValueError, match="Unsupported role 'wizard'"):
+        PromptFormatter(tokenizer).render([{"role": "wizard", "content": "x"}])
 
 
 def test_template_raise_exception_is_value_error(tokenizer: PreTrainedTokenizerFast) -> None:

@@ -23,14 +23,24 @@ does both steps for a raw body.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from tensorrtllm_backend.stop_strings import MAX_STOP_STRINGS, StopStringError, check_stop
+from trtllm_service import tool_calls
 from trtllm_service.errors import APIError
 from trtllm_service.guided import Guide, GuideRequestError, checked, choice_guide, json_schema_guide
 from trtllm_service.openai.errors import from_validation_error, request_error
@@ -40,7 +50,7 @@ MAX_N = 8
 MAX_PROMPTS = 64
 _UINT64_MASK = (1 << 64) - 1
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 _IGNORED_PARAMS = ("metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
 
@@ -50,7 +60,7 @@ def _unset(value: Any) -> bool:
     return value is None or value is False or value == {} or value == [] or value == ""
 
 
-_NO_TOOLS = "tool and function calling is not supported by this server"
+_NO_TOOLS = "the deprecated 'functions' API is not supported by this server: use 'tools'"
 _NO_LOGPROBS = "log probabilities are not returned by this server"
 
 # name -> (value is acceptable?, why we cannot honour it)
@@ -59,11 +69,8 @@ _CHAT_UNSUPPORTED: dict[str, _Rule] = {
     "logit_bias": (_unset, "logit_bias is not supported by this server"),
     "logprobs": (_unset, _NO_LOGPROBS),
     "top_logprobs": (lambda v: v in (None, 0), _NO_LOGPROBS),
-    "tools": (_unset, _NO_TOOLS),
-    "tool_choice": (lambda v: v in (None, "none", "auto"), _NO_TOOLS),
     "functions": (_unset, _NO_TOOLS),
     "function_call": (lambda v: v in (None, "none", "auto"), _NO_TOOLS),
-    "parallel_tool_calls": (lambda v: v is None, _NO_TOOLS),
     "audio": (_unset, "audio output is not supported"),
     "modalities": (lambda v: v in (None, ["text"]), "only the 'text' modality is supported"),
     "prediction": (_unset, "predicted outputs are not supported"),
@@ -77,8 +84,8 @@ _COMPLETION_UNSUPPORTED: dict[str, _Rule] = {
     "best_of": (lambda v: v in (None, 1), "best_of > 1 is not supported"),
     "suffix": (_unset, "suffix (insertion) is not supported"),
 }
-# Keys of a chat message that only matter with tool calling or audio; accepted when "off".
-_MESSAGE_OFF_KEYS = ("tool_calls", "function_call", "refusal", "audio", "annotations")
+# Keys of a chat message that only matter with features we lack; accepted when "off".
+_MESSAGE_OFF_KEYS = ("function_call", "refusal", "audio", "annotations")
 
 
 def new_id(prefix: str) -> str:
@@ -102,14 +109,70 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class FunctionCall(BaseModel):
+    """A call's function: its name and its arguments as JSON text (OpenAI's shape)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    """One tool call, in an assistant message (ours or one sent back in the conversation)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class FunctionDefinition(BaseModel):
+    """A function the model may call: its parameters are a JSON schema."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(BaseModel):
+    """One entry of `tools`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """`tool_choice` naming the one function to call."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatMessage(BaseModel):
     """One input message. ``developer`` is taken as ``system``; text parts are joined with newlines."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    role: Literal["system", "user", "assistant"]
+    role: Literal["system", "user", "assistant", "tool"]
     content: str = Field(description="A string, or a list of {'type': 'text', 'text': ...} parts")
     name: str | None = None
+    tool_calls: list[ToolCall] | None = Field(None, description="An assistant's earlier calls")
+    tool_call_id: str | None = Field(None, description="role 'tool': the call this result answers")
 
     @model_validator(mode="before")
     @classmethod
@@ -125,16 +188,21 @@ class ChatMessage(BaseModel):
         role = data.get("role")
         if role == "developer":
             data["role"] = role = "system"
-        if role in ("tool", "function"):
-            raise request_error("unsupported_value", f"Role '{role}' is not supported: {_NO_TOOLS}.", "role")
-        if isinstance(role, str) and role not in ("system", "user", "assistant"):
+        if role == "function":
+            raise request_error(
+                "unsupported_value", f"Role 'function' is not supported: {_NO_TOOLS}.", "role"
+            )
+        if isinstance(role, str) and role not in ("system", "user", "assistant", "tool"):
             raise request_error(
                 "invalid_value",
-                f"Invalid value: '{role}'. Supported roles are 'system', 'developer', 'user' and 'assistant'.",
+                f"Invalid value: '{role}'. Supported roles are 'system', 'developer', 'user', 'assistant' "
+                "and 'tool'.",
                 "role",
             )
+        if data.get("tool_calls") and role != "assistant":
+            raise request_error("invalid_value", "Only assistant messages carry 'tool_calls'.", "tool_calls")
         if "content" not in data and role == "assistant":
-            data["content"] = ""  # OpenAI allows a null assistant content
+            data["content"] = ""  # OpenAI allows a null assistant content (with tool_calls, say)
         content = data.get("content")
         if isinstance(content, list):
             data["content"] = _join_text_parts(content)
@@ -358,19 +426,73 @@ class ChatCompletionRequest(_RequestBase):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1, description="Wins over max_tokens")
+    tools: list[ToolDefinition] | None = Field(None, max_length=128)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="Default 'auto' with tools; 'required' and a named function always call"
+    )
+    parallel_tool_calls: bool | None = Field(None, description="Whether an answer may hold several calls")
+
+    @model_validator(mode="after")
+    def _check_tools(self) -> ChatCompletionRequest:
+        """A named function must be offered; a forced call is guided decoding on the calls' schema."""
+        names = [tool.function.name for tool in self.tools or []]
+        if len(set(names)) != len(names):
+            raise request_error("invalid_value", "Function names in 'tools' must be unique.", "tools")
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+            raise request_error(
+                "invalid_value",
+                f"tool_choice names function {choice.function.name!r}, which is not in 'tools'.",
+                "tool_choice",
+            )
+        if choice == "required" and not names:
+            raise request_error("invalid_value", "tool_choice 'required' needs 'tools'.", "tool_choice")
+        if self.tool_mode == "forced":
+            if self._guide is not None:
+                raise request_error(
+                    "invalid_value",
+                    "A forced tool call cannot be combined with another output format.",
+                    "tool_choice",
+                )
+            name = choice.function.name if isinstance(choice, NamedToolChoice) else None
+            schema = tool_calls.call_schema(self.functions(), name)
+            try:
+                self._guide = checked(("json_schema", json.dumps(schema)), "tools")
+            except GuideRequestError as exc:
+                raise request_error("invalid_value", str(exc), "tools") from None
+        return self
+
+    @property
+    def tool_mode(self) -> Literal["auto", "forced"] | None:
+        """None: no tools in play; auto: the answer may be calls; forced: it is a call."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return "auto" if self.tool_choice in (None, "auto") else "forced"
+
+    def functions(self) -> list[dict[str, Any]]:
+        """The offered functions as plain dicts (OpenAI's `function` objects), for the prompt."""
+        return [tool.function.model_dump(exclude_none=True) for tool in self.tools or []]
 
     @property
     def max_new_tokens(self) -> int | None:
         """``max_completion_tokens`` if set (OpenAI's current name), else the deprecated ``max_tokens``."""
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
-    def chat_messages(self) -> list[dict[str, str]]:
-        """Messages as plain dicts for ``PromptFormatter.render`` (``name`` only when given)."""
-        out: list[dict[str, str]] = []
+    def chat_messages(self) -> list[dict[str, Any]]:
+        """Messages as plain dicts for ``PromptFormatter.render`` (``name``, ``tool_calls`` and
+        ``tool_call_id`` only when given)."""
+        out: list[dict[str, Any]] = []
         for m in self.messages:
-            msg = {"role": m.role, "content": m.content}
+            msg: dict[str, Any] = {"role": m.role, "content": m.content}
             if m.name is not None:
                 msg["name"] = m.name
+            if m.tool_calls:
+                msg["tool_calls"] = [
+                    {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+                    for c in m.tool_calls
+                ]
+            if m.tool_call_id is not None:
+                msg["tool_call_id"] = m.tool_call_id
             out.append(msg)
         return out
 
@@ -435,10 +557,18 @@ class UsageInfo(BaseModel):
 
 
 class ChatCompletionMessage(BaseModel):
-    """The assistant's reply."""
+    """The assistant's reply: text, or (finish reason `tool_calls`) calls and no text."""
 
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+
+    @model_serializer(mode="wrap")
+    def _calls_only_when_made(self, handler: Any) -> Any:
+        data = handler(self)
+        if data.get("tool_calls") is None:
+            data.pop("tool_calls", None)  # as OpenAI: a text answer has no tool_calls key
+        return data
 
 
 class ChatCompletionChoice(BaseModel):
@@ -462,11 +592,27 @@ class ChatCompletionResponse(BaseModel):
     system_fingerprint: str | None = None
 
 
+class FunctionCallDelta(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(BaseModel):
+    """A streamed piece of tool call `index`: its id, type and name come in its first piece."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta | None = None
+
+
 class DeltaMessage(BaseModel):
-    """The new part of a streamed message: ``role`` in the first chunk, then ``content``."""
+    """The new part of a streamed message: ``role`` in the first chunk, then ``content`` or
+    ``tool_calls``."""
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatCompletionChunkChoice(BaseModel):

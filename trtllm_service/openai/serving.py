@@ -32,6 +32,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from trtllm_service import tool_calls
 from trtllm_service.errors import APIError
 from trtllm_service.metrics import RequestMetrics
 from trtllm_service.openai.protocol import (
@@ -42,8 +43,10 @@ from trtllm_service.openai.protocol import (
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
+    FunctionCall,
     ModelCard,
     ModelList,
+    ToolCall,
     UsageInfo,
     new_id,
 )
@@ -123,10 +126,12 @@ class OpenAIServing:
     async def chat(self, request: ChatCompletionRequest, http_request: Request | None = None) -> Response:
         """Answers a chat completion request (a JSON response, or an SSE stream when ``stream`` is set)."""
         metrics = RequestMetrics(self.model_name, CHAT_ROUTE)
+        offered = request.functions() or None  # shown to the model even with tool_choice "none"
+        functions = offered if request.tool_mode else None  # what an answer may call
         try:
             self.check_model(request.model)
             params = request.sampling_params()
-            prepared = await self.runtime.prepare_chat(request.chat_messages(), params)
+            prepared = await self.runtime.prepare_chat(request.chat_messages(), params, tools=offered)
             choices = await self._start([prepared], params, request.n)
         except APIError as exc:
             metrics.done(exc.status)
@@ -135,20 +140,36 @@ class OpenAIServing:
         encoder = ChatChunkEncoder(new_id("chatcmpl"), self.model_name, include_usage=request.include_usage)
         prompt_tokens = prepared.prompt_tokens
 
+        def answer(result: _Result) -> tuple[ChatCompletionMessage, str]:
+            """The message of a finished choice: its calls when tools are in play and it made some."""
+            calls = tool_calls.parse_calls(result.text, functions) if functions else None
+            if not calls:
+                return ChatCompletionMessage(content=result.text), result.finish_reason
+            if request.parallel_tool_calls is False:
+                calls = calls[:1]
+            made = [
+                ToolCall(id=tool_calls.new_call_id(), function=FunctionCall(name=n, arguments=a))
+                for n, a in calls
+            ]
+            return ChatCompletionMessage(content=None, tool_calls=made), "tool_calls"
+
         def build(results: list[_Result]) -> ChatCompletionResponse:
+            answers = [answer(result) for result in results]
             return ChatCompletionResponse(
                 model=self.model_name,
                 choices=[
-                    ChatCompletionChoice(
-                        index=choice.index,
-                        message=ChatCompletionMessage(content=result.text),
-                        finish_reason=result.finish_reason,  # type: ignore[arg-type]
-                    )
-                    for choice, result in zip(choices, results, strict=True)
+                    ChatCompletionChoice(index=choice.index, message=message, finish_reason=finish)  # type: ignore[arg-type]
+                    for choice, (message, finish) in zip(choices, answers, strict=True)
                 ],
                 usage=_usage(prompt_tokens, results),
             )
 
+        if request.stream and functions:
+            # Whether an answer is calls is known at its end: the stream sends each choice whole.
+            frames = _buffered_chat_frames(
+                choices, encoder, answer, request.include_usage, metrics, prompt_tokens
+            )
+            return StreamBody(frames, "text/event-stream", SSE_HEADERS)  # type: ignore[return-value]
         opening = [encoder.role(choice.index) for choice in choices]
         return await self._respond(
             request, choices, http_request, encoder, opening, encoder.content, prompt_tokens, build, metrics
@@ -372,6 +393,46 @@ async def _sse_frames(
         for choice in choices:
             choice.stream.close()
         metrics.done(status, reason, prompt_tokens, sum(c.stream.completion_tokens for c in choices))
+
+
+async def _buffered_chat_frames(
+    choices: list[_Choice],
+    encoder: ChatChunkEncoder,
+    answer: Callable[[_Result], tuple[ChatCompletionMessage, str]],
+    include_usage: bool,
+    metrics: RequestMetrics,
+    prompt_tokens: int,
+) -> AsyncGenerator[bytes, None]:
+    """The SSE frames of a chat answer that may be tool calls: every choice read to its end, then
+    sent as OpenAI streams it (role, then content or one piece per call, then the finish reason)."""
+    status, reason, tokens = 499, None, 0
+    try:
+        results = await _collect_all(choices, None)
+        assert results is not None
+        frames = []
+        for choice, result in zip(choices, results, strict=True):
+            message, finish = answer(result)
+            frames.append(encoder.role(choice.index))
+            if message.tool_calls:
+                for position, call in enumerate(message.tool_calls):
+                    fn = call.function
+                    frames.append(encoder.tool_call(position, call.id, fn.name, fn.arguments, choice.index))
+            elif message.content:
+                frames.append(encoder.content(message.content, choice.index))
+            frames.append(encoder.finish(finish, choice.index))
+        tokens = sum(r.completion_tokens for r in results)
+        if include_usage:
+            frames.append(encoder.usage(prompt_tokens, tokens))
+        yield ("".join(frames) + SSE_DONE).encode()
+        status, reason = 200, _finish_reason(results)
+    except Exception as exc:  # the 200 status is sent already: report in the stream, then end it
+        error = _api_error(exc)
+        status = error.status
+        yield error_frame(error).encode()
+    finally:
+        for choice in choices:
+            choice.stream.close()
+        metrics.done(status, reason, prompt_tokens, tokens)
 
 
 async def _merged(choices: list[_Choice]) -> AsyncGenerator[tuple[int, str, str | None], None]:

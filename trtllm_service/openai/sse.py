@@ -89,8 +89,21 @@ class ChatChunkEncoder(_ChunkEncoder):
         """A chunk with new text."""
         return f'{self._choice}{index},"delta":{{"content":{_encode(text)}}},"logprobs":null,"finish_reason":null{self._end}'
 
+    def tool_call(self, position: int, call_id: str, name: str, arguments: str, index: int = 0) -> str:
+        """A chunk with the whole of tool call `position` of a choice (id, name, arguments)."""
+        call = _encode(
+            {
+                "index": position,
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": arguments},
+            }
+        )
+        return f'{self._choice}{index},"delta":{{"tool_calls":[{call}]}},"logprobs":null,"finish_reason":null{self._end}'
+
     def finish(self, reason: str, index: int = 0) -> str:
-        """The last chunk of a choice: an empty delta and the finish reason (``stop`` or ``length``)."""
+        """The last chunk of a choice: an empty delta and the finish reason (``stop``, ``length``
+        or ``tool_calls``)."""
         return (
             f'{self._choice}{index},"delta":{{}},"logprobs":null,"finish_reason":{_encode(reason)}{self._end}'
         )
