@@ -6,7 +6,8 @@ Reports tokens/s and time to first token for each concurrency, measured side by 
 as JSON and markdown. Then checks batching does not change answers: greedy token ids of N
 concurrent requests to the engine model against each one's solo run (`--check-tokens`), and,
 with `--transformers-cb`, measures transformers' own continuous batching (`generate_batch`, in
-process, no Triton) on the same prompts for comparison. Runs on CPU, or on CUDA where present
+process, no Triton) on the same prompts for comparison, and with `--guided`, tokens/s of the same
+concurrent engine requests with a grammar against without. Runs on CPU, or on CUDA where present
 (the device tool lends an H100; an 8B-shaped Llama is `--hidden 4096 --layers 32`).
 
     python bench/engine_throughput.py --out bench/results --hidden 2048 --layers 16 --tokens 128
@@ -150,7 +151,14 @@ def run_level(url: str, streams: int, max_tokens: int) -> dict:
     }
 
 
-def engine_ids(url: str, input_ids: list[int], max_tokens: int) -> list[int]:
+GUIDE = ("regex", "[a-z ]{4000}")
+"""The guide of the guided-decoding measurement: never complete within the token budget, so
+guided and plain requests generate the same number of tokens."""
+
+
+def engine_ids(
+    url: str, input_ids: list[int], max_tokens: int, guide: tuple[str, str] | None = None
+) -> list[int]:
     """Greedy token ids from the `tensorrt_llm` model itself (one non-streamed request)."""
     import tritonclient.grpc as grpcclient
 
@@ -166,6 +174,11 @@ def engine_ids(url: str, input_ids: list[int], max_tokens: int) -> list[int]:
         tensor("end_id", np.array([[-1]], dtype=np.int32), "INT32"),
         tensor("streaming", np.array([[False]]), "BOOL"),
     ]
+    if guide is not None:
+        inputs += [
+            tensor("guided_decoding_guide_type", np.array([[guide[0].encode()]], dtype=np.object_), "BYTES"),
+            tensor("guided_decoding_guide", np.array([[guide[1].encode()]], dtype=np.object_), "BYTES"),
+        ]
     responses: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(url)
     client.start_stream(callback=lambda result, error: responses.put((result, error)))
@@ -191,6 +204,26 @@ def check_prompts(tokenizer_dir: Path, streams: int) -> list[list[int]]:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     # Lengths differ, so the requests finish prefill and reach each position at different steps.
     return [tokenizer.encode(f"Story number {i}:" + " and then" * (i % 7)) for i in range(streams)]
+
+
+def guided_throughput(url: str, prompts: list[list[int]], max_tokens: int) -> dict:
+    """tokens/s of the same concurrent requests to the engine, without and with a grammar."""
+    out: dict[str, object] = {"streams": len(prompts), "tokens": max_tokens, "guide": list(GUIDE)}
+    for name, guide in (("plain", None), ("guided", GUIDE)):
+        counts = [0] * len(prompts)
+
+        def worker(i: int, guide: tuple[str, str] | None = guide, counts: list[int] = counts) -> None:
+            counts[i] = len(engine_ids(url, prompts[i], max_tokens, guide))
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(prompts))]
+        started = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        out[f"{name}_tokens_per_s"] = round(sum(counts) / (time.perf_counter() - started), 1)
+    out["guided_vs_plain"] = round(out["guided_tokens_per_s"] / out["plain_tokens_per_s"], 2)  # type: ignore[operator]
+    return out
 
 
 def check_greedy(url: str, prompts: list[list[int]], max_tokens: int) -> dict:
@@ -257,6 +290,7 @@ def main() -> int:
     parser.add_argument("--check-tokens", type=int, default=48, help="greedy ids check: tokens per request")
     parser.add_argument("--check-streams", type=int, default=0, help="default: the highest concurrency")
     parser.add_argument("--transformers-cb", action="store_true", help="also measure generate_batch")
+    parser.add_argument("--guided", action="store_true", help="also tokens/s with a grammar vs without")
     parser.add_argument("--name", default="engine_throughput", help="file name of the results")
     args = parser.parse_args()
 
@@ -292,6 +326,7 @@ def main() -> int:
         run_level(url, 1, 8)  # warm-up
         levels = [run_level(url, n, args.tokens) for n in concurrency]
         check = check_greedy(url, prompts, args.check_tokens) if args.check_tokens else None
+        guided = guided_throughput(url, prompts, args.tokens) if args.guided else None
     finally:
         launcher.send_signal(signal.SIGTERM)
         try:
@@ -315,6 +350,7 @@ def main() -> int:
         },
         "greedy_check": {k: v for k, v in (check or {}).items() if k != "solo_ids"} or None,
         "transformers_continuous_batching": cb,
+        "guided_decoding": guided,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -340,6 +376,13 @@ def main() -> int:
         ]
     if cb:
         lines += ["", f"transformers continuous batching (generate_batch, in process): {json.dumps(cb)}"]
+    if guided:
+        lines += [
+            "",
+            f"Guided decoding ({guided['streams']} concurrent engine requests x {guided['tokens']} tokens, "
+            f"regex guide): {guided['plain_tokens_per_s']} tokens/s without, {guided['guided_tokens_per_s']} "
+            f"with ({guided['guided_vs_plain']}x).",
+        ]
     (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
     print(json.dumps(report, indent=2))
     return 0
