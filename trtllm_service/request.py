@@ -219,6 +219,8 @@ ENSEMBLE_INPUTS: Mapping[str, TensorSpec] = {
     "min_tokens": TensorSpec("min_length", "INT32"),
     "seed": TensorSpec("random_seed", "UINT64"),
     "end_id": TensorSpec("end_id", "INT32"),
+    "guide_type": TensorSpec("guided_decoding_guide_type", "BYTES"),
+    "guide": TensorSpec("guided_decoding_guide", "BYTES"),
 }
 """GenerationRequest field -> input of the upstream-compatible `ensemble` (text in, `text_input`)."""
 

@@ -319,3 +319,20 @@ def test_upstream_client_streamed(
     )
     streamed = "".join(r.as_numpy("text_output")[0].decode("utf-8") for r in results)
     assert streamed == expected
+
+
+def test_a_guide_passes_through_the_ensemble_and_the_bls(triton: TritonServer) -> None:
+    """The C++ backend's guided-decoding inputs, sent to the ensemble and to the BLS, reach the
+    engine: the random model answers only what the grammar allows."""
+    guide = {"guided_decoding_guide_type": "ebnf_grammar", "guided_decoding_guide": 'root ::= "yes" | "no"'}
+    for model in ("ensemble", "tensorrt_llm_bls"):
+        for stream in (False, True):
+            result = ok(
+                run_stream(
+                    triton.grpc_url,
+                    text_inputs("Answer:", 30, stream=stream, **guide),
+                    model=model,
+                    request_id=rid(),
+                )
+            )
+            assert result.text in ("yes", "no"), (model, stream, result.text)

@@ -47,6 +47,8 @@ ENGINE_FROM_CLIENT = {
     "stream": "streaming",
     "return_num_input_tokens": "return_num_input_tokens",
     "return_num_output_tokens": "return_num_output_tokens",
+    "guided_decoding_guide_type": "guided_decoding_guide_type",
+    "guided_decoding_guide": "guided_decoding_guide",
 }
 ENGINE_FROM_PREPROCESSING = {
     "INPUT_ID": "input_ids",
