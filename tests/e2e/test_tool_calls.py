@@ -137,6 +137,15 @@ def test_auto_lets_the_model_answer_in_text(client: openai.OpenAI, model_name: s
     assert choice.message.tool_calls is None and choice.message.content
     assert choice.finish_reason in ("stop", "length")
 
+    # Streamed, text that starts no JSON goes out as content deltas, the same text.
+    stream = client.chat.completions.create(
+        model=model_name, messages=MESSAGES, tools=TOOLS, seed=2, max_tokens=30, stream=True
+    )
+    chunks = list(stream)
+    assert not any(c.choices and c.choices[0].delta.tool_calls for c in chunks)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == choice.message.content
+    assert chunks[-1].choices[0].finish_reason == choice.finish_reason
+
 
 @pytest.mark.parametrize(
     ("extra", "param"),

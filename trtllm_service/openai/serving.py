@@ -164,7 +164,7 @@ class OpenAIServing:
                 usage=_usage(prompt_tokens, results),
             )
 
-        if request.stream and functions:
+        if request.stream and functions and not await _plainly_text(choices, request.tool_mode):
             # Whether an answer is calls is known at its end: the stream sends each choice whole.
             frames = _buffered_chat_frames(
                 choices, encoder, answer, request.include_usage, metrics, prompt_tokens
@@ -393,6 +393,21 @@ async def _sse_frames(
         for choice in choices:
             choice.stream.close()
         metrics.done(status, reason, prompt_tokens, sum(c.stream.completion_tokens for c in choices))
+
+
+async def _plainly_text(choices: list[_Choice], mode: str | None) -> bool:
+    """Whether a streamed answer with tools in play can be streamed as text at once: one choice,
+    `auto`, and its first visible character starts no JSON (a call starts with `{` or `[`)."""
+    if mode != "auto" or len(choices) != 1:
+        return False
+    choice = choices[0]
+    stream = choice.stream
+    try:
+        while not choice.first.strip() and stream.finish_reason is None:
+            choice.first += await stream.read()
+    except Exception:
+        return False  # the buffered path reports the failure
+    return not choice.first.lstrip().startswith(("{", "["))
 
 
 async def _buffered_chat_frames(
