@@ -76,7 +76,7 @@ def test_models_lists_the_packed_model(client: openai.OpenAI, model_name: str, f
     ("endpoint", "extra", "param"),
     [
         ("chat", {"logit_bias": {"5": 10}}, "logit_bias"),
-        ("chat", {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]}, "tools"),
+        ("chat", {"functions": [{"name": "f", "parameters": {}}]}, "functions"),
         ("chat", {"logprobs": True}, "logprobs"),
         ("completions", {"best_of": 2}, "best_of"),
         ("completions", {"suffix": "end"}, "suffix"),
@@ -101,7 +101,8 @@ def test_invalid_values_and_bodies_are_400s_in_openai_shape(http: httpx.Client, 
         ({"model": model_name, "messages": user(), "temperature": 5}, "temperature"),
         ({"model": model_name, "messages": user(), "n": 9}, "n"),
         ({"model": model_name, "messages": []}, "messages"),
-        ({"model": model_name, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        ({"model": model_name, "messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        ({"model": model_name, "messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
         ({"model": model_name}, "messages"),
         ({"model": model_name, "messages": user(), "min_p": 0.1}, "min_p"),
     ]

@@ -199,6 +199,12 @@ class ChatMessage(BaseModel):
                 "and 'tool'.",
                 "role",
             )
+        if role == "tool" and "tool_call_id" not in data:
+            raise request_error(
+                "missing_required_parameter",
+                "A 'tool' message needs the 'tool_call_id' it answers.",
+                "tool_call_id",
+            )
         if data.get("tool_calls") and role != "assistant":
             raise request_error("invalid_value", "Only assistant messages carry 'tool_calls'.", "tool_calls")
         if "content" not in data and role == "assistant":
