@@ -578,3 +578,18 @@ def held_request(url: str, path: str, headers: Mapping[str, str] | None = None) 
             + body[:10]
         )
         yield
+
+
+def alive(procs: list[Any]) -> list[Any]:
+    """The psutil processes still running; a zombie has exited (its reaper may be a PID 1 that
+    does not reap)."""
+    import psutil
+
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out

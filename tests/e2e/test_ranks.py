@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from tests.e2e.conftest import REPO_ROOT, BentoService
-from tests.support import http_ok
+from tests.support import alive, http_ok
 
 FLAVORS = ("llmapi", "ensemble")
 
@@ -62,17 +62,6 @@ def _cmdline(process: psutil.Process) -> list[str]:
         return process.cmdline()
     except psutil.Error:
         return []
-
-
-def alive(processes: list[psutil.Process]) -> list[psutil.Process]:
-    out = []
-    for p in processes:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def chat(service: BentoService) -> str:

@@ -26,6 +26,7 @@ import pytest
 
 from tensorrtllm_backend import LAUNCHER
 from tensorrtllm_backend.scripts.launch_triton_server import LauncherError, find_tritonserver
+from tests.support import alive
 
 pytestmark = pytest.mark.integration
 
@@ -118,18 +119,6 @@ class Launched:
         servers = [p for p in self.descendants() if p.name() == "tritonserver"]
         assert len(servers) == 1, [p.name() for p in self.descendants()]
         return servers[0]
-
-
-def alive(procs: list[psutil.Process]) -> list[psutil.Process]:
-    """Those still running; a zombie has exited (its reaper may be a PID 1 that does not reap)."""
-    out = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
