@@ -12,6 +12,7 @@ import itertools
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tests.support import prometheus_metric, stable_text
 
@@ -84,6 +85,32 @@ class Reference:
             completion_tokens=len(generated),
             finish_reason="stop" if stopped else "length",
         )
+
+    def generated_ids(self, ids: list[int], max_new_tokens: int) -> list[int]:
+        """The greedy output tokens (without the end token)."""
+        generated = list(self._generate(tuple(ids), max_new_tokens))
+        return generated[:-1] if generated and generated[-1] == self.end_id else generated
+
+    def log_softmax(self, prompt: list[int], generated: list[int]) -> Any:
+        """One forward pass over prompt + generated: the log-softmax of the logits that predicted
+        each generated token ([len(generated), vocab])."""
+        torch = self._torch
+        with torch.inference_mode():
+            logits = self.model(torch.tensor([prompt + generated])).logits[0].float()
+        return torch.log_softmax(logits[len(prompt) - 1 : len(prompt) - 1 + len(generated)], -1)
+
+    @functools.cached_property
+    def ids_by_bytes(self) -> dict[bytes, int]:
+        """Token bytes -> id, from the byte-level BPE vocabulary (transformers' own byte map)."""
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        to_byte = {c: b for b, c in bytes_to_unicode().items()}
+        special = set(self.tokenizer.all_special_ids)
+        out = {}
+        for token, i in self.tokenizer.get_vocab().items():
+            if i not in special and all(c in to_byte for c in token):
+                out[bytes(to_byte[c] for c in token)] = i
+        return out
 
     def token_texts(self, ids: list[int], max_new_tokens: int) -> list[str]:
         """The greedy text, split where the engine's responses split it: one piece per token

@@ -163,3 +163,25 @@ def end_ids(info: PackInfo) -> tuple[int, ...]:
     """The ids that end a sequence, as the repository was filled (the first is the engine's end id)."""
     raw = info.template_values.get("end_ids", "")
     return tuple(int(part) for part in raw.split(",") if part.strip())
+
+
+def top_logprobs_unsupported(model_path: Path | str, info: PackInfo) -> str | None:
+    """Why the packed engine cannot return top log probs (None: it can).
+
+    The C++ backend returns the logits they are computed from only where the engine was built to
+    gather them; the Python engines (reference, LLM API) always can.
+    """
+    if info.backend != "tensorrtllm":
+        return None
+    config_path = Path(model_path) / ENGINE_DIR / "config.json"
+    try:
+        build = read_json_object(config_path, "engine config").get("build_config") or {}
+    except PackError:
+        build = {}
+    if build.get("gather_generation_logits") or build.get("gather_all_token_logits"):
+        return None
+    return (
+        "top log probs need the generation logits, and this engine was built without them: rebuild it "
+        "with `trtllm-build --gather_generation_logits ...` (or pack a Hugging Face checkpoint for the "
+        "LLM API flavour, which returns them as it is); logprobs without top_logprobs works as it is"
+    )

@@ -17,6 +17,7 @@ import struct
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from tritonclient.grpc import service_pb2
 
@@ -38,6 +39,8 @@ class SamplingParams:
         stop: Stop strings, matched on the generated text.
         ignore_eos: Keep generating past end tokens (benchmarking).
         guide: What the answer must look like: (guided decoding type, its text), checked.
+        logprobs: Return each token's log prob and its N most likely alternatives (None: off).
+        lora: The LoRA adapter to apply (its name; None: the base model).
     """
 
     max_tokens: int | None = None
@@ -52,6 +55,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     guide: tuple[str, str] | None = None
+    logprobs: int | None = None
+    lora: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +86,25 @@ class GenerationRequest:
     stop_token_ids: tuple[int, ...] = ()
     guide_type: str | None = None
     guide: str | None = None
+    logprobs: int | None = None  # N: each token's log prob and the N most likely (None: off)
+    lora_name: str | None = None  # the LLM API flavour: the packed adapter, by name
+    lora_task_id: int | None = None  # the C++ contract: the adapter's id in the engine's cache
+    lora_weights: Any = None  # the adapter's weights and config: sent on its first use only
+    lora_config: Any = None
     stop: tuple[str, ...] = field(default=(), compare=False)  # matched on text, not sent
 
     @property
     def prompt_tokens(self) -> int:
         return len(self.prompt_ids)
+
+    @property
+    def return_log_probs(self) -> bool | None:
+        return True if self.logprobs is not None else None
+
+    @property
+    def return_generation_logits(self) -> bool | None:
+        """The C++ contract's way to the top log probs: the logits of each generated token."""
+        return True if self.logprobs else None
 
 
 def settle(
@@ -136,6 +155,7 @@ def settle(
         stop=params.stop,
         guide_type=params.guide[0] if params.guide else None,
         guide=params.guide[1] if params.guide else None,
+        logprobs=params.logprobs,
         **sampling,  # type: ignore[arg-type]
     )
 
@@ -164,6 +184,14 @@ class TensorSpec:
 
 
 _SCALAR_FORMATS = {"INT32": "<i", "FP32": "<f", "UINT64": "<Q", "BOOL": "<?"}
+
+
+class RawTensor(TensorSpec):
+    """A whole array (numpy, already in its dtype and shape without the batch dimension)."""
+
+    def encode(self, value: object) -> tuple[list[int], bytes]:
+        shape = list(value.shape)  # type: ignore[attr-defined]
+        return [1, *shape] if self.batched else shape, value.tobytes()  # type: ignore[attr-defined]
 
 
 class WordList(TensorSpec):
@@ -196,6 +224,11 @@ ENGINE_INPUTS: Mapping[str, TensorSpec] = {
     "stop_token_ids": WordList("stop_words_list", "INT32"),
     "guide_type": TensorSpec("guided_decoding_guide_type", "BYTES"),
     "guide": TensorSpec("guided_decoding_guide", "BYTES"),
+    "return_log_probs": TensorSpec("return_log_probs", "BOOL"),
+    "return_generation_logits": TensorSpec("return_generation_logits", "BOOL"),
+    "lora_task_id": TensorSpec("lora_task_id", "UINT64"),
+    "lora_weights": RawTensor("lora_weights", "FP16"),
+    "lora_config": RawTensor("lora_config", "INT32"),
 }
 """GenerationRequest field -> input of the `tensorrt_llm` model (NVIDIA's C++ backend contract)."""
 
@@ -207,6 +240,8 @@ ENGINE_FIXED: Mapping[str, tuple[TensorSpec, object]] = {
 
 ENGINE_MODEL = "tensorrt_llm"
 ENGINE_OUTPUT = "output_ids"
+ENGINE_LOGPROB_OUTPUTS = ("output_log_probs",)
+ENGINE_TOP_LOGPROB_OUTPUTS = ("generation_logits",)
 
 ENSEMBLE_INPUTS: Mapping[str, TensorSpec] = {
     "max_tokens": TensorSpec("max_tokens", "INT32"),
@@ -244,6 +279,8 @@ LLMAPI_INPUTS: Mapping[str, TensorSpec] = {
     "stop_token_ids": _llmapi("sampling_param_stop_token_ids", "INT32"),
     "guide_type": _llmapi("guided_decoding_guide_type", "BYTES"),
     "guide": _llmapi("guided_decoding_guide", "BYTES"),
+    "logprobs": _llmapi("sampling_param_logprobs", "INT32"),
+    "lora_name": _llmapi("lora_name", "BYTES"),
 }
 """GenerationRequest field -> input of the LLM API flavour's `tensorrt_llm` model (upstream's
 `sampling_param_*` names; input_ids, end_id, stop_token_ids, min_tokens, repetition_penalty are ours)."""
@@ -255,8 +292,10 @@ LLMAPI_FIXED: Mapping[str, tuple[TensorSpec, object]] = {
 """Inputs every LLM API request carries: streamed, with the running token count (for usage)."""
 
 LLMAPI_OUTPUTS = ("text_output", "num_output_tokens")
+LLMAPI_LOGPROB_OUTPUTS = ("output_ids", "output_log_probs")
+LLMAPI_TOP_LOGPROB_OUTPUTS = ("top_log_prob_ids", "top_log_probs")
 
-_FIELDS = tuple(f.name for f in fields(GenerationRequest))
+_FIELDS = (*(f.name for f in fields(GenerationRequest)), "return_log_probs", "return_generation_logits")
 assert set(ENGINE_INPUTS) <= set(_FIELDS) and set(ENSEMBLE_INPUTS) <= set(_FIELDS)
 assert set(LLMAPI_INPUTS) <= set(_FIELDS)
 
@@ -299,11 +338,29 @@ _OMIT_WHEN_EMPTY = frozenset({"stop_token_ids", "prompt_ids"})
 """Fields sent only when non-empty (an empty prompt_ids: the prompt travels as text)."""
 
 
+def engine_outputs(request: GenerationRequest) -> tuple[str, ...]:
+    """The outputs to ask the `tensorrt_llm` model for: token ids, and what log probs need."""
+    if request.logprobs is None:
+        return (ENGINE_OUTPUT,)
+    return (ENGINE_OUTPUT, *ENGINE_LOGPROB_OUTPUTS, *(ENGINE_TOP_LOGPROB_OUTPUTS if request.logprobs else ()))
+
+
+def llmapi_outputs(request: GenerationRequest) -> tuple[str, ...]:
+    """The outputs to ask the LLM API flavour's model for."""
+    if request.logprobs is None:
+        return LLMAPI_OUTPUTS
+    return (
+        *LLMAPI_OUTPUTS,
+        *LLMAPI_LOGPROB_OUTPUTS,
+        *(LLMAPI_TOP_LOGPROB_OUTPUTS if request.logprobs else ()),
+    )
+
+
 def engine_message(request: GenerationRequest, request_id: str) -> bytes:
     """The serialized ModelInferRequest of `request` for the `tensorrt_llm` model."""
     lengths = (TensorSpec("input_lengths", "INT32"), len(request.prompt_ids))
     return _message(
-        ENGINE_MODEL, request_id, request, ENGINE_INPUTS, ENGINE_FIXED, (ENGINE_OUTPUT,), (lengths,)
+        ENGINE_MODEL, request_id, request, ENGINE_INPUTS, ENGINE_FIXED, engine_outputs(request), (lengths,)
     )
 
 
@@ -314,7 +371,8 @@ def llmapi_message(request: GenerationRequest, request_id: str, prompt: str | No
     left empty), as upstream's clients send it.
     """
     extra = () if prompt is None else ((_llmapi("text_input", "BYTES"), prompt),)
-    return _message(ENGINE_MODEL, request_id, request, LLMAPI_INPUTS, LLMAPI_FIXED, LLMAPI_OUTPUTS, extra)
+    outputs = llmapi_outputs(request)
+    return _message(ENGINE_MODEL, request_id, request, LLMAPI_INPUTS, LLMAPI_FIXED, outputs, extra)
 
 
 def ensemble_message(prompt: str, request: GenerationRequest, request_id: str) -> bytes:

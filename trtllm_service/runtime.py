@@ -19,8 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
+from trtllm_service.errors import APIError
+from trtllm_service.logprobs import TokenTexts
 from trtllm_service.metrics import TRITON_RESTARTS, served_engine
-from trtllm_service.packed_model import end_ids, layout_runtime_repository, read_pack_info
+from trtllm_service.packed_model import (
+    end_ids,
+    layout_runtime_repository,
+    read_pack_info,
+    top_logprobs_unsupported,
+)
 from trtllm_service.prompting import PromptFormatter, RequestPreparer
 from trtllm_service.request import EngineLimits, GenerationRequest, SamplingParams
 from trtllm_service.settings import Settings
@@ -91,6 +98,8 @@ class Runtime:
             end_ids=end_ids(self.info) or self._tokenizer_end_ids(),
         )
         self.preparer = RequestPreparer(self.formatter, self.limits)
+        self.no_top_logprobs = top_logprobs_unsupported(self.model_path, self.info)
+        self._token_texts: TokenTexts | None = None
         self._run_dir_owned = settings.run_dir is None
         self.run_dir = run_dir(settings)
         self.triton = SharedTriton(self.run_dir, self._make_supervisor, on_change=self._on_change)
@@ -100,6 +109,18 @@ class Runtime:
         self.relay = TritonRelay(
             self.triton.grpc_address, stream_timeout_s=settings.stream_timeout_s, flavor=self.flavor
         )
+
+    @property
+    def token_texts(self) -> TokenTexts:
+        """Each token's text and bytes (for log probs), made on first use."""
+        if self._token_texts is None:
+            self._token_texts = TokenTexts(self.tokenizer)
+        return self._token_texts
+
+    def check_logprobs(self, params: SamplingParams, param: str) -> None:
+        """A 400 when the request asks for top log probs this engine cannot return."""
+        if params.logprobs and self.no_top_logprobs:
+            raise APIError.bad_request(self.no_top_logprobs, param=param)
 
     @property
     def max_seq_len(self) -> int:

@@ -24,12 +24,14 @@ from array import array
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from tritonclient.grpc import service_pb2
 
 from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
 from tensorrtllm_backend.stop_strings import StopStringMatcher
 from trtllm_service.errors import APIError
 from trtllm_service.grpc_http2 import CANCELLED, OK, UNAVAILABLE, GrpcConnection
+from trtllm_service.logprobs import TokenLogprob, top_from_logits
 from trtllm_service.request import GenerationRequest, engine_message, llmapi_message
 
 logger = logging.getLogger("trtllm_service.relay")
@@ -161,6 +163,10 @@ class EngineStream:
             self._timer.cancel()
             self._timer = None
 
+    def take_logprobs(self) -> list[TokenLogprob]:
+        """The log probs of the tokens read since the last call (none: not asked for)."""
+        return []
+
     def close(self) -> None:
         """Ends the request: cancels it in the engine unless it has finished. Safe to call twice."""
         self._done()
@@ -216,6 +222,131 @@ class TextEngineStream(EngineStream):
                 self.finish_reason = "stop"
                 self.close()
         return text
+
+
+def _named(result: Any) -> dict[str, tuple[Any, bytes]]:
+    return {o.name: (o, raw) for o, raw in zip(result.outputs, result.raw_output_contents, strict=False)}
+
+
+class LogprobEngineStream(EngineStream):
+    """An `EngineStream` that also collects each token's log prob and, with `top` > 0, the `top`
+    most likely tokens of its step (from the generation logits). `take_logprobs()` returns those of
+    the tokens whose text was read since it was last called."""
+
+    __slots__ = ("_arrived", "_read", "_top")
+
+    def __init__(
+        self,
+        request: GenerationRequest,
+        decoder: IncrementalDetokenizer,
+        request_id: str,
+        cancel: Callable[[int], None],
+    ) -> None:
+        super().__init__(request, decoder, request_id, cancel)
+        self._top = request.logprobs or 0
+        self._arrived: list[TokenLogprob] = []
+        self._read: list[TokenLogprob] = []
+
+    def on_message(self, data: bytes) -> None:
+        response = _parse_response(data)
+        if response.error_message:
+            self._fail(_refused(response.error_message))
+            return
+        result = response.infer_response
+        named = _named(result)
+        if "output_ids" in named:
+            raw_ids = named["output_ids"][1]
+            ids = np.frombuffer(raw_ids, dtype=np.int32).tolist()
+            if ids:
+                self._pending.frombytes(raw_ids)
+                self._collect(ids, named)
+        if result.parameters["triton_final_response"].bool_param:
+            self._final = True
+        self._wake()
+
+    def _collect(self, ids: list[int], named: dict[str, tuple[Any, bytes]]) -> None:
+        count = len(ids)
+        values = (
+            np.frombuffer(named["output_log_probs"][1], dtype=np.float32)
+            if "output_log_probs" in named
+            else ()
+        )
+        log_probs = [float(v) for v in values[-count:]] if len(values) >= count else [float("nan")] * count
+        tops: list[tuple[list[int], list[float]]] = [([], [])] * count
+        if self._top and "generation_logits" in named:
+            output, raw = named["generation_logits"]
+            vocab = int(output.shape[-1]) if output.shape else 0
+            if vocab:
+                rows = np.frombuffer(raw, dtype=np.float32).reshape(-1, vocab)
+                if len(rows) >= count:
+                    tops = top_from_logits(rows[:count], self._top)
+        self._arrived.extend(
+            TokenLogprob(token, value, top[0], top[1])
+            for token, value, top in zip(ids, log_probs, tops, strict=True)
+        )
+
+    def _take(self) -> str:
+        self._read.extend(self._arrived)
+        self._arrived = []
+        return super()._take()
+
+    def take_logprobs(self) -> list[TokenLogprob]:
+        if self.finish_reason is not None:  # the end: tokens that brought no text come too
+            self._read.extend(self._arrived)
+            self._arrived = []
+        taken, self._read = self._read, []
+        return taken
+
+
+class TextLogprobEngineStream(TextEngineStream):
+    """A `TextEngineStream` that also collects the tokens (ids, log probs, top log probs) the LLM API
+    flavour's model returns with `sampling_param_logprobs`."""
+
+    __slots__ = ("_arrived", "_read")
+
+    def __init__(
+        self,
+        request: GenerationRequest,
+        decoder: IncrementalDetokenizer | None,
+        request_id: str,
+        cancel: Callable[[int], None],
+    ) -> None:
+        super().__init__(request, decoder, request_id, cancel)
+        self._arrived: list[TokenLogprob] = []
+        self._read: list[TokenLogprob] = []
+
+    def on_message(self, data: bytes) -> None:
+        response = _parse_response(data)
+        if not response.error_message:
+            named = _named(response.infer_response)
+            if "output_ids" in named:
+                ids = np.frombuffer(named["output_ids"][1], dtype=np.int32).tolist()
+                values = np.frombuffer(named["output_log_probs"][1], dtype=np.float32).tolist()
+                tops: list[tuple[list[int], list[float]]] = [([], [])] * len(ids)
+                if "top_log_probs" in named and ids:
+                    top_ids = np.frombuffer(named["top_log_prob_ids"][1], dtype=np.int32).reshape(
+                        len(ids), -1
+                    )
+                    top_values = np.frombuffer(named["top_log_probs"][1], dtype=np.float32).reshape(
+                        len(ids), -1
+                    )
+                    tops = list(zip(top_ids.tolist(), top_values.tolist(), strict=True))
+                self._arrived.extend(
+                    TokenLogprob(t, v, top[0], top[1]) for t, v, top in zip(ids, values, tops, strict=True)
+                )
+        super().on_message(data)
+
+    def _take(self) -> str:
+        self._read.extend(self._arrived)
+        self._arrived = []
+        return super()._take()
+
+    def take_logprobs(self) -> list[TokenLogprob]:
+        if self.finish_reason is not None:  # the end: tokens that brought no text come too
+            self._read.extend(self._arrived)
+            self._arrived = []
+        taken, self._read = self._read, []
+        return taken
 
 
 def _refused(message: str) -> APIError:
@@ -280,11 +411,15 @@ class TritonRelay:
         """
         connection = await self._connect()
         request_id = uuid.uuid4().hex
+        logprobs = request.logprobs is not None
         if self.flavor == "llmapi":
-            stream: EngineStream = TextEngineStream(request, None, request_id, connection.cancel)
+            kind: type[EngineStream] = TextLogprobEngineStream if logprobs else TextEngineStream
+            stream = kind(request, None, request_id, connection.cancel)  # type: ignore[arg-type]
             message = llmapi_message(request, request_id)
         else:
-            stream = EngineStream(request, decoder, request_id, connection.cancel)
+            stream = (LogprobEngineStream if logprobs else EngineStream)(
+                request, decoder, request_id, connection.cancel
+            )
             message = engine_message(request, request_id)
         stream.stream_id = connection.start_call(STREAM_INFER, message, stream)
         if stream.stream_id:

@@ -77,7 +77,7 @@ def test_models_lists_the_packed_model(client: openai.OpenAI, model_name: str, f
     [
         ("chat", {"logit_bias": {"5": 10}}, "logit_bias"),
         ("chat", {"functions": [{"name": "f", "parameters": {}}]}, "functions"),
-        ("chat", {"logprobs": True}, "logprobs"),
+        ("chat", {"audio": {"voice": "alloy"}}, "audio"),
         ("completions", {"best_of": 2}, "best_of"),
         ("completions", {"suffix": "end"}, "suffix"),
     ],

@@ -239,8 +239,6 @@ def test_non_text_content_part_named() -> None:
     ("name", "value"),
     [
         ("logit_bias", {"50256": -100}),
-        ("logprobs", True),
-        ("top_logprobs", 2),
         ("functions", [{"name": "f"}]),
         ("function_call", {"name": "f"}),
         ("audio", {"voice": "alloy"}),
@@ -308,6 +306,38 @@ def test_body_not_an_object() -> None:
     assert "JSON object" in chat_error("[1, 2]").message
 
 
+@pytest.mark.parametrize(
+    ("fields", "asked"),
+    [
+        ({"logprobs": True}, 0),
+        ({"logprobs": True, "top_logprobs": 20}, 20),
+        ({"logprobs": False, "top_logprobs": 0}, None),
+        ({}, None),
+    ],
+)
+def test_chat_logprobs_settle_to_one_count(fields: dict[str, Any], asked: int | None) -> None:
+    assert parse_request(ChatCompletionRequest, chat(**fields)).sampling_params().logprobs == asked
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logprobs": False, "top_logprobs": 1}, "top_logprobs"),
+        ({"logprobs": 1}, "logprobs"),
+    ],
+)
+def test_bad_chat_logprobs_are_named(fields: dict[str, Any], param: str) -> None:
+    err = chat_error(chat(**fields))
+    assert (err.status, err.param) == (400, param)
+
+
+def test_completion_logprobs() -> None:
+    req = parse_request(CompletionRequest, {"prompt": "x", "logprobs": 5})
+    assert req.sampling_params().logprobs == 5
+
+
 def test_completion_request() -> None:
     req = parse_request(
         CompletionRequest, {"model": "m", "prompt": "once", "echo": True, "max_tokens": 4, "stop": "x"}
@@ -331,7 +361,8 @@ def test_completion_request() -> None:
         ({}, "prompt", "missing_required_parameter"),
         ({"prompt": "x", "best_of": 2}, "best_of", "unsupported_parameter"),
         ({"prompt": "x", "suffix": "end"}, "suffix", "unsupported_parameter"),
-        ({"prompt": "x", "logprobs": 0}, "logprobs", "unsupported_parameter"),
+        ({"prompt": "x", "logprobs": 6}, "logprobs", "invalid_value"),
+        ({"prompt": "x", "logprobs": True}, "logprobs", "invalid_type"),
         ({"prompt": "x", "logit_bias": {"1": 1}}, "logit_bias", "unsupported_parameter"),
         ({"prompt": "x", "messages": USER}, "messages", "unknown_parameter"),
         ({"prompt": "x", "temperature": 9}, "temperature", "invalid_value"),

@@ -91,6 +91,9 @@ class FakeRuntime:
     ) -> GenerationRequest:
         return self.preparer.chat(messages, params, tools=tools)
 
+    def check_logprobs(self, params: SamplingParams, param: str) -> None:
+        pass  # this engine returns what is asked
+
     async def prepare_prompts(self, prompts: list[str], params: SamplingParams) -> list[GenerationRequest]:
         return self.preparer.prompts(prompts, params)
 

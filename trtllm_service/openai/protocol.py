@@ -4,7 +4,7 @@ Request policy (what happens to each parameter a client sends):
 
 * Supported parameters are validated (types strictly, ranges as OpenAI documents them) and reduced to
   ``SamplingParams`` by ``sampling_params()``.
-* Parameters we cannot honour (tools, logprobs, logit_bias, best_of > 1,
+* Parameters we cannot honour (logit_bias, best_of > 1,
   suffix, audio, ...) are rejected with a 400 whose ``param`` names them and whose code is
   ``unsupported_parameter``. Their "off" values (``null``, ``false``, ``{}``, ``[]``, ``{"type": "text"}``,
   ``best_of: 1``, ...) are accepted, since clients often send defaults explicitly.
@@ -61,14 +61,13 @@ def _unset(value: Any) -> bool:
 
 
 _NO_TOOLS = "the deprecated 'functions' API is not supported by this server: use 'tools'"
-_NO_LOGPROBS = "log probabilities are not returned by this server"
+MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI
+MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs, as OpenAI
 
 # name -> (value is acceptable?, why we cannot honour it)
 _Rule = tuple[Callable[[Any], bool], str]
 _CHAT_UNSUPPORTED: dict[str, _Rule] = {
     "logit_bias": (_unset, "logit_bias is not supported by this server"),
-    "logprobs": (_unset, _NO_LOGPROBS),
-    "top_logprobs": (lambda v: v in (None, 0), _NO_LOGPROBS),
     "functions": (_unset, _NO_TOOLS),
     "function_call": (lambda v: v in (None, "none", "auto"), _NO_TOOLS),
     "audio": (_unset, "audio output is not supported"),
@@ -80,7 +79,6 @@ _CHAT_UNSUPPORTED: dict[str, _Rule] = {
 }
 _COMPLETION_UNSUPPORTED: dict[str, _Rule] = {
     "logit_bias": (_unset, "logit_bias is not supported by this server"),
-    "logprobs": (lambda v: v is None or v is False, _NO_LOGPROBS),
     "best_of": (lambda v: v in (None, 1), "best_of > 1 is not supported"),
     "suffix": (_unset, "suffix (insertion) is not supported"),
 }
@@ -419,7 +417,12 @@ class _RequestBase(BaseModel):
             stop=self.stop_strings(),
             ignore_eos=self.ignore_eos,
             guide=self._guide,
+            logprobs=self.logprob_count,
         )
+
+    @property
+    def logprob_count(self) -> int | None:
+        return None
 
 
 _RequestT = TypeVar("_RequestT", bound=_RequestBase)
@@ -437,6 +440,23 @@ class ChatCompletionRequest(_RequestBase):
         None, description="Default 'auto' with tools; 'required' and a named function always call"
     )
     parallel_tool_calls: bool | None = Field(None, description="Whether an answer may hold several calls")
+    logprobs: bool | None = Field(None, description="Return each output token's log probability")
+    top_logprobs: int | None = Field(
+        None, ge=0, le=MAX_TOP_LOGPROBS, description="With logprobs: the most likely tokens at each position"
+    )
+
+    @model_validator(mode="after")
+    def _check_logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise request_error(
+                "invalid_value", "'top_logprobs' needs 'logprobs' set to true.", "top_logprobs"
+            )
+        return self
+
+    @property
+    def logprob_count(self) -> int | None:
+        """None: no log probs; N: each token's, with the N most likely."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @model_validator(mode="after")
     def _check_tools(self) -> ChatCompletionRequest:
@@ -512,6 +532,16 @@ class CompletionRequest(_RequestBase):
         description=f"A string or up to {MAX_PROMPTS} strings; token ids are not accepted"
     )
     echo: bool = Field(False, description="Prepend the prompt to the completion")
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=MAX_COMPLETION_LOGPROBS,
+        description="Return each token's log probability and this many most likely tokens",
+    )
+
+    @property
+    def logprob_count(self) -> int | None:
+        return self.logprobs
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -583,7 +613,7 @@ class ChatCompletionChoice(BaseModel):
     index: int
     message: ChatCompletionMessage
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -627,7 +657,7 @@ class ChatCompletionChunkChoice(BaseModel):
     index: int
     delta: DeltaMessage
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -647,7 +677,7 @@ class CompletionChoice(BaseModel):
     index: int
     text: str
     finish_reason: FinishReason | None = None
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None
 
 
 class CompletionResponse(BaseModel):

@@ -25,7 +25,7 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
@@ -34,6 +34,7 @@ from starlette.responses import JSONResponse, Response
 
 from trtllm_service import tool_calls
 from trtllm_service.errors import APIError
+from trtllm_service.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
 from trtllm_service.metrics import RequestMetrics
 from trtllm_service.openai.protocol import (
     ChatCompletionChoice,
@@ -83,6 +84,11 @@ class _Result:
     text: str
     completion_tokens: int
     finish_reason: str
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+TextFrame = Callable[[str, int, list[TokenLogprob]], str]
+"""A streamed choice's text chunk: (new text, choice index, the log probs of its tokens) -> frame."""
 
 
 def error_response(error: APIError) -> JSONResponse:
@@ -131,6 +137,7 @@ class OpenAIServing:
         try:
             self.check_model(request.model)
             params = request.sampling_params()
+            self.runtime.check_logprobs(params, "top_logprobs")
             prepared = await self.runtime.prepare_chat(request.chat_messages(), params, tools=offered)
             choices = await self._start([prepared], params, request.n)
         except APIError as exc:
@@ -153,16 +160,29 @@ class OpenAIServing:
             ]
             return ChatCompletionMessage(content=None, tool_calls=made), "tool_calls"
 
+        top = request.logprob_count
+        texts = self.runtime.token_texts if top is not None else None
+
         def build(results: list[_Result]) -> ChatCompletionResponse:
             answers = [answer(result) for result in results]
             return ChatCompletionResponse(
                 model=self.model_name,
                 choices=[
-                    ChatCompletionChoice(index=choice.index, message=message, finish_reason=finish)  # type: ignore[arg-type]
-                    for choice, (message, finish) in zip(choices, answers, strict=True)
+                    ChatCompletionChoice(
+                        index=choice.index,
+                        message=message,
+                        finish_reason=finish,  # type: ignore[arg-type]
+                        logprobs=chat_logprobs(result.logprobs, texts, top) if texts is not None else None,  # type: ignore[arg-type]
+                    )
+                    for choice, result, (message, finish) in zip(choices, results, answers, strict=True)
                 ],
                 usage=_usage(prompt_tokens, results),
             )
+
+        def delta(text: str, index: int, entries: list[TokenLogprob]) -> str:
+            if texts is None:
+                return encoder.content(text, index)
+            return encoder.content_logprobs(text, index, chat_logprobs(entries, texts, top))  # type: ignore[arg-type]
 
         if request.stream and functions and not await _plainly_text(choices, request.tool_mode):
             # Whether an answer is calls is known at its end: the stream sends each choice whole.
@@ -172,7 +192,7 @@ class OpenAIServing:
             return StreamBody(frames, "text/event-stream", SSE_HEADERS)  # type: ignore[return-value]
         opening = [encoder.role(choice.index) for choice in choices]
         return await self._respond(
-            request, choices, http_request, encoder, opening, encoder.content, prompt_tokens, build, metrics
+            request, choices, http_request, encoder, opening, delta, prompt_tokens, build, metrics
         )
 
     # ---- completions -----------------------------------------------------------------------------------
@@ -183,6 +203,7 @@ class OpenAIServing:
         try:
             self.check_model(request.model)
             params = request.sampling_params()
+            self.runtime.check_logprobs(params, "logprobs")
             prompts = request.prompts()
             prepared = await self.runtime.prepare_prompts(prompts, params)
             choices = await self._start(prepared, params, request.n)
@@ -196,6 +217,9 @@ class OpenAIServing:
         prompt_tokens = sum(p.prompt_tokens for p in prepared)
         encoder = CompletionChunkEncoder(new_id("cmpl"), self.model_name, include_usage=request.include_usage)
 
+        top = request.logprob_count
+        texts = self.runtime.token_texts if top is not None else None
+
         def build(results: list[_Result]) -> CompletionResponse:
             return CompletionResponse(
                 model=self.model_name,
@@ -204,15 +228,26 @@ class OpenAIServing:
                         index=choice.index,
                         text=choice.echo + result.text,
                         finish_reason=result.finish_reason,  # type: ignore[arg-type]
+                        logprobs=completion_logprobs(result.logprobs, texts, top, len(choice.echo))[0]  # type: ignore[arg-type]
+                        if texts is not None
+                        else None,
                     )
                     for choice, result in zip(choices, results, strict=True)
                 ],
                 usage=_usage(prompt_tokens, results),
             )
 
+        offsets = {choice.index: len(choice.echo) for choice in choices}
+
+        def delta(text: str, index: int, entries: list[TokenLogprob]) -> str:
+            if texts is None:
+                return encoder.text(text, index)
+            body, offsets[index] = completion_logprobs(entries, texts, top, offsets[index])  # type: ignore[arg-type]
+            return encoder.text_logprobs(text, index, body)
+
         opening = [encoder.text(c.echo, c.index) for c in choices if c.echo]
         return await self._respond(
-            request, choices, http_request, encoder, opening, encoder.text, prompt_tokens, build, metrics
+            request, choices, http_request, encoder, opening, delta, prompt_tokens, build, metrics
         )
 
     # ---- shared ----------------------------------------------------------------------------------------
@@ -224,7 +259,7 @@ class OpenAIServing:
         http_request: Request | None,
         encoder: ChatChunkEncoder | CompletionChunkEncoder,
         opening: list[str],
-        delta: Callable[[str, int], str],
+        delta: TextFrame,
         prompt_tokens: int,
         build: Callable[[list[_Result]], BaseModel],
         metrics: RequestMetrics,
@@ -307,9 +342,11 @@ async def _collect(choice: _Choice) -> _Result:
     """Reads one choice to its end."""
     stream = choice.stream
     parts = [choice.first]
+    logprobs = stream.take_logprobs()
     while stream.finish_reason is None:
         parts.append(await stream.read())
-    return _Result("".join(parts), stream.completion_tokens, stream.finish_reason)
+        logprobs += stream.take_logprobs()
+    return _Result("".join(parts), stream.completion_tokens, stream.finish_reason, logprobs)
 
 
 async def _collect_all(choices: list[_Choice], http_request: Request | None) -> list[_Result] | None:
@@ -342,7 +379,7 @@ async def _collect_all(choices: list[_Choice], http_request: Request | None) -> 
 async def _sse_frames(
     choices: list[_Choice],
     opening: list[str],
-    text_frame: Callable[[str, int], str],
+    text_frame: TextFrame,
     finish_frame: Callable[[str, int], str],
     usage_frame: Callable[[int], str] | None,
     metrics: RequestMetrics,
@@ -353,26 +390,27 @@ async def _sse_frames(
     One choice is relayed directly (the common, hot case); several are merged as their text comes.
     """
     status, reason = 499, None  # the client went away, unless the stream ends or fails
-    merged: AsyncGenerator[tuple[int, str, str | None], None] | None = None
+    merged: AsyncGenerator[tuple[int, str, str | None, list[TokenLogprob]], None] | None = None
     try:
         head = "".join(opening)
         if len(choices) == 1:
             only = choices[0]
             stream, index = only.stream, only.index
             text = only.first
-            yield (head + text_frame(text, index)).encode() if text else head.encode()
+            yield (head + text_frame(text, index, stream.take_logprobs())).encode() if text else head.encode()
             while stream.finish_reason is None:
                 text = await stream.read()
                 if text:
-                    yield text_frame(text, index).encode()
-            tail = finish_frame(stream.finish_reason, index)
+                    yield text_frame(text, index, stream.take_logprobs()).encode()
+            rest = stream.take_logprobs()  # tokens whose text never showed (a stop string's, say)
+            tail = (text_frame("", index, rest) if rest else "") + finish_frame(stream.finish_reason, index)
         else:
             if head:
                 yield head.encode()
             tail = ""
             merged = _merged(choices)
-            async for index, text, finish in merged:
-                frame = text_frame(text, index) if text else ""
+            async for index, text, finish, logprobs in merged:
+                frame = text_frame(text, index, logprobs) if text or logprobs else ""
                 if finish is not None:
                     frame += finish_frame(finish, index)
                 if frame:
@@ -450,16 +488,19 @@ async def _buffered_chat_frames(
         metrics.done(status, reason, prompt_tokens, tokens)
 
 
-async def _merged(choices: list[_Choice]) -> AsyncGenerator[tuple[int, str, str | None], None]:
-    """(index, text, finish reason) of several choices as their text arrives, until all have finished."""
-    queue: asyncio.Queue[tuple[int, str, str | None] | BaseException] = asyncio.Queue()
+async def _merged(
+    choices: list[_Choice],
+) -> AsyncGenerator[tuple[int, str, str | None, list[TokenLogprob]], None]:
+    """(index, text, finish reason, log probs) of several choices as their text arrives, until all
+    have finished."""
+    queue: asyncio.Queue[tuple[int, str, str | None, list[TokenLogprob]] | BaseException] = asyncio.Queue()
 
     async def pump(choice: _Choice) -> None:
         stream = choice.stream
         try:
             text = choice.first
             while True:
-                queue.put_nowait((choice.index, text, stream.finish_reason))
+                queue.put_nowait((choice.index, text, stream.finish_reason, stream.take_logprobs()))
                 if stream.finish_reason is not None:
                     return
                 text = await stream.read()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -89,6 +90,10 @@ class ChatChunkEncoder(_ChunkEncoder):
         """A chunk with new text."""
         return f'{self._choice}{index},"delta":{{"content":{_encode(text)}}},"logprobs":null,"finish_reason":null{self._end}'
 
+    def content_logprobs(self, text: str, index: int, logprobs: dict[str, Any]) -> str:
+        """A chunk with new text and the log probs of its tokens."""
+        return f'{self._choice}{index},"delta":{{"content":{_encode(text)}}},"logprobs":{_encode(logprobs)},"finish_reason":null{self._end}'
+
     def tool_call(self, position: int, call_id: str, name: str, arguments: str, index: int = 0) -> str:
         """A chunk with the whole of tool call `position` of a choice (id, name, arguments)."""
         call = _encode(
@@ -117,6 +122,10 @@ class CompletionChunkEncoder(_ChunkEncoder):
     def text(self, text: str, index: int = 0) -> str:
         """A chunk with new text."""
         return f'{self._choice}{index},"text":{_encode(text)},"logprobs":null,"finish_reason":null{self._end}'
+
+    def text_logprobs(self, text: str, index: int, logprobs: dict[str, Any]) -> str:
+        """A chunk with new text and the log probs of its tokens."""
+        return f'{self._choice}{index},"text":{_encode(text)},"logprobs":{_encode(logprobs)},"finish_reason":null{self._end}'
 
     def finish(self, reason: str, index: int = 0) -> str:
         """The last chunk of a choice: empty text and the finish reason."""

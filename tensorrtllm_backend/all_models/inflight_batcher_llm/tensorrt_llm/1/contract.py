@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from grammars import GUIDE_TYPES
@@ -150,6 +151,8 @@ class EngineRequest:
     return_generation_logits: bool
     outputs: frozenset[str]
     guide: tuple[str, str] | None = None  # (guided_decoding_guide_type, guided_decoding_guide)
+    top_logprobs: int = 0  # the LLM API flavour's `logprobs`: the N most likely tokens per step
+    lora: Any = None  # the adapter to apply (reference engine: its A/B matrices and scaling)
 
 
 def is_stop_request(get: GetInput) -> bool:

@@ -75,6 +75,7 @@ class Sequence:
     state: Any = None  # the token source's per-request state (KV cache, RNG, ...)
     context_logits: np.ndarray | None = None
     generation_logits: list[np.ndarray] = field(default_factory=list)
+    top_logprobs: list[tuple[list[int], list[float]]] = field(default_factory=list)  # per token
     finish_reason: str | None = None  # as the LLM API says it: stop, length, cancelled
     stop_reason: int | str | None = None  # the end id, stop token or stop string that ended it
     extra: Any = None  # what a subclass of EngineLoop keeps per request (e.g. text state)
@@ -256,6 +257,11 @@ class EngineLoop:
         """Applies one generated token; returns True when the request is finished."""
         request = seq.request
         if token == request.end_id:
+            # The end token is not returned: neither are what the source recorded for its step.
+            if len(seq.generation_logits) > seq.unsent:
+                seq.generation_logits.pop()
+            if len(seq.top_logprobs) > len(seq.generated):
+                seq.top_logprobs.pop()
             self._finish(seq, reason="stop", stop_reason=token)
             return True
         seq.generated.append(token)

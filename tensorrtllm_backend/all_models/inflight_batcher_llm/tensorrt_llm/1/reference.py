@@ -148,6 +148,8 @@ class ReferenceSource:
             and not request.bad_words
             and not request.return_log_probs
             and not request.return_generation_logits
+            and not request.top_logprobs
+            and request.lora is None
         )
         if self.cache is not None:
             if not self._free:
@@ -291,7 +293,18 @@ class ReferenceSource:
     def _sample(self, seq: Sequence, logits: torch.Tensor) -> tuple[int, float]:
         state: _State = seq.state
         request = seq.request
-        logits = logits[: self.vocab_size].clone()
+        raw = logits[: self.vocab_size]
+        # Log probs are the model's own distribution (raw logits: before bias, penalties, masks,
+        # temperature, top-k/top-p), recorded for every step before anything can end it.
+        raw_log_probs = None
+        if request.return_log_probs or request.top_logprobs:
+            raw_log_probs = torch.log_softmax(raw.float(), -1)
+        if request.return_generation_logits:
+            seq.generation_logits.append(raw.float().cpu().numpy())
+        if request.top_logprobs:
+            top = torch.topk(raw_log_probs, min(request.top_logprobs, self.vocab_size))
+            seq.top_logprobs.append((top.indices.tolist(), top.values.tolist()))
+        logits = raw.clone()
         if state.bias is not None:
             logits += state.bias
         if request.repetition_penalty != 1.0:
@@ -315,12 +328,9 @@ class ReferenceSource:
             if matcher.is_stopped():  # the grammar is complete: the answer ends here
                 return request.end_id, 0.0
             logits = logits.masked_fill(~self._allowed(matcher).to(logits.device), -float("inf"))
-        if request.return_generation_logits:
-            seq.generation_logits.append(logits.cpu().numpy())
 
         if request.greedy:
             token = int(torch.argmax(logits))
-            log_prob = float(torch.log_softmax(logits, -1)[token]) if request.return_log_probs else 0.0
         else:
             scaled = logits / request.temperature
             if request.top_k > 0:
@@ -331,9 +341,8 @@ class ReferenceSource:
                 probs = torch.softmax(sorted_logits, -1)
                 drop = probs.cumsum(-1) - probs >= request.top_p
                 scaled = scaled.scatter(0, order, sorted_logits.masked_fill(drop, -float("inf")))
-            log_probs = torch.log_softmax(scaled, -1)
-            token = int(torch.multinomial(log_probs.exp(), 1, generator=state.generator))
-            log_prob = float(log_probs[token])
+            token = int(torch.multinomial(torch.log_softmax(scaled, -1).exp(), 1, generator=state.generator))
+        log_prob = float(raw_log_probs[token]) if raw_log_probs is not None else 0.0
         state.counts[token] += 1
         if matcher is not None:
             if token in self._guide_ends:  # the grammar is satisfied and the model ends here

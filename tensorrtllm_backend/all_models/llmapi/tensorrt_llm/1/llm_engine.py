@@ -35,8 +35,10 @@ def sampling_params(request: TextRequest) -> Any:
         "stop": list(request.stop) or None,
         "stop_token_ids": [word[0] for word in engine.stop_words] or None,
         "seed": engine.seed,
-        "logprobs": 0 if engine.return_log_probs else None,
+        "logprobs": engine.top_logprobs if engine.return_log_probs else None,
     }
+    if engine.return_log_probs and "logprobs_mode" in _SAMPLING_FIELDS:
+        kwargs["logprobs_mode"] = "raw_logprobs"  # the model's own distribution, as the reference's
     if engine.end_id < 0:
         kwargs["ignore_eos"] = True
     else:
@@ -48,6 +50,39 @@ def sampling_params(request: TextRequest) -> Any:
     if engine.guide is not None:
         kwargs["guided_decoding"] = guided_decoding(*engine.guide)
     return tensorrt_llm.SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})
+
+
+def _sampling_fields() -> frozenset[str]:
+    import dataclasses
+
+    try:
+        return frozenset(f.name for f in dataclasses.fields(tensorrt_llm.SamplingParams))
+    except TypeError:  # not a dataclass in this version
+        return frozenset()
+
+
+_SAMPLING_FIELDS = _sampling_fields()
+
+
+def token_log_probs(
+    completion: Any, start: int, end: int, top: int
+) -> tuple[list[int], list[float], list[tuple[list[int], list[float]]]]:
+    """Tokens start..end of an LLM API completion with their log probs (and the `top` most likely).
+
+    The LLM API gives, per token, a dict token id -> Logprob(logprob, rank) holding the top N and
+    the sampled token.
+    """
+    ids = list(completion.token_ids[start:end])
+    steps = list(completion.logprobs or [])[start:end]
+    log_probs: list[float] = []
+    tops: list[tuple[list[int], list[float]]] = []
+    for token, step in zip(ids, steps, strict=False):
+        entry = step.get(token) if isinstance(step, dict) else None
+        log_probs.append(float(entry.logprob) if entry is not None else float("nan"))
+        if top and isinstance(step, dict):
+            ranked = sorted(step.items(), key=lambda item: -float(item[1].logprob))[:top]
+            tops.append(([int(k) for k, _ in ranked], [float(v.logprob) for _, v in ranked]))
+    return ids, log_probs[: len(ids)], tops
 
 
 def guided_decoding(guide_type: str, guide: str) -> Any:
@@ -88,6 +123,7 @@ class LLMEngine:
     async def _serve(self, request: TextRequest, sink: Any) -> None:
         engine = request.engine
         sent = 0
+        tokens_sent = 0
         checked = time.monotonic()
         outcome = "completed"
         try:
@@ -102,7 +138,7 @@ class LLMEngine:
                     if await asyncio.to_thread(sink.is_cancelled):
                         result.abort()
                         outcome = "cancelled"
-                        sink.send(self._arrays(request, "", output, "cancelled"), True)
+                        sink.send(self._arrays(request, "", output, "cancelled", tokens_sent), True)
                         return
                 if not engine.streaming and not result.finished:
                     continue
@@ -111,10 +147,9 @@ class LLMEngine:
                 delta, sent = prefix + text[sent:], len(text)
                 prefix = ""
                 finished = result.finished
-                sink.send(
-                    self._arrays(request, delta, output, completion.finish_reason if finished else None),
-                    finished,
-                )
+                start, tokens_sent = tokens_sent, len(completion.token_ids)
+                reason = completion.finish_reason if finished else None
+                sink.send(self._arrays(request, delta, output, reason, start), finished)
                 if finished:
                     self.counters.tokens(len(completion.token_ids))
                     return
@@ -125,8 +160,14 @@ class LLMEngine:
             self.counters.finished(outcome)
             self.in_flight -= 1
 
-    def _arrays(self, request: TextRequest, text: str, output: Any, finish_reason: str | None) -> Any:
+    def _arrays(
+        self, request: TextRequest, text: str, output: Any, finish_reason: str | None, start: int = 0
+    ) -> Any:
         completion = output.outputs[0]
+        ids, log_probs, top = [], [], []
+        if "output_ids" in request.outputs:
+            end = len(completion.token_ids)
+            ids, log_probs, top = token_log_probs(completion, start, end, request.engine.top_logprobs)
         return self.responder.response(
             text_arrays(
                 request,
@@ -135,6 +176,9 @@ class LLMEngine:
                 finish_reason=finish_reason,
                 stop_reason=completion.stop_reason if finish_reason else None,
                 cumulative_logprob=completion.cumulative_logprob or 0.0,
+                ids=ids,
+                log_probs=log_probs,
+                top=top,
             )
         )
 

@@ -8,7 +8,9 @@ extensions, all optional: `input_ids` (a tokenized prompt instead of text, as th
 `sampling_param_{repetition_penalty,min_tokens,end_id,stop_token_ids}`,
 `return_num_{input,output}_tokens` (INT32 `num_input_tokens` / `num_output_tokens`, for usage), and
 the C++ backend's `guided_decoding_guide_type` / `guided_decoding_guide` (the LLM API's
-`GuidedDecodingParams`).
+`GuidedDecodingParams`), and `sampling_param_logprobs` (the LLM API's `logprobs`: N >= 0 returns each
+new token's id and log prob as `output_ids` / `output_log_probs`, and with N > 0 the N most likely
+tokens of each step as `top_log_prob_ids` / `top_log_probs` [tokens, N]).
 
 Unlike upstream, streamed `text_output`s are deltas that concatenate exactly to the whole text, and
 a request the engine refuses is an INVALID_ARG error whose message starts with INVALID_REQUEST.
@@ -35,6 +37,7 @@ SCALARS: dict[str, object] = {
     "sampling_param_max_tokens": None,
     "sampling_param_min_tokens": 0,
     "sampling_param_seed": None,
+    "sampling_param_logprobs": None,
     "sampling_param_end_id": None,
     "sampling_param_best_of": 1,
     "sampling_param_exclude_input_from_output": True,
@@ -55,6 +58,11 @@ OPTIONAL_OUTPUTS = {
     "return_num_output_tokens": "num_output_tokens",
 }
 """Switch input -> the output it adds to every response (`text_output` is always there)."""
+
+MAX_LOGPROBS = 20
+"""The most top log probs a request may ask for per token (OpenAI's limit)."""
+LOGPROB_OUTPUTS = ("output_ids", "output_log_probs")
+TOP_LOGPROB_OUTPUTS = ("top_log_prob_ids", "top_log_probs")
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +177,13 @@ def parse_text_request(
         stop_ids += [int(i) for i in stop_tokens.reshape(-1).tolist() if int(i) not in stop_ids]
     stops = tuple(dict.fromkeys(s for s in _strings(get("sampling_param_stop"), "sampling_param_stop") if s))
 
-    outputs = frozenset(out for switch, out in OPTIONAL_OUTPUTS.items() if scalar(get, switch))
+    outputs = set(out for switch, out in OPTIONAL_OUTPUTS.items() if scalar(get, switch))
+    logprobs = scalar(get, "sampling_param_logprobs")
+    if logprobs is not None:
+        logprobs = int(logprobs)  # type: ignore[call-overload]
+        if not 0 <= logprobs <= MAX_LOGPROBS:
+            raise RequestError(f"sampling_param_logprobs must be within [0, {MAX_LOGPROBS}], got {logprobs}")
+        outputs.update(LOGPROB_OUTPUTS + (TOP_LOGPROB_OUTPUTS if logprobs else ()))
     echo = not bool(scalar(get, "sampling_param_exclude_input_from_output"))
     request = EngineRequest(
         request_id=request_id,
@@ -190,16 +204,17 @@ def parse_text_request(
         stop_words=[[token] for token in stop_ids],
         bad_words=[],
         embedding_bias=None,
-        return_log_probs="cumulative_logprob" in outputs,
+        return_log_probs="cumulative_logprob" in outputs or logprobs is not None,
         return_context_logits=False,
         return_generation_logits=False,
         outputs=frozenset(),
         guide=parse_guide(get),
+        top_logprobs=logprobs or 0,
     )
     return TextRequest(
         engine=request,
         stop=stops,
-        outputs=outputs,
+        outputs=frozenset(outputs),
         echo_prompt=(texts[0] if texts else detokenize(input_ids)) if echo else None,
     )
 
@@ -212,10 +227,14 @@ def text_arrays(
     finish_reason: str | None = None,
     stop_reason: int | str | None = None,
     cumulative_logprob: float = 0.0,
+    ids: list[int] | None = None,
+    log_probs: list[float] | None = None,
+    top: list[tuple[list[int], list[float]]] | None = None,
 ) -> dict[str, np.ndarray]:
     """The output tensors of one response: `text` (a delta when streaming) and what was asked for.
 
-    Like upstream, the optional outputs are strings, "None" until the request has finished.
+    Like upstream, the optional outputs are strings, "None" until the request has finished. `ids`,
+    `log_probs` and `top` are the tokens this response adds, with their log probs and top log probs.
     """
     out = {"text_output": np.array([text.encode("utf-8")], dtype=np.object_)}
     wanted = request.outputs
@@ -229,4 +248,12 @@ def text_arrays(
         out["num_input_tokens"] = np.array([len(request.engine.input_ids)], dtype=np.int32)
     if "num_output_tokens" in wanted:
         out["num_output_tokens"] = np.array([generated], dtype=np.int32)
+    if "output_ids" in wanted:
+        out["output_ids"] = np.array(ids or [], dtype=np.int32)
+        out["output_log_probs"] = np.array(log_probs or [], dtype=np.float32)
+    if "top_log_probs" in wanted:
+        width = request.engine.top_logprobs
+        rows = top or []
+        out["top_log_prob_ids"] = np.array([r[0] for r in rows], dtype=np.int32).reshape(len(rows), width)
+        out["top_log_probs"] = np.array([r[1] for r in rows], dtype=np.float32).reshape(len(rows), width)
     return out

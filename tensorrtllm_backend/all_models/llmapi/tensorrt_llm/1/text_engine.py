@@ -72,13 +72,17 @@ class TextEngineLoop(EngineLoop):
         state: _TextState = seq.extra
         text = "".join(state.pending)
         state.pending.clear()
+        end = len(seq.generated)  # `ids` are the newest tokens (all of them, unstreamed)
         return self.responder.response(
             text_arrays(
                 state.request,
                 text,
-                generated=len(seq.generated),
+                generated=end,
                 finish_reason=seq.finish_reason if final else None,
                 stop_reason=seq.stop_reason if final else None,
                 cumulative_logprob=seq.cum_log_prob,
+                ids=ids,
+                log_probs=log_probs,
+                top=seq.top_logprobs[end - len(ids) : end] if ids else [],
             )
         )
