@@ -246,6 +246,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="return only generated tokens, never echo the prompt (default: on)",
     )
 
+    adapters = parser.add_argument_group("LoRA adapters")
+    adapters.add_argument(
+        "--lora",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="a Hugging Face PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors) to "
+        "pack with the model; clients select it with model=NAME. Repeatable",
+    )
+    adapters.add_argument(
+        "--lora-cache-adapters",
+        type=int,
+        default=defaults.lora_cache_adapters,
+        metavar="N",
+        help="adapters the engine holds at once; others are loaded again on use (default: %(default)s)",
+    )
+
     output = parser.add_argument_group("output")
     output.add_argument(
         "--quiet", action="store_true", help="no progress bar (it only shows when stderr is a terminal)"
@@ -274,9 +291,17 @@ def _options(args: argparse.Namespace) -> RuntimeOptions:
         max_seq_len=args.max_seq_len,
         dtype=args.dtype,
         trust_remote_code=args.trust_remote_code,
+        lora_cache_adapters=args.lora_cache_adapters,
     )
     options.validate()
     return options
+
+
+def _lora_arg(value: str) -> tuple[str, Path]:
+    name, sep, directory = value.partition("=")
+    if not sep or not name or not directory:
+        raise PackError(f"--lora takes NAME=DIR, got {value!r}")
+    return name, Path(directory)
 
 
 def run(args: argparse.Namespace) -> packing.PackResult:
@@ -285,6 +310,7 @@ def run(args: argparse.Namespace) -> packing.PackResult:
     if args.name is not None:
         packing.validate_name(args.name)
     chat_template = packing.read_chat_template(args.chat_template) if args.chat_template else None
+    loras = [_lora_arg(value) for value in args.lora]
 
     def pack(source: packing.ModelSource, tokenizer: Path, option: str = "--tokenizer") -> packing.PackResult:
         return packing.pack(
@@ -295,6 +321,7 @@ def run(args: argparse.Namespace) -> packing.PackResult:
             chat_template=chat_template,
             progress=not args.quiet,
             tokenizer_option=option,
+            loras=loras,
         )
 
     if args.build_engine:
@@ -316,6 +343,7 @@ def run(args: argparse.Namespace) -> packing.PackResult:
                 chat_template=chat_template,
                 progress=not args.quiet,
                 tokenizer_option="--tokenizer" if args.tokenizer else "--hf-model",
+                loras=loras,
             )
     if args.engine_dir is not None:
         if args.tokenizer is None:

@@ -81,16 +81,22 @@ class TRTLLM:
         stop: list[str] | None = None,
         ignore_eos: bool = False,
         json_schema: dict[str, Any] | None = None,
+        lora: str | None = None,
     ) -> AsyncGenerator[str, None]:
         """Formats the prompt with the model's chat template and streams the answer as text;
-        with `json_schema`, the answer is JSON that validates against it.
+        with `json_schema`, the answer is JSON that validates against it; with `lora`, the named
+        LoRA adapter (packed with `pack_model.py --lora`) applies.
 
         Errors before the first chunk are JSON responses with a 4xx/5xx status, never text in
         the stream: the first text is awaited before the response starts.
         """
         runtime = self.runtime
-        metrics = RequestMetrics(runtime.model_name, "/generate")
+        adapter = lora if lora in runtime.adapters else None
+        metrics = RequestMetrics(adapter or runtime.model_name, "/generate")
         try:
+            if lora is not None and adapter is None:
+                known = ", ".join(runtime.adapters) or "none packed"
+                raise APIError.bad_request(f"unknown LoRA adapter {lora!r} ({known})", param="lora")
             try:
                 stops = check_stop(stop or [])
             except StopStringError as exc:
@@ -115,6 +121,7 @@ class TRTLLM:
                 seed=seed,
                 stop=stops,
                 ignore_eos=ignore_eos,
+                lora=adapter,
             )
             messages = runtime.formatter.messages_from_prompt(prompt, system_prompt)
             request = await runtime.prepare_chat(

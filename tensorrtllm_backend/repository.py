@@ -31,7 +31,7 @@ _STAND_IN = TEMPLATES_DIR / "tensorrt_llm" / "1"
 # Modules a model's code imports that live elsewhere (one copy in this tree): copied beside model.py.
 SHARED_MODULES: dict[str, tuple[Path, ...]] = {
     "postprocessing": (_HERE / "detokenizer.py",),
-    "tensorrt_llm": (_HERE / "grammars.py",),
+    "tensorrt_llm": (_HERE / "grammars.py", _HERE / "lora.py"),
 }
 LLMAPI_SHARED_MODULES: dict[str, tuple[Path, ...]] = {
     "tensorrt_llm": (
@@ -40,6 +40,7 @@ LLMAPI_SHARED_MODULES: dict[str, tuple[Path, ...]] = {
         _HERE / "detokenizer.py",
         _HERE / "stop_strings.py",
         _HERE / "grammars.py",
+        _HERE / "lora.py",
     )
 }
 BACKENDS = ("python", "tensorrtllm")
@@ -63,6 +64,10 @@ DEFAULTS: dict[str, str] = {
     "python_engine": "reference",  # the ensemble's stand-in in the tensorrt_llm slot
     "llmapi_engine": "tensorrt_llm",  # the llmapi model's engine (model.yaml triton_config.engine)
     "synthetic_step_delay_ms": "0",
+    "lora_weights_data_type": "TYPE_FP16",  # the engine's dtype (pack_model.py fills it)
+    "lora_cache_adapters": "8",  # adapters the engine holds at once (reference engines; LLM API max_loras)
+    "loras_json": "{}",  # model.yaml: the packed adapters, name -> {id, path}
+    "llm_lora_config": "null",  # model.yaml: the LLM API's LoraConfig
     # model.yaml (llmapi): the LLM arguments; null = the LLM API's default
     "tp_size": "1",
     "pp_size": "1",

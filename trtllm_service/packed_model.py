@@ -22,6 +22,7 @@ PACK_FORMAT = 1
 PACK_FILE = "pack.json"
 REPOSITORY_DIR = "repository"
 ENGINE_DIR = "engine"
+LORA_DIR = "loras"  # loras/<name>/: an adapter's PEFT files and its TensorRT-LLM rows
 TOKENIZER_DIR = "tokenizer"
 
 # Characters a path must not contain to be written into a config.pbtxt string value.
@@ -63,6 +64,8 @@ class PackInfo:
         launch_command: The production command line (shell-quoted) that serves ``<model>/repository``.
         chat_template_overridden: Whether ``--chat-template`` replaced the tokenizer's template.
         flavor: The repository flavour: "llmapi" (one LLM API model, model.yaml) or "ensemble".
+        loras: The packed LoRA adapters (``loras/<name>/``): name -> stable id (the engine's task
+            id), rank, alpha and target modules.
         format: Layout version of pack.json.
     """
 
@@ -84,6 +87,7 @@ class PackInfo:
     launch_command: str = ""
     chat_template_overridden: bool = False
     flavor: str = "ensemble"
+    loras: dict[str, dict[str, Any]] = field(default_factory=dict)  # adapter -> id, rank, alpha, modules
     format: int = PACK_FORMAT
 
     @property

@@ -37,10 +37,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from tensorrtllm_backend.lora import (
+    CONFIG_FILE as LORA_CONFIG_FILE,
+)
+from tensorrtllm_backend.lora import (
+    HF_TO_TRTLLM,
+    ROWS_CONFIG,
+    ROWS_WEIGHTS,
+    Adapter,
+    LoraError,
+    read_peft,
+    to_rows,
+)
+from tensorrtllm_backend.lora import (
+    WEIGHTS_FILE as LORA_WEIGHTS_FILE,
+)
 from tensorrtllm_backend.repository import DEFAULTS, RepositoryError, build_repository, repository_values
 from tensorrtllm_backend.repository import end_ids as repository_end_ids
 from trtllm_service.packed_model import (
     ENGINE_DIR,
+    LORA_DIR,
     PACK_FILE,
     REPOSITORY_DIR,
     TOKENIZER_DIR,
@@ -414,6 +432,7 @@ class RuntimeOptions:
     max_seq_len: int | None = None
     dtype: str = "auto"
     trust_remote_code: bool = False
+    lora_cache_adapters: int = 8
 
     def flavor_for(self, source: ModelSource) -> str:
         """The repository flavour: as asked, else llmapi for a checkpoint and ensemble for an engine."""
@@ -431,6 +450,7 @@ class RuntimeOptions:
             ("--tp-size", self.tp_size),
             ("--pp-size", self.pp_size),
             ("--max-num-tokens", self.max_num_tokens),
+            ("--lora-cache-adapters", self.lora_cache_adapters),
         ):
             if value is not None and value < 1:
                 raise PackError(f"{option} must be >= 1, got {value}")
@@ -532,6 +552,8 @@ class RuntimeOptions:
             "llm_max_seq_len": str(self.max_seq_len) if self.max_seq_len else "null",
             "dtype": self.dtype,
             "trust_remote_code": _bool(self.trust_remote_code),
+            "lora_weights_data_type": LORA_DTYPES.get(source.dtype, LORA_DTYPES["float16"])[0],
+            "lora_cache_adapters": str(self.lora_cache_adapters),
         }
         if self.max_tokens_in_paged_kv_cache is not None:
             values["max_tokens_in_paged_kv_cache"] = str(self.max_tokens_in_paged_kv_cache)
@@ -779,6 +801,109 @@ def apply_parallelism(source: ModelSource, options: RuntimeOptions) -> ModelSour
     )
 
 
+_LORA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+LORA_DTYPES: dict[str, tuple[str, Any]] = {
+    "float32": ("TYPE_FP32", np.float32),
+    "float16": ("TYPE_FP16", np.float16),
+    "bfloat16": ("TYPE_BF16", "bfloat16"),  # stored as the bits of bfloat16, in uint16
+}
+"""The engine's dtype -> the Triton type of `lora_weights` and how the packed rows are stored."""
+
+
+def _bfloat16_bits(values: np.ndarray) -> np.ndarray:
+    bits = values.astype(np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
+
+
+def base_config(source: ModelSource) -> dict[str, Any]:
+    """The base model's shape as a Hugging Face config (an engine's pretrained_config is mapped)."""
+    config = read_json_object(source.directory / "config.json", "model config")
+    if source.backend == "python":
+        return config
+    pretrained = config.get("pretrained_config") or {}
+    return {
+        "hidden_size": pretrained.get("hidden_size"),
+        "num_attention_heads": pretrained.get("num_attention_heads"),
+        "num_key_value_heads": pretrained.get("num_key_value_heads"),
+        "head_dim": pretrained.get("head_size"),
+        "intermediate_size": pretrained.get("intermediate_size"),
+        "num_hidden_layers": pretrained.get("num_hidden_layers"),
+    }
+
+
+def read_loras(source: ModelSource, loras: Sequence[tuple[str, Path | str]]) -> dict[str, Adapter]:
+    """Reads and checks each --lora NAME=DIR against the base model (and an engine's LoRA build)."""
+    adapters: dict[str, Adapter] = {}
+    for name, directory in loras:
+        if not _LORA_NAME.match(name):
+            raise PackError(f"--lora name {name!r}: use letters, digits, '.', '_' and '-' (at most 64)")
+        if name in adapters:
+            raise PackError(f"--lora {name} is given twice")
+        try:
+            adapter = read_peft(_existing_dir(directory, f"--lora {name}"), base_config(source))
+        except LoraError as exc:
+            raise PackError(f"--lora {name}: {exc}") from None
+        adapters[name] = adapter
+    if adapters and source.backend != "python":
+        build = read_json_object(source.directory / "config.json", "engine config").get("build_config") or {}
+        lora = build.get("lora_config") or {}
+        plugin = (build.get("plugin_config") or {}).get("lora_plugin")
+        if not plugin:
+            raise PackError(
+                "--lora: this engine was built without LoRA support; rebuild it with "
+                "`trtllm-build --lora_plugin auto --max_lora_rank R --lora_target_modules ...`"
+            )
+        max_rank = int(lora.get("max_lora_rank") or 0)
+        for name, adapter in adapters.items():
+            if max_rank and adapter.rank > max_rank:
+                raise PackError(
+                    f"--lora {name}: rank {adapter.rank} exceeds the engine's max_lora_rank {max_rank}"
+                )
+            built = set(lora.get("lora_target_modules") or [])
+            missing = {HF_TO_TRTLLM[m] for m in adapter.target_modules} - built
+            if built and missing:
+                raise PackError(
+                    f"--lora {name}: the engine was built without LoRA on {', '.join(sorted(missing))}"
+                )
+    return adapters
+
+
+def _write_loras(
+    staging: Path, adapters: Mapping[str, Adapter], sources: Mapping[str, Path], dtype: str
+) -> None:
+    """Copies each adapter's PEFT files and writes its TensorRT-LLM rows beside them."""
+    _, stored = LORA_DTYPES.get(dtype, LORA_DTYPES["float16"])
+    for name, adapter in adapters.items():
+        target = staging / LORA_DIR / name
+        target.mkdir(parents=True)
+        for file in (LORA_CONFIG_FILE, LORA_WEIGHTS_FILE):
+            shutil.copyfile(Path(sources[name]) / file, target / file)
+        weights, config = to_rows(adapter.factors)
+        weights = _bfloat16_bits(weights) if stored == "bfloat16" else weights.astype(stored)
+        np.save(target / ROWS_WEIGHTS, weights)
+        np.save(target / ROWS_CONFIG, config)
+
+
+def _lora_values(
+    adapters: Mapping[str, Adapter], packed_root: Path, values: Mapping[str, str]
+) -> dict[str, str]:
+    """model.yaml's LoRA entries: the adapters by name (id, PEFT dir) and the LLM API's LoraConfig."""
+    if not adapters:
+        return {"loras_json": "{}", "llm_lora_config": "null"}
+    paths = {name: str(packed_root / LORA_DIR / name) for name in adapters}
+    table = {name: {"id": i, "path": paths[name]} for i, name in enumerate(adapters, 1)}
+    modules = sorted({HF_TO_TRTLLM[m] for a in adapters.values() for m in a.target_modules})
+    cache = int(values.get("lora_cache_adapters", "8"))
+    llm = {
+        "lora_dir": list(paths.values()),
+        "max_lora_rank": max(a.rank for a in adapters.values()),
+        "lora_target_modules": modules,
+        "max_loras": cache,
+        "max_cpu_loras": max(cache, len(adapters)),
+    }
+    return {"loras_json": json.dumps(table), "llm_lora_config": json.dumps(llm)}
+
+
 def pack(
     source: ModelSource,
     tokenizer_dir: Path | str,
@@ -788,6 +913,7 @@ def pack(
     chat_template: str | None = None,
     progress: bool = True,
     tokenizer_option: str = "--tokenizer",
+    loras: Sequence[tuple[str, Path | str]] = (),
 ) -> PackResult:
     """Packs ``source`` and the tokenizer into one BentoML model; returns what was saved.
 
@@ -804,6 +930,9 @@ def pack(
     source = apply_parallelism(source, options)
     name = validate_name(name) if name is not None else default_name(source)
     check_tokenizer(tokenizer_path, chat_template)
+    adapters = read_loras(source, loras)
+    if (name is not None and name in adapters) or (name is None and default_name(source) in adapters):
+        raise PackError("--lora names must differ from the model's name (clients pick either by `model`)")
 
     tag = bentoml.Tag(name).make_new_version()
     assert tag.version is not None
@@ -822,7 +951,11 @@ def pack(
             tokenizer_dir=packed_root / TOKENIZER_DIR,
             backend=source.backend,
             # the end ids come from the tokenizer being packed (the copy is not written yet)
-            overrides={"end_ids": ",".join(map(str, repository_end_ids(tokenizer_path))), **values},
+            overrides={
+                "end_ids": ",".join(map(str, repository_end_ids(tokenizer_path))),
+                **values,
+                **_lora_values(adapters, packed_root, values),
+            },
         )
     except RepositoryError as exc:
         raise PackError(str(exc)) from exc
@@ -846,6 +979,9 @@ def pack(
         launch_command=launch_command(packed_root / REPOSITORY_DIR, source.world_size, unique=tag.version),
         chat_template_overridden=chat_template is not None,
         flavor=flavor,
+        loras={
+            name: {"id": i, **adapter.describe()} for i, (name, adapter) in enumerate(adapters.items(), 1)
+        },
     )
     metadata = _metadata(source, options, versions)
     metadata["launch_command"] = info.launch_command
@@ -868,6 +1004,7 @@ def pack(
                 build_repository(staging / REPOSITORY_DIR, values, flavor=flavor)
             except RepositoryError as exc:
                 raise PackError(str(exc)) from exc
+            _write_loras(staging, adapters, dict(loras), source.dtype)
             (staging / PACK_FILE).write_text(info.to_json())
     finally:
         bar.close()

@@ -17,7 +17,7 @@ import struct
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from tritonclient.grpc import service_pb2
 
@@ -156,6 +156,7 @@ def settle(
         guide_type=params.guide[0] if params.guide else None,
         guide=params.guide[1] if params.guide else None,
         logprobs=params.logprobs,
+        lora_name=params.lora,
         **sampling,  # type: ignore[arg-type]
     )
 
@@ -170,6 +171,9 @@ class TensorSpec:
     name: str
     datatype: str  # Triton's: INT32, FP32, UINT64, BOOL, BYTES
     batched: bool = True  # a leading batch dimension (models with max_batch_size > 0)
+
+    def datatype_of(self, value: object) -> str:
+        return self.datatype
 
     def encode(self, value: object) -> tuple[list[int], bytes]:
         """(shape, raw little-endian contents) of `value`, with the leading batch dimension if batched."""
@@ -188,6 +192,16 @@ _SCALAR_FORMATS = {"INT32": "<i", "FP32": "<f", "UINT64": "<Q", "BOOL": "<?"}
 
 class RawTensor(TensorSpec):
     """A whole array (numpy, already in its dtype and shape without the batch dimension)."""
+
+    DATATYPES: ClassVar[dict[str, str]] = {
+        "float32": "FP32",
+        "float16": "FP16",
+        "uint16": "BF16",
+        "int32": "INT32",
+    }
+
+    def datatype_of(self, value: object) -> str:
+        return self.DATATYPES[str(value.dtype)]  # type: ignore[attr-defined]
 
     def encode(self, value: object) -> tuple[list[int], bytes]:
         shape = list(value.shape)  # type: ignore[attr-defined]
@@ -227,7 +241,7 @@ ENGINE_INPUTS: Mapping[str, TensorSpec] = {
     "return_log_probs": TensorSpec("return_log_probs", "BOOL"),
     "return_generation_logits": TensorSpec("return_generation_logits", "BOOL"),
     "lora_task_id": TensorSpec("lora_task_id", "UINT64"),
-    "lora_weights": RawTensor("lora_weights", "FP16"),
+    "lora_weights": RawTensor("lora_weights", "FP16"),  # FP32 / FP16 / BF16: as the array holds
     "lora_config": RawTensor("lora_config", "INT32"),
 }
 """GenerationRequest field -> input of the `tensorrt_llm` model (NVIDIA's C++ backend contract)."""
@@ -304,7 +318,7 @@ def _add(message: service_pb2.ModelInferRequest, spec: TensorSpec, value: object
     shape, raw = spec.encode(value)
     tensor = message.inputs.add()
     tensor.name = spec.name
-    tensor.datatype = spec.datatype
+    tensor.datatype = spec.datatype_of(value)
     tensor.shape.extend(shape)
     message.raw_input_contents.append(raw)
 

@@ -15,14 +15,17 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
+from tensorrtllm_backend.lora import ROWS_CONFIG, ROWS_WEIGHTS
 from trtllm_service.errors import APIError
 from trtllm_service.logprobs import TokenTexts
 from trtllm_service.metrics import TRITON_RESTARTS, served_engine
 from trtllm_service.packed_model import (
+    LORA_DIR,
     end_ids,
     layout_runtime_repository,
     read_pack_info,
@@ -99,6 +102,9 @@ class Runtime:
         )
         self.preparer = RequestPreparer(self.formatter, self.limits)
         self.no_top_logprobs = top_logprobs_unsupported(self.model_path, self.info)
+        self.adapters: dict[str, dict[str, Any]] = dict(self.info.loras)  # LoRA name -> id, rank, ...
+        self._lora_rows: dict[str, tuple[Any, Any]] = {}
+        self._lora_sent: set[int] = set()  # task ids whose weights this worker sent to this Triton
         self._token_texts: TokenTexts | None = None
         self._run_dir_owned = settings.run_dir is None
         self.run_dir = run_dir(settings)
@@ -167,6 +173,7 @@ class Runtime:
     def _on_change(self, ready: bool) -> None:
         if not ready:
             return
+        self._lora_sent.clear()  # a new Triton holds no adapter
         with contextlib.suppress(RuntimeError):  # no running loop: nothing to reset
             loop = asyncio.get_running_loop()
             for work in (self.relay.reset(), self._learn_engine()):  # a new Triton: reconnect, ask
@@ -234,8 +241,42 @@ class Runtime:
             return fn(*args)
         return await asyncio.to_thread(fn, *args)
 
+    def resolve_model(self, model: str | None) -> str | None:
+        """The LoRA adapter a request's `model` names (None: the base model); 404 for another name."""
+        if model is None or model == self.model_name:
+            return None
+        if model in self.adapters:
+            return model
+        raise APIError.model_not_found(model)
+
+    def _lora_weights(self, name: str) -> tuple[Any, Any]:
+        """An adapter's TensorRT-LLM rows (lora_weights, lora_config), read once."""
+        rows = self._lora_rows.get(name)
+        if rows is None:
+            import numpy as np
+
+            where = self.model_path / LORA_DIR / name
+            rows = (np.load(where / ROWS_WEIGHTS), np.load(where / ROWS_CONFIG))
+            self._lora_rows[name] = rows
+        return rows
+
     async def generate(self, request: GenerationRequest) -> EngineStream:
-        """Starts `request`; read the stream, and close it when done (that cancels an unfinished one)."""
+        """Starts `request`; read the stream, and close it when done (that cancels an unfinished one).
+
+        A LoRA request on the C++ contract carries the adapter's task id, and its weights the first
+        time this worker uses it with this Triton; when the engine no longer holds it (restarted,
+        evicted), the relay sends it again with the weights.
+        """
         # The llmapi flavour's model detokenizes in Triton; the ensemble's engine sends token ids.
         decoder = None if self.flavor == "llmapi" else IncrementalDetokenizer(self.tokenizer)
-        return await self.relay.start(request, decoder)  # type: ignore[arg-type]
+        with_weights = None
+        if request.lora_name is not None and self.flavor != "llmapi":
+            task_id = int(self.adapters[request.lora_name]["id"])
+            weights, config = self._lora_weights(request.lora_name)
+            with_weights = replace(request, lora_task_id=task_id, lora_weights=weights, lora_config=config)
+            if task_id in self._lora_sent:
+                request = replace(request, lora_task_id=task_id)
+            else:
+                request, with_weights = with_weights, None
+                self._lora_sent.add(task_id)
+        return await self.relay.start(request, decoder, with_weights)  # type: ignore[arg-type]

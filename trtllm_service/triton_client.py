@@ -28,6 +28,7 @@ import numpy as np
 from tritonclient.grpc import service_pb2
 
 from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
+from tensorrtllm_backend.lora import CACHE_MISS
 from tensorrtllm_backend.stop_strings import StopStringMatcher
 from trtllm_service.errors import APIError
 from trtllm_service.grpc_http2 import CANCELLED, OK, UNAVAILABLE, GrpcConnection
@@ -54,6 +55,7 @@ class EngineStream:
         "_final",
         "_matcher",
         "_pending",
+        "_retry",
         "_timer",
         "_waiter",
         "completion_tokens",
@@ -83,13 +85,14 @@ class EngineStream:
         self._waiter: asyncio.Future[None] | None = None
         self._cancel = cancel
         self._timer: asyncio.TimerHandle | None = None
+        self._retry: Callable[[EngineStream], int] | None = None  # resends with the LoRA weights
 
     # ---- CallSink: called by the connection, on the event loop -----------------------------------
 
     def on_message(self, data: bytes) -> None:
         response = _parse_response(data)
         if response.error_message:
-            self._fail(_refused(response.error_message))
+            self._refused(response.error_message)
             return
         result = response.infer_response
         contents = result.raw_output_contents
@@ -109,6 +112,18 @@ class EngineStream:
         else:
             error = APIError.server_error(f"Inference server error: {message}")
         self._fail(error)
+
+    def _refused(self, message: str) -> None:
+        """An error from the engine: the request fails, unless the engine no longer holds the
+        request's LoRA adapter (Triton restarted, or evicted it), when it is sent again with the
+        adapter's weights."""
+        retry = self._retry
+        if retry is not None and CACHE_MISS in message and not self.completion_tokens:
+            self._retry = None
+            self._cancel(self.stream_id)  # the refused call: nothing more of it is read
+            self.stream_id = retry(self)
+            return
+        self._fail(_refused(message))
 
     def _fail(self, error: APIError) -> None:
         if self._error is None and self.finish_reason is None:
@@ -200,7 +215,7 @@ class TextEngineStream(EngineStream):
     def on_message(self, data: bytes) -> None:
         response = _parse_response(data)
         if response.error_message:
-            self._fail(_refused(response.error_message))
+            self._refused(response.error_message)
             return
         result = response.infer_response
         for output, raw in zip(result.outputs, result.raw_output_contents, strict=False):
@@ -250,7 +265,7 @@ class LogprobEngineStream(EngineStream):
     def on_message(self, data: bytes) -> None:
         response = _parse_response(data)
         if response.error_message:
-            self._fail(_refused(response.error_message))
+            self._refused(response.error_message)
             return
         result = response.infer_response
         named = _named(result)
@@ -403,7 +418,12 @@ class TritonRelay:
         opening.set_result(connection)
         return connection
 
-    async def start(self, request: GenerationRequest, decoder: IncrementalDetokenizer) -> EngineStream:
+    async def start(
+        self,
+        request: GenerationRequest,
+        decoder: IncrementalDetokenizer,
+        with_weights: GenerationRequest | None = None,
+    ) -> EngineStream:
         """Sends `request` to the engine; read the returned stream, and close it when done.
 
         The ensemble flavour's engine answers token ids (detokenized here by `decoder`); the LLM API
@@ -422,6 +442,12 @@ class TritonRelay:
             )
             message = engine_message(request, request_id)
         stream.stream_id = connection.start_call(STREAM_INFER, message, stream)
+        if with_weights is not None:  # the engine may not hold the adapter: then send its weights
+
+            def retry(sink: EngineStream, full: GenerationRequest = with_weights) -> int:
+                return connection.start_call(STREAM_INFER, engine_message(full, request_id), sink)
+
+            stream._retry = retry
         if stream.stream_id:
             stream._timer = asyncio.get_running_loop().call_later(self.stream_timeout_s, stream.timed_out)
         return stream

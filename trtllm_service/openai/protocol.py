@@ -710,6 +710,8 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int = Field(default_factory=_now)
     owned_by: str = "trtllm-service"
+    root: str | None = None  # as vLLM: the base model an adapter applies to
+    parent: str | None = None  # a LoRA adapter's base model (None: this is the base)
     max_model_len: int | None = None
     engine: str | None = None  # ours: tensorrt_llm, reference or synthetic (the stand-ins)
     flavor: str | None = None  # ours: the Triton repository flavour, llmapi or ensemble

@@ -138,11 +138,12 @@ async def list_models(request: Request) -> Response:
     responses={404: {"model": ErrorBody, "description": "Unknown model"}},
 )
 async def retrieve_model(model: str, request: Request) -> Response:
-    """The served model's card, or a 404 for any other name."""
+    """The card of the served model or one of its LoRA adapters, or a 404 for any other name."""
     try:
         serving = _serving(request)
         serving.check_model(model)
-        return JSONResponse(serving.model_card().model_dump(mode="json"))
+        card = next(card for card in serving.list_models().data if card.id == model)
+        return JSONResponse(card.model_dump(mode="json"))
     except APIError as exc:
         return error_response(exc)
 

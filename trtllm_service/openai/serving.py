@@ -120,23 +120,44 @@ class OpenAIServing:
         )
 
     def list_models(self) -> ModelList:
-        return ModelList(data=[self.model_card()])
+        """The base model, then each packed LoRA adapter (its `parent` is the base)."""
+        cards = [self.model_card()]
+        for name in getattr(self.runtime, "adapters", {}):
+            cards.append(
+                ModelCard(
+                    id=name,
+                    created=self._created,
+                    max_model_len=self.runtime.max_seq_len,
+                    parent=self.model_name,
+                    root=self.model_name,
+                )
+            )
+        return ModelList(data=cards)
 
-    def check_model(self, model: str | None) -> None:
-        """Raises a 404 unless ``model`` is the served model (or omitted)."""
-        if model is not None and model != self.model_name:
-            raise APIError.model_not_found(model)
+    def check_model(self, model: str | None) -> str | None:
+        """The LoRA adapter ``model`` names (None: the served model, or omitted); 404 for another."""
+        if model is None or model == self.model_name:
+            return None
+        if model in getattr(self.runtime, "adapters", {}):
+            return model
+        raise APIError.model_not_found(model)
+
+    def _label(self, model: str | None) -> str:
+        """The model id a request's metrics and response name: an adapter, else the served model."""
+        return (
+            model if model is not None and model in getattr(self.runtime, "adapters", {}) else self.model_name
+        )
 
     # ---- chat ------------------------------------------------------------------------------------------
 
     async def chat(self, request: ChatCompletionRequest, http_request: Request | None = None) -> Response:
         """Answers a chat completion request (a JSON response, or an SSE stream when ``stream`` is set)."""
-        metrics = RequestMetrics(self.model_name, CHAT_ROUTE)
+        served = self._label(request.model)
+        metrics = RequestMetrics(served, CHAT_ROUTE)
         offered = request.functions() or None  # shown to the model even with tool_choice "none"
         functions = offered if request.tool_mode else None  # what an answer may call
         try:
-            self.check_model(request.model)
-            params = request.sampling_params()
+            params = replace(request.sampling_params(), lora=self.check_model(request.model))
             self.runtime.check_logprobs(params, "top_logprobs")
             prepared = await self.runtime.prepare_chat(request.chat_messages(), params, tools=offered)
             choices = await self._start([prepared], params, request.n)
@@ -144,7 +165,7 @@ class OpenAIServing:
             metrics.done(exc.status)
             return error_response(exc)
         metrics.first_token()
-        encoder = ChatChunkEncoder(new_id("chatcmpl"), self.model_name, include_usage=request.include_usage)
+        encoder = ChatChunkEncoder(new_id("chatcmpl"), served, include_usage=request.include_usage)
         prompt_tokens = prepared.prompt_tokens
 
         def answer(result: _Result) -> tuple[ChatCompletionMessage, str]:
@@ -166,7 +187,7 @@ class OpenAIServing:
         def build(results: list[_Result]) -> ChatCompletionResponse:
             answers = [answer(result) for result in results]
             return ChatCompletionResponse(
-                model=self.model_name,
+                model=served,
                 choices=[
                     ChatCompletionChoice(
                         index=choice.index,
@@ -199,10 +220,10 @@ class OpenAIServing:
 
     async def completions(self, request: CompletionRequest, http_request: Request | None = None) -> Response:
         """Answers a text completion request: no chat template; each prompt gets ``n`` choices."""
-        metrics = RequestMetrics(self.model_name, COMPLETIONS_ROUTE)
+        served = self._label(request.model)
+        metrics = RequestMetrics(served, COMPLETIONS_ROUTE)
         try:
-            self.check_model(request.model)
-            params = request.sampling_params()
+            params = replace(request.sampling_params(), lora=self.check_model(request.model))
             self.runtime.check_logprobs(params, "logprobs")
             prompts = request.prompts()
             prepared = await self.runtime.prepare_prompts(prompts, params)
@@ -215,14 +236,14 @@ class OpenAIServing:
             for choice in choices:
                 choice.echo = prompts[choice.index // request.n]
         prompt_tokens = sum(p.prompt_tokens for p in prepared)
-        encoder = CompletionChunkEncoder(new_id("cmpl"), self.model_name, include_usage=request.include_usage)
+        encoder = CompletionChunkEncoder(new_id("cmpl"), served, include_usage=request.include_usage)
 
         top = request.logprob_count
         texts = self.runtime.token_texts if top is not None else None
 
         def build(results: list[_Result]) -> CompletionResponse:
             return CompletionResponse(
-                model=self.model_name,
+                model=served,
                 choices=[
                     CompletionChoice(
                         index=choice.index,

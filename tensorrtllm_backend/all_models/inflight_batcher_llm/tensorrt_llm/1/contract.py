@@ -42,7 +42,14 @@ SCALAR_DEFAULTS: dict[str, object] = {
     "return_num_output_tokens": False,
     "stop": False,
 }
-ARRAY_INPUTS = ("input_ids", "stop_words_list", "bad_words_list", "embedding_bias")
+ARRAY_INPUTS = (
+    "input_ids",
+    "stop_words_list",
+    "bad_words_list",
+    "embedding_bias",
+    "lora_weights",
+    "lora_config",
+)
 TEXT_INPUTS = ("guided_decoding_guide_type", "guided_decoding_guide")
 OUTPUTS = (
     "output_ids",
@@ -153,6 +160,9 @@ class EngineRequest:
     guide: tuple[str, str] | None = None  # (guided_decoding_guide_type, guided_decoding_guide)
     top_logprobs: int = 0  # the LLM API flavour's `logprobs`: the N most likely tokens per step
     lora: Any = None  # the adapter to apply (reference engine: its A/B matrices and scaling)
+    lora_task_id: int | None = None  # the adapter's id in the engine's LoRA cache
+    lora_weights: np.ndarray | None = None  # its rows, sent on first use (TensorRT-LLM's layout)
+    lora_config: np.ndarray | None = None
 
 
 def is_stop_request(get: GetInput) -> bool:
@@ -227,6 +237,14 @@ def parse_request(
         enabled.add("num_input_tokens")
     if scalar(get, "return_num_output_tokens"):
         enabled.add("num_output_tokens")
+    task = get("lora_task_id")
+    lora_task_id = int(task.reshape(-1)[0]) if task is not None and task.size else None
+    lora_weights, lora_config = get("lora_weights"), get("lora_config")
+    has_weights = lora_weights is not None and lora_weights.size > 0
+    if has_weights != (lora_config is not None and lora_config.size > 0):
+        raise RequestError("lora_weights and lora_config go together")
+    if has_weights and lora_task_id is None:
+        raise RequestError("lora_weights need a lora_task_id (the id the engine caches them under)")
     return EngineRequest(
         request_id=request_id,
         input_ids=input_ids,
@@ -252,6 +270,9 @@ def parse_request(
         return_generation_logits=return_generation_logits,
         outputs=frozenset(enabled & set(requested or OUTPUTS)),
         guide=parse_guide(get),
+        lora_task_id=lora_task_id,
+        lora_weights=lora_weights if has_weights else None,
+        lora_config=lora_config if has_weights else None,
     )
 
 

@@ -15,6 +15,7 @@ The loop that runs either one (admission, end ids, stop words, streaming, cancel
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from contract import (
     parse_request,
 )
 from engine import EngineLoop
+from lora import LoraCache, LoraError, from_rows
 from triton_adapter import Collector, Counters, EngineInfo, Responder, Sender, make_source, mpi_rank, param
 
 
@@ -56,6 +58,10 @@ class TritonPythonModel:
             max_seq_len=int(param(config, "max_seq_len", "0")),
         )
         max_seq_len = int(param(config, "max_seq_len", "0")) or own_limit
+        self.source = source
+        self.loras = LoraCache(int(param(config, "lora_cache_adapters", "") or 8))
+        config_path = Path(model_dir) / "config.json"
+        self.base_config = json.loads(config_path.read_text()) if config_path.is_file() else {}
         self.limits = EngineLimits(
             vocab_size=vocab_size,
             max_seq_len=max_seq_len,
@@ -99,12 +105,31 @@ class TritonPythonModel:
                 error = pb_utils.TritonError(f"{INVALID_REQUEST}{exc}", pb_utils.TritonError.INVALID_ARG)
                 sink.send(pb_utils.InferenceResponse(error=error), True)
                 continue
+            if parsed.lora_task_id is not None:
+                try:
+                    parsed.lora = self._adapter(parsed)
+                except LoraError as exc:
+                    self.counters.finished("error")
+                    error = pb_utils.TritonError(f"{INVALID_REQUEST}{exc}", pb_utils.TritonError.INVALID_ARG)
+                    sink.send(pb_utils.InferenceResponse(error=error), True)
+                    continue
             self.engine.submit(parsed, sink)
         if self.decoupled:
             return None
         for sink in collectors:
             sink.done.wait()
         return [sink.response for sink in collectors]
+
+    def _adapter(self, request: Any) -> Any:
+        """The request's LoRA adapter: its weights when sent (cached under its task id), else the
+        cached adapter of its task id (LoraError with CACHE_MISS when not held: the client resends)."""
+        prepare = getattr(self.source, "prepare_lora", None)
+        if prepare is None:
+            return None  # the synthetic engine has no weights to adapt
+        if request.lora_weights is None:
+            return self.loras.get(request.lora_task_id)
+        factors = from_rows(request.lora_weights, request.lora_config, self.base_config)
+        return self.loras.put(request.lora_task_id, prepare(factors))
 
     def _acknowledge_stop(self, sink: Any) -> None:
         """A `stop` request itself is answered at once with an empty final response."""

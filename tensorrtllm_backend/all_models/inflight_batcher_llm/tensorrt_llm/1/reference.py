@@ -16,6 +16,7 @@ decode one sequence per forward with a per-request cache instead.
 
 from __future__ import annotations
 
+import re
 import secrets
 from typing import Any
 
@@ -112,6 +113,14 @@ class ReferenceSource:
         self._guide_ends: frozenset[int] = frozenset()  # the ids it takes as the end of text
         self.cache: SlotCache | None = None
         self.capacity: int | None = None
+        # Every projection is hooked once, here (hooking later could race a forward on the engine
+        # thread); with no adapter in the batch a hook returns at once.
+        self._lora_groups: list[tuple[Any, Any]] = []
+        pattern = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+_proj)$")
+        for name, module in self.model.named_modules():
+            match = pattern.search(name)
+            if match:
+                module.register_forward_hook(self._lora_hook((int(match.group(1)), match.group(2))))
         if full_attention_only(config):
             self.cache = SlotCache(config, slots, self.max_len, self.model.dtype, self.device)
             self.capacity = slots
@@ -119,6 +128,49 @@ class ReferenceSource:
             self._ids = torch.zeros((slots, 1), dtype=torch.long)
             self._positions = torch.zeros(slots, dtype=torch.long)
             self._arange = torch.arange(self.max_len, device=self.device)
+
+    # ---- LoRA: what an adapter adds to a module's output, per batch row ----------------------------
+
+    def prepare_lora(self, factors: dict[tuple[int, str], tuple[Any, Any]]) -> dict[tuple[int, str], Any]:
+        """An adapter's factors as tensors on the model's device, transposed for the hooks."""
+        dtype, device = self.model.dtype, self.device
+        return {
+            key: (
+                torch.from_numpy(a).to(device, dtype).T.contiguous(),
+                torch.from_numpy(b).to(device, dtype).T.contiguous(),
+            )
+            for key, (a, b) in factors.items()
+        }
+
+    def _lora_hook(self, key: tuple[int, str]) -> Any:
+        def hook(_module: Any, args: tuple[Any, ...], out: torch.Tensor) -> torch.Tensor | None:
+            groups = self._lora_groups
+            if not groups:
+                return None
+            x = args[0]
+            for factors, rows in groups:
+                pair = factors.get(key)
+                if pair is None:
+                    continue
+                a_t, b_t = pair
+                if rows is None:
+                    out = out + (x @ a_t) @ b_t
+                else:
+                    out[rows] += (x[rows] @ a_t) @ b_t
+            return out
+
+        return hook
+
+    def _lora_rows(self, seqs: list[Sequence], batched: bool) -> list[tuple[Any, Any]]:
+        """(factors, the batch rows they apply to) of the adapters among `seqs`."""
+        groups: dict[int, tuple[Any, list[int]]] = {}
+        for seq in seqs:
+            lora = seq.request.lora
+            if lora is not None:
+                groups.setdefault(id(lora), (lora, []))[1].append(seq.state.slot if batched else 0)
+        if not batched:
+            return [(lora, None) for lora, _ in groups.values()]
+        return [(lora, torch.tensor(rows, device=self.device)) for lora, rows in groups.values()]
 
     def describe(self) -> str:
         if self.cache is None:
@@ -224,7 +276,11 @@ class ReferenceSource:
         state.counts = torch.zeros(self.vocab_size, dtype=torch.int64, device=self.device)
         state.prompt_mask = prompt_counts > 0
         cache = DynamicCache(config=self.model.config)
-        out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
+        self._lora_groups = self._lora_rows([seq], batched=False)
+        try:
+            out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
+        finally:
+            self._lora_groups = []
         if self.cache is not None:
             self.cache.store(state.slot, out.past_key_values)
         else:
@@ -239,7 +295,11 @@ class ReferenceSource:
         """One step of one sequence with its own cache (models the slot cache cannot serve)."""
         state: _State = seq.state
         ids = torch.tensor([[seq.generated[-1]]], device=self.device)
-        out = self.model(input_ids=ids, past_key_values=state.own_cache, use_cache=True)
+        self._lora_groups = self._lora_rows([seq], batched=False)
+        try:
+            out = self.model(input_ids=ids, past_key_values=state.own_cache, use_cache=True)
+        finally:
+            self._lora_groups = []
         state.own_cache = out.past_key_values
         state.length += 1
         return out.logits[0, -1].float()
@@ -264,13 +324,17 @@ class ReferenceSource:
         cache.span = span
         device_positions = cache.positions
         mask = (self._arange[None, :span] <= device_positions[:, None])[:, None, None, :]
-        out = self.model(
-            input_ids=ids.to(self.device),
-            position_ids=device_positions[:, None],
-            attention_mask=mask,
-            past_key_values=cache,
-            use_cache=True,
-        )
+        self._lora_groups = self._lora_rows(seqs, batched=True)
+        try:
+            out = self.model(
+                input_ids=ids.to(self.device),
+                position_ids=device_positions[:, None],
+                attention_mask=mask,
+                past_key_values=cache,
+                use_cache=True,
+            )
+        finally:
+            self._lora_groups = []
         logits = out.logits[:, -1].float()
         greedy = torch.argmax(logits[:, : self.vocab_size], -1).tolist()
         results: list[tuple[int, float] | BaseException] = []

@@ -85,6 +85,15 @@ def token_log_probs(
     return ids, log_probs[: len(ids)], tops
 
 
+def lora_request(name: str, adapter_id: int, path: str) -> Any:
+    """The LLM API's LoRARequest of a packed adapter (the LLM loads and caches it by id)."""
+    try:
+        from tensorrt_llm.executor import LoRARequest
+    except ImportError:
+        from tensorrt_llm.executor.request import LoRARequest
+    return LoRARequest(name, adapter_id, path)
+
+
 def guided_decoding(guide_type: str, guide: str) -> Any:
     """The LLM API's GuidedDecodingParams of a guide (the LLM needs `guided_decoding_backend` set)."""
     from tensorrt_llm.sampling_params import GuidedDecodingParams
@@ -128,7 +137,10 @@ class LLMEngine:
         outcome = "completed"
         try:
             result = self.llm.generate_async(
-                engine.input_ids, sampling_params=sampling_params(request), streaming=engine.streaming
+                engine.input_ids,
+                sampling_params=sampling_params(request),
+                streaming=engine.streaming,
+                **({"lora_request": lora_request(*request.lora)} if request.lora else {}),
             )
             prefix = request.echo_prompt or ""
             async for output in result:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from contract import EngineLimits, EngineRequest, RequestError, parse_guide
@@ -81,6 +82,8 @@ class TextRequest:
     stop: tuple[str, ...]
     outputs: frozenset[str]
     echo_prompt: str | None  # the prompt's text when it is to be echoed (exclude_input_from_output false)
+    lora_name: str | None = None  # the packed LoRA adapter to apply (ours: `lora_name`)
+    lora: Any = None  # what the engine needs of it (LLM API: its LoRARequest arguments)
 
 
 def scalar(get: GetInput, name: str) -> object:
@@ -216,6 +219,7 @@ def parse_text_request(
         stop=stops,
         outputs=frozenset(outputs),
         echo_prompt=(texts[0] if texts else detokenize(input_ids)) if echo else None,
+        lora_name=next(iter(_strings(get("lora_name"), "lora_name")), None) or None,
     )
 
 

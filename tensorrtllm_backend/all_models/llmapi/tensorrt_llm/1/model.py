@@ -23,6 +23,7 @@ import triton_python_backend_utils as pb_utils
 import yaml
 from contract import INVALID_REQUEST, EngineLimits, RequestError
 from llmapi_contract import TextLimits, parse_text_request
+from lora import LoraCache, LoraError, read_peft
 from triton_adapter import Collector, Counters, EngineInfo, Responder, Sender, make_source, mpi_rank
 
 REQUIRE_ENV = "TRTLLM_REQUIRE_TENSORRT_LLM"
@@ -74,9 +75,15 @@ class TritonPythonModel:
         self.counters = Counters(self.model_name, kind)
         self.info = EngineInfo(self.model_name, kind)
         max_seq_len = int(llm_args.get("max_seq_len") or 0)
+        self.adapters: dict[str, Any] = dict(triton_config.get("loras") or {})
+        self.loras = LoraCache(int(triton_config.get("lora_cache_adapters") or 8))
+        self.llm_args: dict[str, Any] | None = None
+        config_path = Path(str(llm_args["model"])) / "config.json"
+        self.base_config = json.loads(config_path.read_text()) if config_path.is_file() else {}
         if kind == "tensorrt_llm":
             from llm_engine import LLMEngine
 
+            self.llm_args = llm_args
             self.engine = LLMEngine(llm_args, Responder(), self.counters, cancel_check_s=cancel_check_s)
             vocab = len(self.tokenizer)
             max_seq_len = max_seq_len or int(getattr(self.engine.llm.args, "max_seq_len", 0) or 0) or 1 << 20
@@ -145,6 +152,23 @@ class TritonPythonModel:
             return "reference"
         return "tensorrt_llm"
 
+    def _adapter(self, request: Any) -> None:
+        """Attaches the named packed adapter: the LLM API's LoRA request, or (reference engine) its
+        factors, loaded from its PEFT files and kept in a cache of `lora_cache_adapters`."""
+        name = request.lora_name
+        entry = self.adapters.get(name)
+        if entry is None:
+            known = ", ".join(sorted(self.adapters)) or "none packed"
+            raise RequestError(f"unknown LoRA adapter {name!r} ({known})")
+        if self.llm_args is not None:  # tensorrt_llm: the LLM API loads and caches it
+            request.lora = (name, int(entry["id"]), str(entry["path"]))
+            return
+        prepare = getattr(self.engine.source, "prepare_lora", None)
+        if prepare is not None:
+            request.engine.lora = self.loras.get(
+                name, lambda: prepare(read_peft(entry["path"], self.base_config).factors)
+            )
+
     def _tokenize(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=True)
 
@@ -176,6 +200,14 @@ class TritonPythonModel:
                 error = pb_utils.TritonError(f"{INVALID_REQUEST}{exc}", pb_utils.TritonError.INVALID_ARG)
                 sink.send(pb_utils.InferenceResponse(error=error), True)
                 continue
+            if parsed.lora_name is not None:
+                try:
+                    self._adapter(parsed)
+                except (RequestError, LoraError) as exc:
+                    self.counters.finished("error")
+                    error = pb_utils.TritonError(f"{INVALID_REQUEST}{exc}", pb_utils.TritonError.INVALID_ARG)
+                    sink.send(pb_utils.InferenceResponse(error=error), True)
+                    continue
             self.engine.submit_text(parsed, sink)
         if self.decoupled:
             return None
