@@ -243,24 +243,47 @@ def _named(result: Any) -> dict[str, tuple[Any, bytes]]:
     return {o.name: (o, raw) for o, raw in zip(result.outputs, result.raw_output_contents, strict=False)}
 
 
-class LogprobEngineStream(EngineStream):
-    """An `EngineStream` that also collects each token's log prob and, with `top` > 0, the `top`
-    most likely tokens of its step (from the generation logits). `take_logprobs()` returns those of
-    the tokens whose text was read since it was last called."""
+class _LogprobReader:
+    """What both log-prob streams add to theirs: the tokens' log probs, handed to the reader with
+    their text. `on_message` fills `_arrived`; a read moves them on; `take_logprobs()` returns those
+    of the tokens whose text was read since it was last called (at the end: all that are left)."""
 
-    __slots__ = ("_arrived", "_read", "_top")
+    __slots__ = ()
+    _arrived: list[TokenLogprob]
+    _read: list[TokenLogprob]
+    _top: int
+    finish_reason: str | None
 
     def __init__(
         self,
         request: GenerationRequest,
-        decoder: IncrementalDetokenizer,
+        decoder: IncrementalDetokenizer | None,
         request_id: str,
         cancel: Callable[[int], None],
     ) -> None:
-        super().__init__(request, decoder, request_id, cancel)
+        super().__init__(request, decoder, request_id, cancel)  # type: ignore[call-arg]
         self._top = request.logprobs or 0
-        self._arrived: list[TokenLogprob] = []
-        self._read: list[TokenLogprob] = []
+        self._arrived = []
+        self._read = []
+
+    def _take(self) -> str:
+        self._read.extend(self._arrived)
+        self._arrived = []
+        return super()._take()  # type: ignore[misc]
+
+    def take_logprobs(self) -> list[TokenLogprob]:
+        if self.finish_reason is not None:  # the end: tokens that brought no text come too
+            self._read.extend(self._arrived)
+            self._arrived = []
+        taken, self._read = self._read, []
+        return taken
+
+
+class LogprobEngineStream(_LogprobReader, EngineStream):
+    """An `EngineStream` with each token's log prob (`output_log_probs`) and, with `top` > 0, the
+    `top` most likely tokens of its step, reduced from the generation logits."""
+
+    __slots__ = ("_arrived", "_read", "_top")
 
     def on_message(self, data: bytes) -> None:
         response = _parse_response(data)
@@ -281,12 +304,8 @@ class LogprobEngineStream(EngineStream):
 
     def _collect(self, ids: list[int], named: dict[str, tuple[Any, bytes]]) -> None:
         count = len(ids)
-        values = (
-            np.frombuffer(named["output_log_probs"][1], dtype=np.float32)
-            if "output_log_probs" in named
-            else ()
-        )
-        log_probs = [float(v) for v in values[-count:]] if len(values) >= count else [float("nan")] * count
+        values = _floats(named, "output_log_probs")
+        log_probs = values[-count:] if len(values) >= count else [float("nan")] * count
         tops: list[tuple[list[int], list[float]]] = [([], [])] * count
         if self._top and "generation_logits" in named:
             output, raw = named["generation_logits"]
@@ -295,40 +314,14 @@ class LogprobEngineStream(EngineStream):
                 rows = np.frombuffer(raw, dtype=np.float32).reshape(-1, vocab)
                 if len(rows) >= count:
                     tops = top_from_logits(rows[:count], self._top)
-        self._arrived.extend(
-            TokenLogprob(token, value, top[0], top[1])
-            for token, value, top in zip(ids, log_probs, tops, strict=True)
-        )
-
-    def _take(self) -> str:
-        self._read.extend(self._arrived)
-        self._arrived = []
-        return super()._take()
-
-    def take_logprobs(self) -> list[TokenLogprob]:
-        if self.finish_reason is not None:  # the end: tokens that brought no text come too
-            self._read.extend(self._arrived)
-            self._arrived = []
-        taken, self._read = self._read, []
-        return taken
+        self._arrived.extend(TokenLogprob(t, v, *top) for t, v, top in zip(ids, log_probs, tops, strict=True))
 
 
-class TextLogprobEngineStream(TextEngineStream):
-    """A `TextEngineStream` that also collects the tokens (ids, log probs, top log probs) the LLM API
-    flavour's model returns with `sampling_param_logprobs`."""
+class TextLogprobEngineStream(_LogprobReader, TextEngineStream):
+    """A `TextEngineStream` with the tokens (ids, log probs, top log probs) the LLM API flavour's
+    model returns with `sampling_param_logprobs`."""
 
-    __slots__ = ("_arrived", "_read")
-
-    def __init__(
-        self,
-        request: GenerationRequest,
-        decoder: IncrementalDetokenizer | None,
-        request_id: str,
-        cancel: Callable[[int], None],
-    ) -> None:
-        super().__init__(request, decoder, request_id, cancel)
-        self._arrived: list[TokenLogprob] = []
-        self._read: list[TokenLogprob] = []
+    __slots__ = ("_arrived", "_read", "_top")
 
     def on_message(self, data: bytes) -> None:
         response = _parse_response(data)
@@ -336,7 +329,7 @@ class TextLogprobEngineStream(TextEngineStream):
             named = _named(response.infer_response)
             if "output_ids" in named:
                 ids = np.frombuffer(named["output_ids"][1], dtype=np.int32).tolist()
-                values = np.frombuffer(named["output_log_probs"][1], dtype=np.float32).tolist()
+                values = _floats(named, "output_log_probs")
                 tops: list[tuple[list[int], list[float]]] = [([], [])] * len(ids)
                 if "top_log_probs" in named and ids:
                     top_ids = np.frombuffer(named["top_log_prob_ids"][1], dtype=np.int32).reshape(
@@ -347,21 +340,13 @@ class TextLogprobEngineStream(TextEngineStream):
                     )
                     tops = list(zip(top_ids.tolist(), top_values.tolist(), strict=True))
                 self._arrived.extend(
-                    TokenLogprob(t, v, top[0], top[1]) for t, v, top in zip(ids, values, tops, strict=True)
+                    TokenLogprob(t, v, *top) for t, v, top in zip(ids, values, tops, strict=True)
                 )
         super().on_message(data)
 
-    def _take(self) -> str:
-        self._read.extend(self._arrived)
-        self._arrived = []
-        return super()._take()
 
-    def take_logprobs(self) -> list[TokenLogprob]:
-        if self.finish_reason is not None:  # the end: tokens that brought no text come too
-            self._read.extend(self._arrived)
-            self._arrived = []
-        taken, self._read = self._read, []
-        return taken
+def _floats(named: dict[str, tuple[Any, bytes]], name: str) -> list[float]:
+    return np.frombuffer(named[name][1], dtype=np.float32).tolist() if name in named else []
 
 
 def _refused(message: str) -> APIError:

@@ -46,10 +46,14 @@ def flavor(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="session")
 def bentoml_home(flavor: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A model store holding the demo model, packed by pack_model.py as a user would."""
-    home = tmp_path_factory.mktemp(f"bentoml_home_{flavor}")
+    return pack_demo(tmp_path_factory.mktemp(f"bentoml_home_{flavor}"), flavor)
+
+
+def pack_demo(home: Path, flavor: str, *options: str) -> Path:
+    """Packs the demo model into the model store under `home` with pack_model.py, as a user does."""
     env = {**os.environ, "BENTOML_HOME": str(home), "BENTOML_DO_NOT_TRACK": "true"}
     subprocess.run(
-        [sys.executable, "pack_model.py", "--demo", "--flavor", flavor, "--quiet"],
+        [sys.executable, "pack_model.py", "--demo", "--flavor", flavor, "--quiet", *options],
         cwd=REPO_ROOT,
         env=env,
         check=True,

@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from tests.e2e.conftest import REPO_ROOT, BentoService
+from tests.e2e.conftest import BentoService, pack_demo
 from tests.lora_support import make_adapter, merge_into
 from tests.openai_support import Reference
 from tests.support import prometheus_metric
@@ -45,26 +43,9 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def lora_service(
     flavor: str, adapters: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BentoService]:
-    home = tmp_path_factory.mktemp(f"lora_home_{flavor}")
-    env = {**os.environ, "BENTOML_HOME": str(home), "BENTOML_DO_NOT_TRACK": "true"}
     lora_args = [arg for name, path in adapters.items() for arg in ("--lora", f"{name}={path}")]
-    subprocess.run(
-        [
-            sys.executable,
-            "pack_model.py",
-            "--demo",
-            "--flavor",
-            flavor,
-            "--quiet",
-            "--lora-cache-adapters",
-            "1",
-            *lora_args,
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-        check=True,
-        capture_output=True,
-        timeout=300,
+    home = pack_demo(
+        tmp_path_factory.mktemp(f"lora_home_{flavor}"), flavor, "--lora-cache-adapters", "1", *lora_args
     )
     server = BentoService(home, tmp_path_factory.mktemp("lora-serve")).start()
     try:
