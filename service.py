@@ -17,12 +17,13 @@ from tensorrtllm_backend.stop_strings import StopStringError, check_stop
 from trtllm_service.auth import APIKeyMiddleware, APIKeys
 from trtllm_service.errors import APIError
 from trtllm_service.guided import GuideRequestError, checked, json_schema_guide
-from trtllm_service.limits import ConcurrencyLimitMiddleware
+from trtllm_service.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
 from trtllm_service.metrics import RequestMetrics, append_triton_metrics
 from trtllm_service.openai import routes as openai_routes
 from trtllm_service.request import SamplingParams
 from trtllm_service.runtime import Runtime, default_model_tag, run_dir
 from trtllm_service.settings import get_settings
+from trtllm_service.shutdown import Drain
 from trtllm_service.streaming import StreamBody, first_text, text_chunks
 from trtllm_service.tracing import exclude_message_spans
 
@@ -30,6 +31,7 @@ logger = logging.getLogger("trtllm_service")
 
 SETTINGS = get_settings()
 MODEL_TAG = default_model_tag(SETTINGS.model_tag)
+DRAIN = Drain(SETTINGS.shutdown_grace_s)  # SIGTERM: requests in flight finish, new ones get 503
 exclude_message_spans()  # before BentoML builds the app: no span per streamed chunk
 
 
@@ -52,6 +54,7 @@ class TRTLLM:
     @bentoml.on_startup
     async def start_triton(self) -> None:
         share_bentoml_log_handlers(logger)
+        DRAIN.install()
         await self.runtime.start()
 
     @bentoml.on_shutdown
@@ -59,7 +62,7 @@ class TRTLLM:
         await self.runtime.stop()
 
     async def __is_ready__(self) -> bool:
-        return self.runtime.ready
+        return self.runtime.ready and not DRAIN.draining
 
     async def __metrics__(self, text: str) -> str:
         """BentoML's metrics (ours among them) followed by Triton's, so one scrape covers both."""
@@ -151,7 +154,10 @@ TRTLLM.add_asgi_middleware(
     limit=SETTINGS.max_concurrency,
     shared_dir=run_dir(SETTINGS),
     model_name=MODEL_NAME,
+    drain=DRAIN,
 )
+TRTLLM.add_asgi_middleware(BodyLimitMiddleware, max_bytes=SETTINGS.max_body_bytes, model_name=MODEL_NAME)
+TRTLLM.add_asgi_middleware(openai_routes.V1NotFoundMiddleware)
 if SETTINGS.api_keys:  # covers /generate and /v1/*; probes, metrics and docs stay open
     TRTLLM.add_asgi_middleware(APIKeyMiddleware, api_keys=APIKeys(SETTINGS.api_keys), model_name=MODEL_NAME)
 

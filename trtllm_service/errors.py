@@ -87,6 +87,16 @@ class APIError(Exception):
         return cls(400, message, param=param, code="context_length_exceeded")
 
     @classmethod
+    def prompt_too_long(cls, max_model_len: int, at_least: int, chars: int, *, param: str) -> APIError:
+        """400 context_length_exceeded for a prompt known too long from its length alone (not tokenized)."""
+        where = "messages" if param == "messages" else "prompt"
+        message = (
+            f"This model's maximum context length is {max_model_len} tokens. However, the {where} "
+            f"({chars} characters) would be at least {at_least} tokens. Please reduce the length of the {where}."
+        )
+        return cls(400, message, param=param, code="context_length_exceeded")
+
+    @classmethod
     def invalid_api_key(cls) -> APIError:
         """401: missing or wrong API key (OpenAI answers with this type and code)."""
         return cls(401, "Incorrect API key provided.", code="invalid_api_key")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import struct
+import time
 from typing import Protocol
 from urllib.parse import unquote
 
@@ -138,6 +139,7 @@ class GrpcConnection(asyncio.Protocol):
         self._headers_cache: dict[str, bytes] = {}
         self.closed = False
         self.close_reason = ""
+        self.last_received = time.monotonic()  # when the peer last sent anything (the relay's watchdog)
         self._lost: asyncio.Future[None] | None = None
 
     @classmethod
@@ -177,6 +179,7 @@ class GrpcConnection(asyncio.Protocol):
             self._lost.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        self.last_received = time.monotonic()
         buffer = self._buffer
         if buffer:
             buffer += data
@@ -273,6 +276,14 @@ class GrpcConnection(asyncio.Protocol):
         if self._lost is not None:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(self._lost), 2)
+
+    def abort(self, reason: str) -> None:
+        """Drops the connection at once (the peer stopped answering); calls end with UNAVAILABLE."""
+        self.closed = True
+        self.close_reason = reason
+        if self._transport is not None:
+            self._transport.abort()
+        self._fail_all(reason)
 
     # ---- frames ----------------------------------------------------------------------------------
 

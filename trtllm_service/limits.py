@@ -1,4 +1,5 @@
-"""A concurrency limit for the generation routes, answered with OpenAI's 429 shape.
+"""What the generation routes let in: a concurrency limit (429), a body size cap (413) and JSON
+bodies only (415), each answered in OpenAI's error shape before any request is read or parsed.
 
 BentoML's own `max_concurrency` answers `{"error": "Too many requests"}` before any of our code
 runs; this middleware counts requests in flight on `/generate` and `/v1/*` (a streamed response
@@ -19,11 +20,12 @@ import struct
 from pathlib import Path
 
 from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trtllm_service.auth import is_open
 from trtllm_service.errors import APIError
 from trtllm_service.metrics import count_rejected
+from trtllm_service.shutdown import Drain
 
 _SLOT = struct.Struct("<qq")  # pid, requests in flight
 
@@ -74,6 +76,16 @@ class SharedSlots:
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)  # type: ignore[arg-type]
 
+    def total(self) -> int:
+        """Requests in flight in every live process."""
+        table = self._open()
+        me = os.getpid()
+        fcntl.flock(self._fd, fcntl.LOCK_EX)  # type: ignore[arg-type]
+        try:
+            return sum(c for pid, c in self._slots(table) if c > 0 and (pid == me or _alive(pid)))
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)  # type: ignore[arg-type]
+
     def release(self) -> None:
         table = self._open()
         me = os.getpid()
@@ -121,10 +133,17 @@ class ConcurrencyLimitMiddleware:
         shared_dir: Where the worker processes of the service count together (the run dir);
             None counts this process's requests only.
         model_name: For the rejected-requests metric.
+        drain: The shutdown state: while it drains, new requests get 503 (and it counts the
+            requests in flight here).
     """
 
     def __init__(
-        self, app: ASGIApp, limit: int, shared_dir: Path | None = None, model_name: str = ""
+        self,
+        app: ASGIApp,
+        limit: int,
+        shared_dir: Path | None = None,
+        model_name: str = "",
+        drain: Drain | None = None,
     ) -> None:
         if limit < 1:
             raise ValueError("the concurrency limit must be at least 1")
@@ -133,10 +152,26 @@ class ConcurrencyLimitMiddleware:
         self.model_name = model_name
         self.in_flight = 0
         self.shared = SharedSlots(shared_dir / "in_flight.slots") if shared_dir is not None else None
+        self.drain = drain
+        if drain is not None:
+            drain.counted_by(self.service_in_flight)
+
+    def service_in_flight(self) -> int:
+        """Requests in flight in every worker of the service (this one's alone without a shared count)."""
+        if self.shared is not None:
+            with contextlib.suppress(OSError):
+                return self.shared.total()
+        return self.in_flight
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] == "OPTIONS" or is_open(scope["path"]):
             await self.app(scope, receive, send)
+            return
+        if self.drain is not None and self.drain.draining:
+            error = APIError.unavailable("The service is shutting down; please retry.", retry_after=1)
+            count_rejected(self.model_name, scope["path"], 503)
+            headers = {**error.headers(), "Connection": "close"}
+            await JSONResponse(error.body(), status_code=503, headers=headers)(scope, receive, send)
             return
         if not self._acquire():
             error = APIError.rate_limited(
@@ -164,3 +199,98 @@ class ConcurrencyLimitMiddleware:
             return False
         self.in_flight += 1  # one event loop per worker: no lock needed between awaits
         return True
+
+
+FORM_TYPES = (b"multipart/form-data", b"application/x-www-form-urlencoded")
+"""Besides JSON, the media types BentoML's `/generate` accepts (its form input)."""
+
+
+def _media_type(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    for name, value in headers:
+        if name.lower() == b"content-type":
+            return value.split(b";", 1)[0].strip().lower()
+    return None
+
+
+def _acceptable(media: bytes | None) -> bool:
+    """JSON (`application/json`, `+json`), BentoML's forms, or no Content-Type (read as JSON)."""
+    return (
+        media is None
+        or media in (b"", b"application/json")
+        or media.endswith(b"+json")
+        or media in FORM_TYPES
+    )
+
+
+class BodyLimitMiddleware:
+    """Refuses generation request bodies larger than `max_bytes` (413, before reading them) and
+    bodies of other media types than JSON or a form (415).
+
+    A body with a Content-Length over the cap is refused unread; a chunked one is read up to the cap
+    and refused there, or handed on whole.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int, model_name: str = "") -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+        self.model_name = model_name
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["method"] not in ("POST", "PUT", "PATCH")
+            or is_open(scope["path"])
+        ):
+            await self.app(scope, receive, send)
+            return
+        headers = scope["headers"]
+        media = _media_type(headers)
+        if not _acceptable(media):
+            shown = (media or b"").decode("latin-1")
+            error = APIError(
+                415,
+                f"Unsupported Content-Type {shown!r}: send the body as application/json.",
+                code="unsupported_media_type",
+            )
+            await self._refuse(error, scope, receive, send)
+            return
+        length = next((value for name, value in headers if name.lower() == b"content-length"), None)
+        if length is not None:
+            if length.isdigit() and int(length) <= self.max_bytes:
+                await self.app(scope, receive, send)
+            else:
+                await self._refuse(self._too_large(), scope, receive, send)
+            return
+        body, more = bytearray(), True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_bytes:
+                await self._refuse(self._too_large(), scope, receive, send)
+                return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": bytes(body), "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    def _too_large(self) -> APIError:
+        return APIError(
+            413,
+            f"The request body is larger than the limit of {self.max_bytes} bytes (TRTLLM_MAX_BODY_BYTES).",
+            code="request_too_large",
+        )
+
+    async def _refuse(self, error: APIError, scope: Scope, receive: Receive, send: Send) -> None:
+        count_rejected(self.model_name, scope["path"], error.status)
+        # The body is left unread: the connection closes after the answer.
+        response = JSONResponse(error.body(), status_code=error.status, headers={"Connection": "close"})
+        await response(scope, receive, send)

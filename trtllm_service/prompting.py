@@ -7,7 +7,7 @@ BOS that the rendered text already starts with), so the engine sees the same ids
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jinja2
@@ -60,6 +60,17 @@ class PromptFormatter:
         self._bos: str | None = getattr(tokenizer, "bos_token", None) or None
         self.bos_token = self._bos
         self._rust = getattr(tokenizer, "backend_tokenizer", None)
+        self._max_token_chars: int | None = None
+
+    @property
+    def max_token_chars(self) -> int:
+        """The most characters one token can stand for: its longest vocabulary entry (a byte-level
+        entry is at least as long as the text it covers), times 2 for normalizers that compose
+        characters. A text of n characters is at least n / max_token_chars tokens."""
+        if self._max_token_chars is None:
+            longest = max((len(token) for token in self._tokenizer.get_vocab()), default=1)
+            self._max_token_chars = 2 * max(1, longest)
+        return self._max_token_chars
 
     @property
     def renders_tools(self) -> bool:
@@ -139,6 +150,23 @@ class RequestPreparer:
         self.formatter = formatter
         self.limits = limits
 
+    def check_text(self, texts: Sequence[tuple[str, str]], *, param: str) -> None:
+        """400s for (where, text) pairs that must not reach the tokenizer: a NUL character, or more
+        text than the context can hold whatever its tokens (settled without tokenizing: a prompt of
+        megabytes is refused in microseconds rather than after seconds of tokenizer time)."""
+        chars = 0
+        for where, text in texts:
+            if "\x00" in text:
+                raise APIError.bad_request(
+                    f"'{where}' contains a NUL character (\\u0000), which is not allowed in text.",
+                    param=param,
+                )
+            chars += len(text)
+        if chars > self.limits.max_input_len:
+            at_least = chars // self.formatter.max_token_chars
+            if at_least > self.limits.max_input_len:
+                raise APIError.prompt_too_long(self.limits.max_seq_len, at_least, chars, param=param)
+
     def chat(
         self,
         messages: list[dict[str, Any]],
@@ -151,6 +179,7 @@ class RequestPreparer:
     ) -> GenerationRequest:
         """`param` / `budget_param`: the request fields a context_length_exceeded error names;
         `tools`: the functions the request offers (OpenAI's `function` objects)."""
+        self.check_text(list(_message_texts(messages, param)), param=param)
         try:
             text = self.formatter.render(messages, tools=tools)
         except ValueError as exc:
@@ -169,6 +198,7 @@ class RequestPreparer:
         bos = self.formatter.bos_token
         prepared = []
         for i, prompt in enumerate(prompts):
+            self.check_text([("prompt" if len(prompts) == 1 else f"prompt[{i}]", prompt)], param="prompt")
             if not prompt:
                 # OpenAI completes an empty prompt from the start of a document; so do we, where the
                 # tokenizer has a BOS token (the engine needs at least one token).
@@ -178,3 +208,17 @@ class RequestPreparer:
                 prompt = bos
             prepared.append(settle(self.formatter.encode(prompt), params, self.limits, param="prompt"))
         return prepared
+
+
+def _message_texts(messages: list[dict[str, Any]], param: str) -> Iterator[tuple[str, str]]:
+    """Each message's text, with where it is (`messages[2].content`); content parts included."""
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        where = f"{param}[{i}].content" if param == "messages" else param
+        if isinstance(content, str):
+            yield where, content
+        elif isinstance(content, list):
+            for j, part in enumerate(content):
+                text = part.get("text") if isinstance(part, dict) else None
+                if isinstance(text, str):
+                    yield f"{where}[{j}].text", text

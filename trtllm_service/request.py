@@ -143,7 +143,7 @@ def settle(
         top_p = params.top_p if params.top_p is not None else (None if top_k else 1.0)
         sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": params.seed}
     end_ids = limits.end_ids
-    return GenerationRequest(
+    request = GenerationRequest(
         prompt_ids=prompt_ids,
         max_tokens=max_tokens,
         repetition_penalty=params.repetition_penalty,
@@ -159,6 +159,33 @@ def settle(
         lora_name=params.lora,
         **sampling,  # type: ignore[arg-type]
     )
+    _check_ranges(request)
+    return request
+
+
+def _check_ranges(request: GenerationRequest) -> None:
+    """A 400 for a number the engine's tensor cannot carry (top_k 10**20, a penalty of 1e308),
+    named by field; NaN never gets this far (the protocols' bounds refuse it)."""
+    for name, spec in ENGINE_INPUTS.items():
+        bounds = _RANGES.get(spec.datatype)
+        value = getattr(request, name, None)
+        if bounds is None or not isinstance(value, (int, float)) or isinstance(value, bool):
+            continue
+        if not bounds[0] <= value <= bounds[1]:
+            raise APIError.bad_request(
+                f"Invalid '{name}': must be between {bounds[0]:g} and {bounds[1]:g} (got {value:g})"
+                if spec.datatype == "FP32"
+                else f"Invalid '{name}': must be between {bounds[0]} and {bounds[1]} (got {value})",
+                param=name,
+            )
+
+
+_FP32_MAX = 3.4028234663852886e38
+_RANGES: dict[str, tuple[float, float]] = {
+    "INT32": (-(1 << 31), (1 << 31) - 1),
+    "UINT64": (0, (1 << 64) - 1),
+    "FP32": (-_FP32_MAX, _FP32_MAX),
+}
 
 
 # ---- the table -------------------------------------------------------------------------------------------

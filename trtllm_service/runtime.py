@@ -113,7 +113,10 @@ class Runtime:
         self.engine: str | None = None  # learned from Triton once it is ready
         self._tasks: set[asyncio.Task[None]] = set()
         self.relay = TritonRelay(
-            self.triton.grpc_address, stream_timeout_s=settings.stream_timeout_s, flavor=self.flavor
+            self.triton.grpc_address,
+            stream_timeout_s=settings.stream_timeout_s,
+            idle_timeout_s=settings.stream_idle_timeout_s,
+            flavor=self.flavor,
         )
 
     @property

@@ -59,6 +59,17 @@ class Settings(BaseModel, frozen=True):
         256, ge=1, description="TRTLLM_MAX_CONCURRENCY: requests in flight, then 429"
     )
     stream_timeout_s: float = Field(600.0, gt=0, description="TRTLLM_STREAM_TIMEOUT: per request, seconds")
+    stream_idle_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="TRTLLM_STREAM_IDLE_TIMEOUT: seconds Triton may send nothing while requests are open",
+    )
+    shutdown_grace_s: float = Field(
+        20.0, ge=0, description="TRTLLM_SHUTDOWN_GRACE: seconds SIGTERM waits for requests in flight"
+    )
+    max_body_bytes: int = Field(
+        8 * 1024 * 1024, ge=1024, description="TRTLLM_MAX_BODY_BYTES: larger request bodies get a 413"
+    )
     workers: int = Field(
         default_factory=default_workers,
         ge=1,
@@ -92,6 +103,9 @@ class Settings(BaseModel, frozen=True):
             "default_max_tokens": "TRTLLM_DEFAULT_MAX_TOKENS",
             "max_concurrency": "TRTLLM_MAX_CONCURRENCY",
             "stream_timeout_s": "TRTLLM_STREAM_TIMEOUT",
+            "stream_idle_timeout_s": "TRTLLM_STREAM_IDLE_TIMEOUT",
+            "shutdown_grace_s": "TRTLLM_SHUTDOWN_GRACE",
+            "max_body_bytes": "TRTLLM_MAX_BODY_BYTES",
             "workers": "TRTLLM_WORKERS",
         }
         raw = {field: env[var] for field, var in names.items() if env.get(var, "") != ""}

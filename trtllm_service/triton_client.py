@@ -13,12 +13,18 @@ first token, or any token when the reader is waiting, goes out at once. Stop str
 the decoded text; a match ends the stream and cancels the engine request (RST_STREAM: Triton then
 cancels the request in the engine). Errors become `APIError`s: a request the engine refused 400,
 Triton unreachable or restarting 503, a stream longer than the timeout 504, anything else 500.
+
+A Triton that hangs (alive, answering nothing) is noticed by a watchdog, one per worker, that looks
+once a second: when requests are open and nothing at all arrived on the connection for the idle
+timeout, the connection is dropped and each open request ends with a 503. New requests get the 503
+as soon as the supervisor's probes find Triton unready.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from array import array
 from collections.abc import Callable
@@ -363,6 +369,8 @@ class TritonRelay:
     Args:
         address: Where Triton's gRPC endpoint is now, as (host, port); None while it is not ready.
         stream_timeout_s: Longest a request may stream before it ends with a 504.
+        idle_timeout_s: Longest Triton may send nothing while requests are open before they end
+            with a 503 (it hangs).
     """
 
     def __init__(
@@ -370,25 +378,28 @@ class TritonRelay:
         address: Callable[[], tuple[str, int] | None],
         *,
         stream_timeout_s: float = 600.0,
+        idle_timeout_s: float = 120.0,
         flavor: str = "ensemble",
     ) -> None:
         self.address = address
         self.flavor = flavor
         self.stream_timeout_s = stream_timeout_s
+        self.idle_timeout_s = idle_timeout_s
         self._connection: GrpcConnection | None = None
         self._opening: asyncio.Future[GrpcConnection] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
 
     async def _connect(self) -> GrpcConnection:
+        where = self.address()
+        if where is None:
+            raise APIError.unavailable(
+                "The model is not ready (Triton is starting, restarting or not answering).", retry_after=1
+            )
         connection = self._connection
         if connection is not None and not connection.closed:
             return connection
         if self._opening is not None:
             return await asyncio.shield(self._opening)
-        where = self.address()
-        if where is None:
-            raise APIError.unavailable(
-                "The model is not ready yet (Triton is starting or restarting).", retry_after=1
-            )
         self._opening = asyncio.get_running_loop().create_future()
         try:
             connection = await GrpcConnection.open(*where)
@@ -401,7 +412,26 @@ class TritonRelay:
             opening, self._opening = self._opening, None
         self._connection = connection
         opening.set_result(connection)
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.create_task(self._watch_idle(), name="triton-idle-watchdog")
         return connection
+
+    async def _watch_idle(self) -> None:
+        """Drops the connection when requests are open and Triton sent nothing for the idle timeout."""
+        interval = min(1.0, self.idle_timeout_s / 4)
+        while True:
+            await asyncio.sleep(interval)
+            connection = self._connection
+            if connection is None or connection.closed or not connection.active_calls:
+                continue
+            silent = time.monotonic() - connection.last_received
+            if silent >= self.idle_timeout_s:
+                reason = (
+                    f"Triton sent nothing for {silent:.0f} s with {connection.active_calls} requests open"
+                )
+                logger.error("%s; dropping the connection", reason)
+                self._connection = None
+                connection.abort(reason)
 
     async def start(
         self,
@@ -443,4 +473,9 @@ class TritonRelay:
         if connection is not None:
             await connection.close()
 
-    close = reset
+    async def close(self) -> None:
+        """Drops the connection and stops the watchdog (the service stops)."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        await self.reset()

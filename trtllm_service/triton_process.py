@@ -38,6 +38,8 @@ logger = logging.getLogger("trtllm_service.triton")
 _PR_SET_PDEATHSIG = 1
 _GLOG_ERROR = re.compile(r"^E\d{4} ")  # tritonserver's own ERROR log lines
 EXIT_TIMEOUT_S = 10
+UNREADY_AFTER_MISSES = 2
+"""Health probes in a row that must go unanswered before Triton counts as not ready."""
 """tritonserver's --exit-timeout-secs: how long it waits for in-flight requests when stopping."""
 
 
@@ -396,28 +398,38 @@ class TritonSupervisor:
                 logger.error("%s", exc)
 
     async def _watch_one(self, triton: TritonProcess) -> str:
-        """Waits until this run of Triton dies or hangs; returns why."""
+        """Waits until this run of Triton dies or hangs; returns why.
+
+        A probe may take twice the probe interval, and it takes two unanswered probes in a row to
+        call Triton unready: a machine whose cores are all busy streaming can be slow to answer
+        once, and an unready Triton turns every new request away.
+        """
         exited = asyncio.ensure_future(triton.exited())
         unanswered_since: float | None = None
+        misses = 0
         try:
             while True:
                 done, _ = await asyncio.wait([exited], timeout=self.probe_interval_s)
                 if done:
                     return f"tritonserver exited (code {exited.result()})"
                 healthy = await http_ok(
-                    self.host, self.ports.http, "/v2/health/ready", timeout_s=self.probe_interval_s
+                    self.host, self.ports.http, "/v2/health/ready", timeout_s=2 * self.probe_interval_s
                 )
                 if exited.done():
                     continue
                 if healthy:
-                    if unanswered_since is not None:
+                    if misses >= UNREADY_AFTER_MISSES:
                         logger.warning("Triton answers health probes again")
-                    unanswered_since = None
+                    unanswered_since, misses = None, 0
                     self._set_ready(True)
                     continue
                 now = time.monotonic()
+                misses += 1
                 if unanswered_since is None:
                     unanswered_since = now
+                if misses < UNREADY_AFTER_MISSES:
+                    continue
+                if misses == UNREADY_AFTER_MISSES:
                     logger.warning("Triton does not answer health probes; not ready")
                 self._set_ready(False)
                 if now - unanswered_since >= self.stall_timeout_s:

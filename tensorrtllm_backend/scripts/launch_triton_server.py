@@ -262,6 +262,7 @@ def stage_backends(install: TritonInstall, workdir: str | os.PathLike[str]) -> T
             f"{install.source} has no Python backend stub for Python "
             f"{sys.version_info.major}.{sys.version_info.minor} (looked for {stub})"
         )
+    check_stub_numpy(install)
     backends = Path(workdir) / "backends"
     target = backends / "python"
     target.mkdir(parents=True, exist_ok=True)
@@ -273,6 +274,32 @@ def stage_backends(install: TritonInstall, workdir: str | os.PathLike[str]) -> T
             link.symlink_to(entry)
     shutil.copy2(stub, target / stub.name)
     return dataclasses.replace(install, backend_dir=str(backends))
+
+
+def check_stub_numpy(install: TritonInstall) -> None:
+    """Refuse a pytriton build whose Python backend stub would run with numpy >= 2.
+
+    pytriton 0.7's stub predates numpy 2: under it numeric tensors arrive corrupted (INT32 [7, 8, 9]
+    as [7, 7, 7]) and BYTES tensors kill the stub, with no error anywhere. The stub's interpreter
+    takes its packages from the first ``python3`` on the server's PATH, so that one is asked.
+    """
+    python = shutil.which("python3", path=install.env.get("PATH", os.environ.get("PATH", os.defpath)))
+    if python is None:
+        return
+    probe = "import importlib.metadata as m; print(m.version('numpy'))"
+    try:
+        found = subprocess.run(
+            [python, "-I", "-c", probe], capture_output=True, text=True, timeout=60, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return
+    version = found.stdout.strip()
+    if found.returncode == 0 and version.split(".", 1)[0].isdigit() and int(version.split(".", 1)[0]) >= 2:
+        raise LauncherError(
+            f"the Python backend stub of {install.source} would run under {python} with numpy {version}, "
+            "which silently corrupts tensors (pytriton 0.7's stub needs numpy < 2): "
+            f"run `{python} -m pip install 'numpy<2'`, or use a Python environment with numpy 1.x"
+        )
 
 
 @contextlib.contextmanager

@@ -191,6 +191,25 @@ def service(bentoml_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def synthetic_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A model store holding the demo model packed with the synthetic token source (no model:
+    tokens as fast as Triton relays them), for load and fuzzing."""
+    return pack_demo(tmp_path_factory.mktemp("bentoml_home_synthetic"), "ensemble", "--engine", "synthetic")
+
+
+@pytest.fixture(scope="session")
+def synthetic_service(
+    synthetic_home: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[BentoService]:
+    """`bentoml serve .` on the synthetic token source, shared by the load and hostile-input tests."""
+    server = BentoService(synthetic_home, tmp_path_factory.mktemp("serve_synthetic")).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 def make_service(bentoml_home: Path, tmp_path: Path) -> Iterator[Callable[..., BentoService]]:
     """A private `bentoml serve .` per call (for fault tests and other settings), always stopped."""

@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Match
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trtllm_service.errors import APIError
 from trtllm_service.metrics import count_rejected
@@ -67,7 +68,8 @@ def _serving(request: Request) -> OpenAIServing:
 
 
 def _inline_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """The model's JSON schema with every ``$ref`` replaced by its definition (no shared components)."""
+    """The model's JSON schema with every ``$ref`` replaced by its definition (no shared components),
+    in the OpenAPI 3.0 dialect of the service's document (`_openapi30`)."""
     schema = model.model_json_schema()
     defs = schema.pop("$defs", {})
 
@@ -76,12 +78,34 @@ def _inline_schema(model: type[BaseModel]) -> dict[str, Any]:
             ref = node.get("$ref")
             if isinstance(ref, str) and ref.startswith("#/$defs/"):
                 return resolve(copy.deepcopy(defs[ref.removeprefix("#/$defs/")]))
-            return {key: resolve(value) for key, value in node.items()}
+            return _openapi30({key: resolve(value) for key, value in node.items()})
         if isinstance(node, list):
             return [resolve(item) for item in node]
         return node
 
     return resolve(schema)
+
+
+def _openapi30(node: dict[str, Any]) -> dict[str, Any]:
+    """One schema node of pydantic's JSON Schema (2020-12) said the OpenAPI 3.0 way, which BentoML's
+    document declares and Swagger UI and API fuzzers read: numeric exclusive bounds become booleans
+    beside the bound, `const` an enum of one, and an `anyOf` with a null branch `nullable`."""
+    for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
+        value = node.get(exclusive)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            node[bound], node[exclusive] = value, True
+    if "const" in node:
+        node["enum"] = [node.pop("const")]
+    branches = node.get("anyOf")
+    if isinstance(branches, list) and {"type": "null"} in branches:
+        rest = [branch for branch in branches if branch != {"type": "null"}]
+        node.pop("anyOf")
+        if len(rest) == 1 and isinstance(rest[0], dict):
+            node.update({**rest[0], **{k: v for k, v in node.items() if k not in rest[0]}})
+        else:
+            node["anyOf"] = rest
+        node["nullable"] = True
+    return node
 
 
 def _body(model: type[BaseModel], example: dict[str, Any]) -> dict[str, Any]:
@@ -211,6 +235,24 @@ async def unknown_route(path: str, request: Request) -> Response:
         if getattr(route, "endpoint", None) is not unknown_route
     )
     return _not_routed(request, 405 if known else 404)
+
+
+class V1NotFoundMiddleware:
+    """A /v1 path with a newline in it (`/v1/models/a%0Ab`) gets the OpenAI-shaped 404 of any
+    unknown URL: BentoML's mount of this app matches paths with `.*`, which stops at a newline,
+    so such paths would otherwise get BentoML's plain-text 404."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if "\n" in path and path.startswith("/v1/"):
+            where = f"{scope['method']} {path}"
+            response = error_response(APIError(404, f"Invalid URL ({where})", code="unknown_url"))
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 @app.exception_handler(StarletteHTTPException)

@@ -1,0 +1,175 @@
+"""Hostile, huge and malformed requests: each gets a clear 4xx in a JSON body, none reaches the
+engine, and the next valid request is served. Then schemathesis fuzzes every route of /docs.json.
+
+On the synthetic token source (tokens as fast as Triton relays them), so that fuzzed requests that
+are valid cost milliseconds whatever `max_tokens` they draw.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+import requests
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from schemathesis.generation import GenerationMode
+
+from tests.e2e.conftest import BentoService
+from tests.openai_support import REQUESTS_METRIC, wait_idle
+
+pytestmark = pytest.mark.stress
+
+CHAT = "/v1/chat/completions"
+JSON = {"Content-Type": "application/json"}
+MODEL = "trtllm-demo"
+MiB = 1024 * 1024
+
+
+def chat(**fields: Any) -> dict[str, Any]:
+    return {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **fields}
+
+
+def raw(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, allow_nan=True).encode()
+
+
+# (name, path, body bytes, headers, status, what the error must say)
+CASES: list[tuple[str, str, bytes, dict[str, str], int, str]] = [
+    ("10 MB body, chat", CHAT, raw(chat(messages=[{"role": "user", "content": "a" * 10 * MiB}])), JSON, 413, "request_too_large"),
+    ("10 MB body, generate", "/generate", raw({"prompt": "a" * 10 * MiB}), JSON, 413, "request_too_large"),
+    ("nested JSON, chat", CHAT, b"[" * 100_000 + b"]" * 100_000, JSON, 400, "recursion limit"),
+    ("nested JSON, generate", "/generate", b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", JSON, 400, "recursion limit"),
+    ("nested schema", "/generate", b'{"prompt": "x", "json_schema": ' + b'{"a":' * 5000 + b"1" + b"}" * 5001, JSON, 400, "recursion limit"),
+    ("invalid UTF-8, chat", CHAT, b'{"model": "trtllm-demo", "messages": [{"role": "user", "content": "\xff\xfe"}]}', JSON, 400, "Invalid JSON"),
+    ("invalid UTF-8, generate", "/generate", b'{"prompt": "\xc3\x28"}', JSON, 400, "Invalid JSON"),
+    ("raw NUL byte", CHAT, b'{"model": "trtllm-demo", "messages": [{"role": "user", "content": "a\x00b"}]}', JSON, 400, "control character"),
+    ("escaped NUL, chat", CHAT, raw(chat(messages=[{"role": "user", "content": "a\u0000b"}])), JSON, 400, "NUL character"),
+    ("escaped NUL, completions", "/v1/completions", raw({"model": MODEL, "prompt": "a\u0000b"}), JSON, 400, "NUL character"),
+    ("escaped NUL, generate", "/generate", raw({"prompt": "a\u0000b"}), JSON, 400, "NUL character"),
+    ("1M-character prompt, chat", CHAT, raw(chat(messages=[{"role": "user", "content": "word " * 200_000}])), JSON, 400, "context_length_exceeded"),
+    ("1M-character prompt, generate", "/generate", raw({"prompt": "x" * 1_000_000}), JSON, 400, "context_length_exceeded"),
+    ("1M-character prompt, completions", "/v1/completions", raw({"model": MODEL, "prompt": "y " * 500_000}), JSON, 400, "context_length_exceeded"),
+    ("negative max_tokens", CHAT, raw(chat(max_tokens=-5)), JSON, 400, "max_tokens"),
+    ("huge max_tokens", CHAT, raw(chat(max_tokens=10**30)), JSON, 400, "context_length_exceeded"),
+    ("huge seed, generate", "/generate", raw({"prompt": "hi", "seed": 2**70}), JSON, 400, "seed"),
+    ("huge top_k, chat", CHAT, raw(chat(top_k=10**20, temperature=1)), JSON, 400, "top_k"),
+    ("huge top_k, generate", "/generate", raw({"prompt": "hi", "top_k": 10**20}), JSON, 400, "top_k"),
+    ("huge penalty, generate", "/generate", raw({"prompt": "hi", "repetition_penalty": 1e308}), JSON, 400, "repetition_penalty"),
+    ("huge penalty, chat", CHAT, raw(chat(repetition_penalty=1e308)), JSON, 400, "repetition_penalty"),
+    ("NaN temperature, chat", CHAT, raw(chat(temperature=float("nan"))), JSON, 400, "temperature"),
+    ("NaN top_p, generate", "/generate", raw({"prompt": "hi", "top_p": float("nan")}), JSON, 400, "top_p"),
+    ("infinite penalty, chat", CHAT, raw(chat(frequency_penalty=float("inf"))), JSON, 400, "frequency_penalty"),
+    ("-infinite temperature, generate", "/generate", raw({"prompt": "hi", "temperature": float("-inf")}), JSON, 400, "temperature"),
+    ("text/plain, chat", CHAT, raw(chat()), {"Content-Type": "text/plain"}, 415, "unsupported_media_type"),
+    ("application/xml, generate", "/generate", b"<prompt>hi</prompt>", {"Content-Type": "application/xml"}, 415, "unsupported_media_type"),
+    ("form body, chat", CHAT, b"model=trtllm-demo&messages=hi", {"Content-Type": "application/x-www-form-urlencoded"}, 400, "Invalid JSON"),
+    ("array body, chat", CHAT, b"[1, 2]", JSON, 400, "JSON object"),
+    ("10,000 stop strings, chat", CHAT, raw(chat(stop=[f"s{i}" for i in range(10_000)])), JSON, 400, "stop"),
+    ("10,000 stop strings, generate", "/generate", raw({"prompt": "hi", "stop": [f"s{i}" for i in range(10_000)]}), JSON, 400, "stop"),
+    ("n of 10,000, chat", CHAT, raw(chat(n=10_000)), JSON, 400, "'n'"),
+    ("n of 10,000, completions", "/v1/completions", raw({"model": MODEL, "prompt": "hi", "n": 10_000}), JSON, 400, "'n'"),
+    ("10,000 prompts", "/v1/completions", raw({"model": MODEL, "prompt": ["hi"] * 10_000, "max_tokens": 1}), JSON, 400, "prompts"),
+]  # fmt: skip
+
+
+def engine_requests(service: BentoService) -> float:
+    return service.metric(REQUESTS_METRIC)
+
+
+def served(service: BentoService) -> bool:
+    answer = httpx.post(f"{service.url}{CHAT}", json=chat(), timeout=30)
+    return answer.status_code == 200 and answer.json()["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+def test_hostile_requests_get_clear_4xx_and_reach_nothing(
+    synthetic_service: BentoService, subtests: Any
+) -> None:
+    service = synthetic_service
+    assert served(service)
+    assert wait_idle(service.metrics_url)
+    before = engine_requests(service)
+    with httpx.Client(base_url=service.url, timeout=60) as client:
+        for name, path, body, headers, status, says in CASES:
+            with subtests.test(name):
+                started = time.monotonic()
+                answer = client.post(path, content=body, headers=headers)
+                took = time.monotonic() - started
+                assert answer.status_code == status, answer.text[:300]
+                error = answer.json()["error"]
+                assert says in json.dumps(answer.json()), answer.text[:300]
+                if isinstance(error, dict):  # OpenAI's shape (BentoML's own 400s carry a string)
+                    assert error["message"] and error["type"] == "invalid_request_error"
+                # Refused from its size alone, or tokenized in a thread: never seconds of work.
+                assert took < 3, f"{name}: {took:.1f} s"
+    assert engine_requests(service) == before, "a refused request reached the engine"
+    assert served(service), "a valid request after the hostile ones failed"
+
+
+def test_a_7mb_prompt_under_the_cap_is_refused_without_tokenizing(synthetic_service: BentoService) -> None:
+    """Below the body cap, a prompt the context cannot hold is refused from its length: tokenizing
+    7 MB takes the demo tokenizer about 7 s of CPU."""
+    started = time.monotonic()
+    answer = httpx.post(
+        f"{synthetic_service.url}/generate", json={"prompt": "The cat sat. " * 550_000}, timeout=60
+    )
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "context_length_exceeded"
+    assert time.monotonic() - started < 2, "the prompt was tokenized"
+
+
+def test_fuzz_every_route_of_the_openapi_document(synthetic_service: BentoService) -> None:
+    """Valid and invalid bodies drawn from /docs.json for every route: no 5xx, every error a JSON
+    body, and afterwards nothing in flight and the next request served."""
+    service = synthetic_service
+    schema = schemathesis.openapi.from_url(f"{service.url}/docs.json")
+    session = requests.Session()
+    statuses: dict[str, dict[int, int]] = {}
+    failures: list[str] = []
+    for result in schema.get_all_operations():
+        operation = result.ok()
+        fuzz(operation, service.url, session, statuses.setdefault(operation.label, {}), failures)
+    print({label: dict(sorted(counts.items())) for label, counts in statuses.items()})
+    assert not failures, "\n\n".join(failures[:5])
+    assert sum(statuses["POST /v1/chat/completions"].values()) >= 60
+    assert any(code == 200 for code in statuses["POST /generate"]), statuses
+    assert wait_idle(service.metrics_url)
+    assert service.metric("nv_inference_pending_request_count") == 0
+    assert served(service)
+
+
+def fuzz(
+    operation: Any, url: str, session: requests.Session, seen: dict[int, int], failures: list[str]
+) -> None:
+    """Calls one operation with 60 valid and invalid cases, counting statuses and noting 5xx."""
+    strategy = operation.as_strategy(GenerationMode.POSITIVE) | operation.as_strategy(GenerationMode.NEGATIVE)
+
+    @settings(
+        max_examples=60,
+        derandomize=True,  # the same cases on every run: a failure in CI is reproducible
+        deadline=None,
+        database=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(case=strategy)
+    def call(case: Any) -> None:
+        response = case.call(base_url=url, session=session, timeout=60)
+        seen[response.status_code] = seen.get(response.status_code, 0) + 1
+        if response.status_code >= 500:
+            failures.append(f"{response.status_code} {response.text[:200]}\n{case.as_curl_command()}")
+        elif response.status_code >= 400 and not _json_error(response):
+            failures.append(
+                f"{response.status_code} not a JSON error: {response.text[:200]}\n{case.as_curl_command()}"
+            )
+
+    call()
+
+
+def _json_error(response: requests.Response) -> bool:
+    try:
+        return "error" in response.json()
+    except ValueError:
+        return False
