@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse
 
 from tensorrtllm_backend.stop_strings import StopStringError, check_stop
 from trtllm_service.auth import APIKeyMiddleware, APIKeys
+from trtllm_service.bentoml_patches import cancel_request_timers
 from trtllm_service.errors import APIError
 from trtllm_service.guided import GuideRequestError, checked, json_schema_guide
 from trtllm_service.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
@@ -33,6 +34,7 @@ SETTINGS = get_settings()
 MODEL_TAG = default_model_tag(SETTINGS.model_tag)
 DRAIN = Drain(SETTINGS.shutdown_grace_s)  # SIGTERM: requests in flight finish, new ones get 503
 exclude_message_spans()  # before BentoML builds the app: no span per streamed chunk
+cancel_request_timers()  # BentoML's request timeout would hold every request's context for 600 s
 
 
 @bentoml.asgi_app(openai_routes.app, path="/v1")

@@ -1,0 +1,147 @@
+"""A Triton that hangs (SIGSTOP) under open streams, its recovery, and a graceful SIGTERM under load.
+
+On one flavour: the relay, the watchdog and the drain are the same code for both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.test_faults import (
+    FAST_RESTART,
+    LONG_REQUEST,
+    StreamReader,
+    describe,
+    triton_processes,
+    wait_gone,
+)
+from tests.support import http_ok, wait_for
+
+FLAVORS = ("llmapi",)
+
+
+def chat_stream(url: str, body: dict[str, Any], results: list[Any], index: int) -> None:
+    """Streams a chat completion; records (finish_reason, whether [DONE] came, text) or the error."""
+    try:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=180) as response:
+            if response.status_code != 200:
+                results[index] = ("status", response.status_code, response.read()[:200])
+                return
+            finish, done, text = None, False, []
+            for line in response.iter_lines():
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: "):
+                    event = json.loads(line[6:])
+                    if "error" in event:
+                        results[index] = ("error event", event["error"])
+                        return
+                    choice = event["choices"][0]
+                    text.append(choice["delta"].get("content") or "")
+                    finish = choice.get("finish_reason") or finish
+            results[index] = (finish, done, "".join(text))
+    except httpx.HTTPError as exc:
+        results[index] = ("broken", repr(exc))
+
+
+@pytest.mark.stress
+def test_hung_triton_then_recovery_then_graceful_shutdown_under_load(
+    make_service: Any, model_name: str
+) -> None:
+    """SIGSTOP Triton with streams open: they end with an error within the idle timeout,
+    /readyz turns 503, new requests get 503 at once; SIGCONT: served again, same Triton. Stopped
+    for good: the supervisor restarts it. Then SIGTERM with 32 streams running: every one
+    finishes, new requests get 503 meanwhile, and the service exits 0 leaving nothing behind."""
+    idle_timeout, stall_timeout = 3, 12
+    server = make_service(
+        {
+            **FAST_RESTART,
+            "TRTLLM_STREAM_IDLE_TIMEOUT": str(idle_timeout),
+            "TRITON_STALL_TIMEOUT": str(stall_timeout),
+            "TRTLLM_SHUTDOWN_GRACE": "120",
+        }
+    )
+    readyz, generate = f"{server.url}/readyz", f"{server.url}/generate"
+    hello = {"prompt": "Hello!", "max_tokens": 5, "temperature": 0}
+    [tritonserver] = server.tritonserver_pids()
+
+    # 1. Hung: the streams end with an error, readiness and new requests say 503.
+    readers = [StreamReader(server.url, LONG_REQUEST) for _ in range(3)]
+    for reader in readers:
+        reader.start()
+    assert all(reader.streaming.wait(60) for reader in readers), "the streams did not start"
+    os.kill(tritonserver, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        assert all(reader.done.wait(idle_timeout + 5) for reader in readers), "a stream hung with Triton"
+        assert all(isinstance(reader.error, httpx.RemoteProtocolError) for reader in readers), [
+            reader.error for reader in readers
+        ]
+        ended = max(reader.ended_at or 0 for reader in readers) - stopped_at
+        assert ended < idle_timeout + 2, f"streams ended {ended:.1f} s after Triton hung"
+        assert wait_for(lambda: not http_ok(readyz), timeout=8), "/readyz still 200 with Triton hung"
+        asked = time.monotonic()
+        refused = httpx.post(generate, json=hello, timeout=30)
+        assert refused.status_code == 503 and time.monotonic() - asked < 2, refused.text
+        assert refused.json()["error"]["code"] == "service_unavailable"
+    finally:
+        os.kill(tritonserver, signal.SIGCONT)
+
+    # 2. Answering again: ready, served, the same Triton.
+    assert wait_for(lambda: http_ok(readyz), timeout=15), "/readyz did not recover after SIGCONT"
+    answer = httpx.post(generate, json=hello, timeout=60)
+    assert answer.status_code == 200 and answer.text
+    assert server.tritonserver_pids() == [tritonserver]
+
+    # 3. Hung for good: killed and restarted by the supervisor after the stall timeout.
+    os.kill(tritonserver, signal.SIGSTOP)
+    assert wait_for(lambda: not http_ok(readyz), timeout=8)
+    assert wait_for(lambda: http_ok(readyz), timeout=stall_timeout + 60, interval=0.5), server.log()[-3000:]
+    assert tritonserver not in server.tritonserver_pids()
+    answer = httpx.post(generate, json=hello, timeout=60)
+    assert answer.status_code == 200 and answer.text
+
+    # 4. SIGTERM with 32 streams running: they finish; meanwhile new requests get 503.
+    body = {"model": model_name, "messages": [{"role": "user", "content": "Count."}], "stream": True}
+    bodies = [{**body, "max_tokens": 400 + i % 5, "temperature": 0} for i in range(32)]
+    results: list[Any] = [None] * 32
+    threads = [
+        threading.Thread(target=chat_stream, args=(server.url, b, results, i), daemon=True)
+        for i, b in enumerate(bodies)
+    ]
+    for thread in threads:
+        thread.start()
+    seen: list[int] = []
+    assert wait_for(lambda: seen.append(in_flight(server)) or seen[-1] == 32, 30), (
+        f"in flight: {sorted(set(seen))}"
+    )
+    processes = server.descendants() + triton_processes(server)
+    assert server.process is not None
+    server.process.send_signal(signal.SIGTERM)
+    turned_away = httpx.post(generate, json=hello, timeout=30)
+    assert turned_away.status_code == 503, turned_away.text
+    assert turned_away.json()["error"]["message"].startswith("The service is shutting down")
+    for thread in threads:
+        thread.join(120)
+    unfinished = [r for r in results if not (r and r[0] == "length" and r[1] is True and r[2])]
+    assert not unfinished, f"{len(unfinished)} of 32 streams did not finish: {unfinished[:3]}"
+    code = server.process.wait(timeout=60)
+    assert code == 0, f"bentoml serve exited with {code}:\n{server.log()[-3000:]}"
+    left = wait_gone(processes, timeout=10)
+    assert not left, f"processes left behind:\n{describe(left)}"
+
+
+def in_flight(server: Any) -> int:
+    """Requests in flight in the service, from the count its workers share (pid, count per slot)."""
+    data = (Path(server.env["TRTLLM_RUN_DIR"]) / "in_flight.slots").read_bytes()
+    return sum(count for _, count in struct.iter_unpack("<qq", data) if count > 0)
