@@ -7,6 +7,7 @@ BOS that the rendered text already starts with), so the engine sees the same ids
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -68,8 +69,11 @@ class PromptFormatter:
         entry is at least as long as the text it covers), times 2 for normalizers that compose
         characters. A text of n characters is at least n / max_token_chars tokens."""
         if self._max_token_chars is None:
-            longest = max((len(token) for token in self._tokenizer.get_vocab()), default=1)
-            self._max_token_chars = 2 * max(1, longest)
+            vocab = getattr(self._tokenizer, "get_vocab", None)
+            if vocab is None:  # no vocabulary to measure: no bound (every prompt is tokenized)
+                self._max_token_chars = sys.maxsize
+            else:
+                self._max_token_chars = 2 * max(1, max((len(token) for token in vocab()), default=1))
         return self._max_token_chars
 
     @property

@@ -170,14 +170,33 @@ class EngineStream:
 
     def _take(self) -> str:
         ids, self._pending = self._pending, array("i")
-        self.completion_tokens += len(ids)
-        text = self._decoder.push(ids)
-        if self._matcher is not None and text:
-            text, stopped = self._matcher.push(text)
-            if stopped:
-                self.finish_reason = "stop"
-                self.close()  # the engine request is cancelled
-        return text
+        matcher = self._matcher
+        if matcher is None or len(ids) == 1:
+            self.completion_tokens += len(ids)
+            text = self._decoder.push(ids)
+            if matcher is not None and text:
+                text, stopped = matcher.push(text)
+                if stopped:
+                    self._stopped()
+            return text
+        # Several tokens at once (the reader was behind) and stop strings: token by token, so that
+        # the count ends with the token that completed a stop string, not with the last received.
+        pieces = []
+        for i in range(len(ids)):
+            self.completion_tokens += 1
+            text = self._decoder.push(ids[i : i + 1])
+            if text:
+                text, stopped = matcher.push(text)
+                pieces.append(text)
+                if stopped:
+                    self._stopped()
+                    break
+        return "".join(pieces)
+
+    def _stopped(self) -> None:
+        """A stop string matched: the answer ends, and the engine request is cancelled."""
+        self.finish_reason = "stop"
+        self.close()
 
     def _done(self) -> None:
         if self._timer is not None:
@@ -203,7 +222,8 @@ class TextEngineStream(EngineStream):
 
     Each response carries `text_output` (one BYTES element: a 4-byte length, then UTF-8 that ends on
     a whole character) and `num_output_tokens`, the tokens generated so far. `_pending` holds the
-    text pieces not read yet.
+    text pieces not read yet, each with the token count it came with (a stop string ends the count
+    at the piece that completed it).
     """
 
     __slots__ = ()
@@ -216,7 +236,7 @@ class TextEngineStream(EngineStream):
         cancel: Callable[[int], None],
     ) -> None:
         super().__init__(request, decoder, request_id, cancel)  # type: ignore[arg-type]
-        self._pending = []
+        self._pending = []  # (text bytes, tokens generated up to and including them)
 
     def on_message(self, data: bytes) -> None:
         response = _parse_response(data)
@@ -224,25 +244,33 @@ class TextEngineStream(EngineStream):
             self._refused(response.error_message)
             return
         result = response.infer_response
+        piece = None
         for output, raw in zip(result.outputs, result.raw_output_contents, strict=False):
             if output.name == "text_output":
                 if len(raw) > 4:
-                    self._pending.append(raw[4:])
+                    piece = raw[4:]
             elif output.name == "num_output_tokens" and len(raw) >= 4:
                 self.completion_tokens = int.from_bytes(raw[:4], "little", signed=True)
+        if piece is not None:
+            self._pending.append((piece, self.completion_tokens))
         if result.parameters["triton_final_response"].bool_param:
             self._final = True
         self._wake()
 
     def _take(self) -> str:
         pieces, self._pending = self._pending, []
-        text = b"".join(pieces).decode("utf-8", errors="replace")
-        if self._matcher is not None and text:
-            text, stopped = self._matcher.push(text)
+        matcher = self._matcher
+        if matcher is None:
+            return b"".join(piece for piece, _ in pieces).decode("utf-8", errors="replace")
+        texts = []
+        for piece, tokens in pieces:  # each piece ends on a whole character
+            text, stopped = matcher.push(piece.decode("utf-8", errors="replace"))
+            texts.append(text)
             if stopped:
-                self.finish_reason = "stop"
-                self.close()
-        return text
+                self.completion_tokens = tokens  # the count ends where the stop string did
+                self._stopped()
+                break
+        return "".join(texts)
 
 
 def _named(result: Any) -> dict[str, tuple[Any, bytes]]:

@@ -208,3 +208,28 @@ def test_json_schema_nodes_said_the_openapi_3_0_way() -> None:
     assert _openapi30({"const": "auto"}) == {"enum": ["auto"]}
     union = _openapi30({"anyOf": [{"type": "string"}, {"type": "integer"}, {"type": "null"}]})
     assert union == {"anyOf": [{"type": "string"}, {"type": "integer"}], "nullable": True}
+
+
+def test_a_stop_string_ends_the_token_count_where_it_completes() -> None:
+    """Five tokens arrive at once (the reader was behind) and the stop string completes with the
+    second: the answer and the count stop there, and the engine request is cancelled."""
+    from array import array
+
+    from tests.support import engine_response
+    from trtllm_service.request import GenerationRequest
+    from trtllm_service.triton_client import EngineStream
+
+    class Words:
+        def push(self, ids: Any) -> str:
+            return "".join(f" w{i}" for i in ids)
+
+    async def scenario() -> None:
+        cancelled: list[int] = []
+        request = GenerationRequest(prompt_ids=array("i", [1]), max_tokens=10, stop=("w1 w",))
+        stream = EngineStream(request, Words(), "id", cancelled.append)  # type: ignore[arg-type]
+        stream.stream_id = 7
+        stream.on_message(engine_response([0, 1, 2, 3, 4]))
+        assert await stream.read() == " w0 "
+        assert (stream.finish_reason, stream.completion_tokens, cancelled) == ("stop", 3, [7])
+
+    asyncio.run(scenario())
