@@ -26,12 +26,14 @@ FLAVORS = ("llmapi", "ensemble")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Deselects the flavours a module does not run on (a module-level FLAVORS tuple)."""
+    """Deselects the flavours a test does not run on: those its `flavors` marker leaves out, else
+    those its module's FLAVORS tuple does (for what does not depend on the repository flavour)."""
     keep, drop = [], []
     for item in items:
         callspec = getattr(item, "callspec", None)
         flavor = callspec.params.get("flavor") if callspec is not None else None
-        allowed = getattr(item.module, "FLAVORS", FLAVORS)
+        marker = item.get_closest_marker("flavors")
+        allowed = marker.args if marker is not None else getattr(item.module, "FLAVORS", FLAVORS)
         (drop if flavor is not None and flavor not in allowed else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)

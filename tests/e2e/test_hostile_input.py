@@ -133,7 +133,7 @@ def test_fuzz_every_route_of_the_openapi_document(synthetic_service: BentoServic
         fuzz(operation, service.url, session, statuses.setdefault(operation.label, {}), failures)
     print({label: dict(sorted(counts.items())) for label, counts in statuses.items()})
     assert not failures, "\n\n".join(failures[:5])
-    assert sum(statuses["POST /v1/chat/completions"].values()) >= 60
+    assert sum(statuses["POST /v1/chat/completions"].values()) >= 30
     assert any(code == 200 for code in statuses["POST /generate"]), statuses
     assert wait_idle(service.metrics_url)
     assert service.metric("nv_inference_pending_request_count") == 0
@@ -143,11 +143,11 @@ def test_fuzz_every_route_of_the_openapi_document(synthetic_service: BentoServic
 def fuzz(
     operation: Any, url: str, session: requests.Session, seen: dict[int, int], failures: list[str]
 ) -> None:
-    """Calls one operation with 60 valid and invalid cases, counting statuses and noting 5xx."""
+    """Calls one operation with 30 valid and invalid cases, counting statuses and noting 5xx."""
     strategy = operation.as_strategy(GenerationMode.POSITIVE) | operation.as_strategy(GenerationMode.NEGATIVE)
 
     @settings(
-        max_examples=60,
+        max_examples=30,
         derandomize=True,  # the same cases on every run: a failure in CI is reproducible
         deadline=None,
         database=None,

@@ -180,6 +180,7 @@ def test_docs_json_describes_the_v1_routes(http: httpx.Client) -> None:
 # ---- a private service: API keys, a concurrency limit of 1, Triton killed at the end --------------------
 
 
+@pytest.mark.flavors("ensemble")  # keys, the limit and a dead Triton answer the same on both
 def test_api_keys_rate_limit_and_unavailable(
     make_service: Callable[..., Any], model_name: str, subtests: Any
 ) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import psutil
+import pytest
 
 from tests.e2e.conftest import BentoService, _name
 from tests.support import held_request, wait_for
@@ -64,22 +65,12 @@ def generate_ok(service: BentoService, headers: dict[str, str] | None = None) ->
         return False
 
 
-def test_two_workers_share_one_triton_and_both_serve(make_service: Callable[..., BentoService]) -> None:
-    service = make_service({"TRTLLM_WORKERS": "2"})
-    assert len(workers(service)) == 2
-    assert len(tritons(service)) == 1
-    owner = state(service)["owner_pid"]
-    assert owner in {w.pid for w in workers(service)}
-    assert psutil.Process(tritons(service)[0]).ppid() == owner, "the owner worker is Triton's parent"
-    for _ in range(8):  # fresh connections land on either worker; all are answered
-        assert generate_ok(service)
-
-
 KEY = "sk-workers-7f3a9c"
 SECRET = "PurpleElephant4417"  # a prompt text that must not reach the logs
 LONG = {"prompt": f"{SECRET} tell me a long story.", "max_tokens": 300, "temperature": 0, "ignore_eos": True}
 
 
+@pytest.mark.flavors("llmapi")  # the workers' sharing of Triton does not depend on the flavour
 def test_killing_a_follower_mid_stream_leaves_triton_alone(
     make_service: Callable[..., BentoService], model_name: str
 ) -> None:
@@ -90,6 +81,8 @@ def test_killing_a_follower_mid_stream_leaves_triton_alone(
     service = make_service({"TRTLLM_WORKERS": "2", "TRTLLM_API_KEYS": KEY})
     owner = state(service)["owner_pid"]
     (triton,) = tritons(service)
+    assert len(workers(service)) == 2 and owner in {w.pid for w in workers(service)}
+    assert psutil.Process(triton).ppid() == owner, "the owner worker is Triton's parent"
     follower = next(w for w in workers(service) if w.pid != owner)
 
     listening = listening_addresses(triton)
@@ -201,6 +194,7 @@ def listening_addresses(pid: int) -> list[tuple[str, int]]:
     return found
 
 
+@pytest.mark.flavors("ensemble")
 def test_killing_the_owner_leaves_exactly_one_triton(make_service: Callable[..., BentoService]) -> None:
     service = make_service({"TRTLLM_WORKERS": "2"})
     owner = int(state(service)["owner_pid"])  # type: ignore[call-overload]
@@ -224,6 +218,7 @@ def test_killing_the_owner_leaves_exactly_one_triton(make_service: Callable[...,
         assert generate_ok(service)
 
 
+@pytest.mark.flavors("llmapi")
 def test_the_concurrency_limit_counts_across_workers(make_service: Callable[..., BentoService]) -> None:
     """TRTLLM_MAX_CONCURRENCY=1 with two workers: one stream in flight, and every other request,
     whichever worker takes it, gets the 429."""
