@@ -105,6 +105,21 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def free_ports(count: int) -> list[int]:
+    """`count` distinct free ports: all held open while chosen (one at a time, the kernel may hand
+    out the same port twice; a service and its Triton then collide)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 def http_ok(url: str, timeout: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
@@ -133,7 +148,7 @@ class TritonServer:
             repository_values(engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, overrides=overrides),
             flavor=flavor,
         )
-        self.grpc_port, self.http_port, self.metrics_port = free_port(), free_port(), free_port()
+        self.grpc_port, self.http_port, self.metrics_port = free_ports(3)
         self.log_path = self.workdir / "triton.log"
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen[bytes] | None = None
@@ -535,6 +550,7 @@ __all__ = [
     "check_cancellation",
     "engine_inputs",
     "free_port",
+    "free_ports",
     "infer_unary",
     "load_tokenizer",
     "output_ids",

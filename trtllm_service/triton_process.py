@@ -61,8 +61,24 @@ class TritonPorts:
 
     @classmethod
     def choose(cls, grpc: int, http: int, metrics: int, host: str) -> TritonPorts:
-        """Configured ports, with 0 replaced by a free port."""
-        return cls(grpc or free_port(host), http or free_port(host), metrics or free_port(host))
+        """Configured ports, with 0 replaced by a free port, all distinct: the free ones are held
+        open together while chosen (one at a time, the kernel can hand out the same port twice)."""
+        configured = {grpc, http, metrics} - {0}
+        held: list[socket.socket] = []
+        try:
+            chosen = []
+            for port in (grpc, http, metrics):
+                while not port or (port in chosen and port not in configured):
+                    sock = socket.socket()
+                    sock.bind((host, 0))
+                    held.append(sock)
+                    found = sock.getsockname()[1]
+                    port = 0 if found in configured else found
+                chosen.append(port)
+            return cls(*chosen)
+        finally:
+            for sock in held:
+                sock.close()
 
 
 def triton_command(

@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from tests.openai_support import Reference, reference_for, served_model_name
-from tests.support import free_port, http_ok, prometheus_metric
+from tests.support import free_ports, http_ok, prometheus_metric
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -69,12 +69,7 @@ class BentoService:
     """`bentoml serve .` on free ports (service and Triton), stopped like a user stops it."""
 
     def __init__(self, home: Path, workdir: Path, extra_env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.triton_grpc_port, self.triton_http_port, self.triton_metrics_port = (
-            free_port(),
-            free_port(),
-            free_port(),
-        )
+        self.port, self.triton_grpc_port, self.triton_http_port, self.triton_metrics_port = free_ports(4)
         self.log_path = workdir / f"bentoml-{self.port}.log"
         # A home of its own, sharing the model store: `bentoml serve` empties the Prometheus
         # directory under BENTOML_HOME when it starts, which would wipe another service's metrics.
