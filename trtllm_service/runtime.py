@@ -36,7 +36,7 @@ from trtllm_service.request import EngineLimits, GenerationRequest, SamplingPara
 from trtllm_service.settings import Settings
 from trtllm_service.shared_triton import SharedTriton
 from trtllm_service.triton_client import EngineStream, TritonRelay
-from trtllm_service.triton_process import TritonPorts, TritonSupervisor
+from trtllm_service.triton_process import EXIT_TIMEOUT_S, TritonPorts, TritonSupervisor
 
 logger = logging.getLogger("trtllm_service")
 
@@ -160,6 +160,9 @@ class Runtime:
             restart_backoff_s=settings.triton_restart_backoff_s,
             stall_timeout_s=settings.triton_stall_timeout_s,
             verbose=settings.triton_log_verbose,
+            # Triton gets SIGTERM with the worker (from BentoML's process manager): it must let the
+            # requests in flight finish for as long as the worker's drain does.
+            exit_timeout_s=max(EXIT_TIMEOUT_S, settings.shutdown_grace_s + 5),
             on_restart=TRITON_RESTARTS.labels(self.model_name).inc,
         )
 

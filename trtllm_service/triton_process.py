@@ -38,9 +38,12 @@ logger = logging.getLogger("trtllm_service.triton")
 _PR_SET_PDEATHSIG = 1
 _GLOG_ERROR = re.compile(r"^E\d{4} ")  # tritonserver's own ERROR log lines
 EXIT_TIMEOUT_S = 10
+"""tritonserver's --exit-timeout-secs by default: how long it waits for in-flight requests when
+stopping. The service gives it its shutdown grace and more: BentoML's process manager, stopping a
+worker, also SIGTERMs the worker's children (Triton among them) at once, while the worker still
+drains its requests through Triton."""
 UNREADY_AFTER_MISSES = 2
 """Health probes in a row that must go unanswered before Triton counts as not ready."""
-"""tritonserver's --exit-timeout-secs: how long it waits for in-flight requests when stopping."""
 
 
 class TritonStartupError(RuntimeError):
@@ -89,6 +92,7 @@ def triton_command(
     world_size: int,
     workdir: Path,
     verbose: bool = False,
+    exit_timeout_s: float = EXIT_TIMEOUT_S,
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment that start Triton on `repository` (the launcher's one builder).
 
@@ -112,7 +116,7 @@ def triton_command(
         "--metrics_port",
         str(ports.metrics),
         "--exit_timeout_secs",
-        str(EXIT_TIMEOUT_S),
+        str(max(1, round(exit_timeout_s))),
         *(["--log"] if verbose else []),
     ]
     try:
@@ -290,6 +294,7 @@ class TritonSupervisor:
         probe_interval_s: float = 1.0,
         stall_timeout_s: float = 30.0,
         verbose: bool = False,
+        exit_timeout_s: float = EXIT_TIMEOUT_S,
         on_state_change: Callable[[bool], None] | None = None,
         on_restart: Callable[[], None] | None = None,
     ) -> None:
@@ -305,6 +310,7 @@ class TritonSupervisor:
         self.probe_interval_s = probe_interval_s
         self.stall_timeout_s = stall_timeout_s
         self.verbose = verbose
+        self.exit_timeout_s = exit_timeout_s
         self.on_state_change = on_state_change
         self.on_restart = on_restart
         self.log_path = run_dir / "triton.log"
@@ -352,6 +358,7 @@ class TritonSupervisor:
             world_size=self.world_size,
             workdir=self.run_dir,
             verbose=self.verbose,
+            exit_timeout_s=self.exit_timeout_s,
         )
         self.triton = TritonProcess(command, env, self.log_path, ranks=self.world_size > 1)
         await self.triton.start()
@@ -469,4 +476,4 @@ class TritonSupervisor:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._watch
         if self.triton is not None:
-            await self.triton.stop()
+            await self.triton.stop(timeout_s=self.exit_timeout_s + 5)
