@@ -173,6 +173,7 @@ def busy(server: BentoService) -> bool:
     return server.metric("trtllm_reference_generated_tokens_total") != tokens
 
 
+@pytest.mark.flavors("llmapi")  # stopping does not depend on the flavour
 def test_ctrl_c_after_requests_that_ended_early(make_service: Any) -> None:
     """Ctrl-C in a terminal: SIGINT to the foreground process group (`bentoml serve` and its
     worker; Triton runs in a session of its own). Requests that ended early (stop string, client
@@ -202,6 +203,7 @@ def test_unknown_model_tag_fails_clearly(make_service: Any) -> None:
     assert not alive(triton_processes(server))
 
 
+@pytest.mark.flavors("ensemble")  # a start-up failure is reported the same on both
 def test_broken_engine_fails_clearly_and_leaves_nothing(
     make_service: Any, bentoml_home: Path, packed_model_dir: Path, tmp_path: Path
 ) -> None:
