@@ -169,16 +169,13 @@ class ConcurrencyLimitMiddleware:
             return
         if self.drain is not None and self.drain.draining:
             error = APIError.unavailable("The service is shutting down; please retry.", retry_after=1)
-            count_rejected(self.model_name, scope["path"], 503)
-            headers = {**error.headers(), "Connection": "close"}
-            await JSONResponse(error.body(), status_code=503, headers=headers)(scope, receive, send)
+            await refuse(error, self.model_name, scope, receive, send, close=True)
             return
         if not self._acquire():
             error = APIError.rate_limited(
                 f"More than {self.limit} requests are in flight; please retry shortly.", retry_after=1
             )
-            count_rejected(self.model_name, scope["path"], 429)
-            await JSONResponse(error.body(), status_code=429, headers=error.headers())(scope, receive, send)
+            await refuse(error, self.model_name, scope, receive, send)
             return
         try:
             await self.app(scope, receive, send)
@@ -252,14 +249,14 @@ class BodyLimitMiddleware:
                 f"Unsupported Content-Type {shown!r}: send the body as application/json.",
                 code="unsupported_media_type",
             )
-            await self._refuse(error, scope, receive, send)
+            await refuse(error, self.model_name, scope, receive, send, close=True)
             return
         length = next((value for name, value in headers if name.lower() == b"content-length"), None)
         if length is not None:
             if length.isdigit() and int(length) <= self.max_bytes:
                 await self.app(scope, receive, send)
             else:
-                await self._refuse(self._too_large(), scope, receive, send)
+                await refuse(self._too_large(), self.model_name, scope, receive, send, close=True)
             return
         body, more = bytearray(), True
         while more:
@@ -269,7 +266,7 @@ class BodyLimitMiddleware:
             body += message.get("body", b"")
             more = message.get("more_body", False)
             if len(body) > self.max_bytes:
-                await self._refuse(self._too_large(), scope, receive, send)
+                await refuse(self._too_large(), self.model_name, scope, receive, send, close=True)
                 return
         replayed = False
 
@@ -289,8 +286,12 @@ class BodyLimitMiddleware:
             code="request_too_large",
         )
 
-    async def _refuse(self, error: APIError, scope: Scope, receive: Receive, send: Send) -> None:
-        count_rejected(self.model_name, scope["path"], error.status)
-        # The body is left unread: the connection closes after the answer.
-        response = JSONResponse(error.body(), status_code=error.status, headers={"Connection": "close"})
-        await response(scope, receive, send)
+
+async def refuse(
+    error: APIError, model_name: str, scope: Scope, receive: Receive, send: Send, *, close: bool = False
+) -> None:
+    """Answers `error` at the door, counted in the rejected-requests metric; with `close`, the
+    connection closes after it (a body left unread, or a server going away)."""
+    count_rejected(model_name, scope["path"], error.status)
+    headers = {**error.headers(), **({"Connection": "close"} if close else {})}
+    await JSONResponse(error.body(), status_code=error.status, headers=headers)(scope, receive, send)

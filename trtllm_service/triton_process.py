@@ -50,12 +50,6 @@ class TritonStartupError(RuntimeError):
     """tritonserver exited or was not ready in time; the message carries its log tail."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
-
-
 @dataclass(frozen=True)
 class TritonPorts:
     grpc: int
@@ -71,12 +65,13 @@ class TritonPorts:
         try:
             chosen = []
             for port in (grpc, http, metrics):
-                while not port or (port in chosen and port not in configured):
+                while not port:  # the sockets held open are distinct; a configured one is not free
                     sock = socket.socket()
                     sock.bind((host, 0))
                     held.append(sock)
-                    found = sock.getsockname()[1]
-                    port = 0 if found in configured else found
+                    port = sock.getsockname()[1]
+                    if port in configured:
+                        port = 0
                 chosen.append(port)
             return cls(*chosen)
         finally:

@@ -8,7 +8,6 @@ import os
 import queue
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ import pytest
 
 from tensorrtllm_backend import LAUNCHER
 from tensorrtllm_backend.scripts.launch_triton_server import LauncherError, find_tritonserver
-from tests.support import alive
+from tests.support import alive, free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -80,19 +79,6 @@ def make_repo(root: Path, name: str = "stream_ints", *, broken: bool = False) ->
     init = 'raise RuntimeError("broken on purpose")' if broken else "pass"
     (model_dir / "1" / "model.py").write_text(textwrap.dedent(MODEL).replace("{init}", init))
     return root
-
-
-def free_ports(n: int) -> list[int]:
-    sockets = []
-    try:
-        for _ in range(n):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            sockets.append(s)
-        return [s.getsockname()[1] for s in sockets]
-    finally:
-        for s in sockets:
-            s.close()
 
 
 @dataclass
