@@ -44,7 +44,10 @@ def grammar(guide_type: str, guide: str) -> str:
             raise GuideError(f"the JSON schema is not valid JSON: {exc}") from None
         if not isinstance(schema, (dict, bool)):
             raise GuideError("a JSON schema must be an object (or true/false)")
-        return LLMatcher.grammar_from_json_schema(schema, overrides=JSON_LAYOUT)
+        try:
+            return LLMatcher.grammar_from_json_schema(schema, overrides=JSON_LAYOUT)
+        except ValueError as exc:  # llguidance refuses what it cannot read (an integer past 64 bits)
+            raise GuideError(str(exc)) from None
     if guide_type == "regex":
         return LLMatcher.grammar_from_regex(guide)
     if guide_type == "ebnf_grammar":

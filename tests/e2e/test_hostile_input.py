@@ -72,6 +72,7 @@ CASES: list[tuple[str, str, bytes, dict[str, str], int, str]] = [
     ("10,000 stop strings, generate", "/generate", raw({"prompt": "hi", "stop": [f"s{i}" for i in range(10_000)]}), JSON, 400, "stop"),
     ("n of 10,000, chat", CHAT, raw(chat(n=10_000)), JSON, 400, "'n'"),
     ("n of 10,000, completions", "/v1/completions", raw({"model": MODEL, "prompt": "hi", "n": 10_000}), JSON, 400, "'n'"),
+    ("integer past 64 bits in a schema", "/generate", raw({"prompt": "hi", "json_schema": {"type": "object", "properties": {"a": {"type": "integer", "maximum": 10**40}}}}), JSON, 400, "json_schema"),
     ("10,000 prompts", "/v1/completions", raw({"model": MODEL, "prompt": ["hi"] * 10_000, "max_tokens": 1}), JSON, 400, "prompts"),
 ]  # fmt: skip
 
