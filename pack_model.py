@@ -85,7 +85,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--build-engine",
         action="store_true",
         help="with --hf-model: convert the checkpoint and build a TensorRT engine with trtllm-build "
-        "(needs TensorRT-LLM installed), then pack that engine as --engine-dir does",
+        "(needs TensorRT-LLM installed), then pack that engine as --engine-dir does. The engine is built "
+        "for what the API offers: prompts up to the model's context (--max-input-len), generation logits "
+        "for top_logprobs; see 'engine build'",
     )
     source.add_argument(
         "--tokenizer",
@@ -130,6 +132,45 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MS",
         help="--engine synthetic: time per decoding step (every active request gets one token per "
         "step), to stand in for an engine of that speed; 0 = as fast as possible (default %(default)s)",
+    )
+
+    build = parser.add_argument_group(
+        "engine build (--build-engine only)",
+        "trtllm-build's limits, chosen for what the API offers. A prebuilt --engine-dir has its own (its "
+        "config.json build_config), and --hf-model without --build-engine builds nothing: both refuse them.",
+    )
+    build.add_argument(
+        "--max-input-len",
+        type=int,
+        metavar="N",
+        help="longest prompt in tokens (trtllm-build --max_input_len). Default: the max sequence length "
+        "minus 1 (--max-seq-len, else the checkpoint's max_position_embeddings), so any prompt that fits "
+        "the context is accepted; trtllm-build's own default would refuse prompts over 1024 tokens. "
+        "Without --enable-chunked-context, TensorRT-LLM takes prompts only up to --max-num-tokens "
+        "(trtllm-build's default 8192), and so does the service",
+    )
+    build.add_argument(
+        "--max-beam-width",
+        type=int,
+        metavar="N",
+        help="most beams of beam search the engine can run (trtllm-build --max_beam_width; default 1: no "
+        "beam search)",
+    )
+    build.add_argument(
+        "--gather-generation-logits",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="build the engine to return generation logits (trtllm-build --gather_generation_logits), "
+        "from which top_logprobs / completions logprobs > 0 are computed; default: on (off, such "
+        "requests are refused with a 400)",
+    )
+    build.add_argument(
+        "--gather-context-logits",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="build the engine to return the prompt's logits (trtllm-build --gather_context_logits), "
+        "needed for prompt log probabilities (echo with logprobs); default: off (it costs GPU memory "
+        "for every prompt token)",
     )
 
     llm = parser.add_argument_group("LLM API (filled into model.yaml; --hf-model, --demo)")
@@ -240,6 +281,17 @@ def build_parser() -> argparse.ArgumentParser:
         "order",
     )
     runtime.add_argument(
+        "--guided-decoding",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="structured output (response_format, guided_json/regex/choice/grammar, forced tool calls, "
+        "generate's json_schema). Ensemble flavour: writes tokenizer/xgrammar_tokenizer_info.json (the "
+        "vocabulary NVIDIA's C++ backend guides with, xgrammar) and sets guided_decoding_backend and "
+        "xgrammar_tokenizer_info_path in config.pbtxt; it needs a fast tokenizer (tokenizer.json). "
+        "--no-guided-decoding leaves them empty, and the service answers guided requests with a 400. "
+        "The LLM API (llmapi) always guides, with llguidance (default: on)",
+    )
+    runtime.add_argument(
         "--exclude-input-in-output",
         action=argparse.BooleanOptionalAction,
         default=defaults.exclude_input_in_output,
@@ -292,6 +344,11 @@ def _options(args: argparse.Namespace) -> RuntimeOptions:
         dtype=args.dtype,
         trust_remote_code=args.trust_remote_code,
         lora_cache_adapters=args.lora_cache_adapters,
+        guided_decoding=args.guided_decoding,
+        max_input_len=args.max_input_len,
+        max_beam_width=args.max_beam_width,
+        gather_generation_logits=args.gather_generation_logits,
+        gather_context_logits=args.gather_context_logits,
     )
     options.validate()
     return options
@@ -329,12 +386,22 @@ def run(args: argparse.Namespace) -> packing.PackResult:
             raise PackError("--build-engine goes with --hf-model (the checkpoint to build an engine from)")
         if options.flavor == "llmapi":
             raise PackError("--build-engine packs an engine for the ensemble flavour, not --flavor llmapi")
+        if options.trust_remote_code:
+            raise PackError("--trust-remote-code is an LLM API option: it goes with --flavor llmapi")
         from trtllm_service.engine_build import build_engine
 
         source = packing.read_hf_checkpoint(args.hf_model)
         with tempfile.TemporaryDirectory(prefix="pack-build-") as tmp:
             engine_dir = build_engine(source, options, Path(tmp))
-            build_options = dataclasses.replace(options, tp_size=None, pp_size=None, max_seq_len=None)
+            # what trtllm-build took is now the engine's (its config.json); the rest is packed as usual
+            build_options = dataclasses.replace(
+                options.without_build_options(),
+                tp_size=None,
+                pp_size=None,
+                max_seq_len=None,
+                max_num_tokens=None,
+                dtype="auto",
+            )
             return packing.pack(
                 packing.read_engine_dir(engine_dir),
                 args.tokenizer or source.directory,

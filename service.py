@@ -114,6 +114,8 @@ class TRTLLM:
                 )
             except GuideRequestError as exc:
                 raise APIError.bad_request(str(exc), param=exc.param) from None
+            if guide is not None:
+                runtime.check_guide("json_schema")
             params = SamplingParams(
                 guide=guide,
                 max_tokens=max_tokens,

@@ -21,6 +21,11 @@ from typing import Any
 
 import numpy as np
 
+try:  # beside model.py in Triton's Python backend
+    import nvidia_backend as _nv
+except ImportError:  # the service, packing
+    from tensorrtllm_backend import nvidia_backend as _nv
+
 HF_TO_TRTLLM = {
     "q_proj": "attn_q",
     "k_proj": "attn_k",
@@ -51,6 +56,8 @@ ROWS_WEIGHTS = "model.lora_weights.npy"
 ROWS_CONFIG = "model.lora_config.npy"
 CACHE_MISS = "not found in cache"
 """In the engine's error for a task id it does not hold: the client resends the weights."""
+NOT_CACHED = _nv.LORA_NOT_CACHED
+"""The whole message, NVIDIA's."""
 
 _KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 
@@ -212,9 +219,7 @@ class LoraCache:
             self._held.move_to_end(key)
             return self._held[key]
         if load is None:
-            raise LoraError(
-                f"LoRA task {key} {CACHE_MISS}; send its lora_weights and lora_config with the request"
-            )
+            raise LoraError(NOT_CACHED.format(task=key))
         value = load()
         self.loads += 1
         self._held[key] = value

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR, TEMPLATES_DIR
+from tensorrtllm_backend.nvidia_backend import TEMPLATED_TYPES, config_io
 from tensorrtllm_backend.tools.fill_template import fill_text, placeholders
 
 MODELS = ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls")
@@ -31,7 +32,7 @@ _STAND_IN = TEMPLATES_DIR / "tensorrt_llm" / "1"
 # Modules a model's code imports that live elsewhere (one copy in this tree): copied beside model.py.
 SHARED_MODULES: dict[str, tuple[Path, ...]] = {
     "postprocessing": (_HERE / "detokenizer.py",),
-    "tensorrt_llm": (_HERE / "grammars.py", _HERE / "lora.py"),
+    "tensorrt_llm": (_HERE / "grammars.py", _HERE / "lora.py", _HERE / "nvidia_backend.py"),
 }
 LLMAPI_SHARED_MODULES: dict[str, tuple[Path, ...]] = {
     "tensorrt_llm": (
@@ -41,6 +42,7 @@ LLMAPI_SHARED_MODULES: dict[str, tuple[Path, ...]] = {
         _HERE / "stop_strings.py",
         _HERE / "grammars.py",
         _HERE / "lora.py",
+        _HERE / "nvidia_backend.py",
     )
 }
 BACKENDS = ("python", "tensorrtllm")
@@ -79,6 +81,13 @@ DEFAULTS: dict[str, str] = {
     "kv_cache_free_gpu_mem_fraction": "0.9",
     "enable_kv_cache_reuse": "false",
     "enable_chunked_context": "false",
+    # NVIDIA's C++ backend guides only with both filled (xgrammar + an existing tokenizer info JSON);
+    # empty: no guided decoding. pack_model.py fills them for the ensemble flavour.
+    "guided_decoding_backend": "",
+    "xgrammar_tokenizer_info_path": "",
+    # the C++ backend's templated tensor types (NVIDIA's docs fill these); the engine's logits
+    # dtype is filled from its config.json by pack_model.py
+    **{key.strip("${}"): value for key, value in TEMPLATED_TYPES.items()},
 }
 
 _LEFT_IN_PARAMETER = re.compile(r'string_value:\s*"\$\{[A-Za-z0-9_]+\}"')
@@ -144,6 +153,8 @@ def fill_model_config(model: str, values: Mapping[str, str], templates: Path = T
     """The filled config.pbtxt of one model; only the values it declares are applied."""
     source = templates / model / "config.pbtxt"
     text = source.read_text()
+    if "engine_io" in placeholders(text):  # the tensors of NVIDIA's tensorrt_llm model, from its table
+        text = fill_text(text, {"engine_io": config_io()}, source=str(source))
     wanted = placeholders(text)
     filled = fill_text(
         text, {key: value for key, value in values.items() if key in wanted}, source=str(source)

@@ -12,6 +12,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("BENTOML_DO_NOT_TRACK", "true")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Our stand-in engines refuse, instead of ignoring as NVIDIA's backend does, inputs that would do
+# nothing in production (every Triton the tests start inherits this).
+os.environ.setdefault("TRTLLM_CONTRACT_CHECK", "1")
 
 from tests.support import TritonServer
 

@@ -128,6 +128,20 @@ def http_ok(url: str, timeout: float = 2.0) -> bool:
         return False
 
 
+def guided_decoding_values(tokenizer_dir: Path, workdir: Path) -> dict[str, str]:
+    """The template values (and the xgrammar tokenizer info file) that set up guided decoding in the
+    ensemble's tensorrt_llm model, as pack_model.py writes them."""
+    from transformers import AutoTokenizer
+
+    from tensorrtllm_backend.repository import end_ids
+    from trtllm_service.packing import write_xgrammar_tokenizer_info, xgrammar_tokenizer_info
+
+    path = workdir / "xgrammar_tokenizer_info.json"
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    write_xgrammar_tokenizer_info(path, xgrammar_tokenizer_info(tokenizer, end_ids(tokenizer_dir)))
+    return {"guided_decoding_backend": "xgrammar", "xgrammar_tokenizer_info_path": str(path)}
+
+
 class TritonServer:
     """tritonserver (via launch_triton_server.py) on free loopback ports, stopped on exit."""
 
@@ -143,6 +157,10 @@ class TritonServer:
     ) -> None:
         self.workdir = Path(workdir)
         self.flavor = flavor
+        if (
+            flavor == "ensemble"
+        ):  # NVIDIA's C++ backend guides only with its xgrammar config, as packing fills it
+            overrides = {**guided_decoding_values(tokenizer_dir, self.workdir), **(overrides or {})}
         self.repo = build_repository(
             self.workdir / "repo",
             repository_values(engine_dir=engine_dir, tokenizer_dir=tokenizer_dir, overrides=overrides),
@@ -256,9 +274,9 @@ def text_inputs(
         "temperature": np.float32,
         "top_p": np.float32,
         "top_k": np.int32,
-        "random_seed": np.uint64,
+        "seed": np.uint64,
         "end_id": np.int32,
-        "min_length": np.int32,
+        "min_tokens": np.int32,
         "repetition_penalty": np.float32,
         "presence_penalty": np.float32,
         "frequency_penalty": np.float32,
@@ -292,6 +310,11 @@ class StreamResult:
 
     def last(self, name: str) -> np.ndarray:
         return [out[name] for out in self.outputs if name in out][-1]
+
+    def total(self, name: str = "num_output_tokens") -> int:
+        """The sum of a per-response count over the stream: NVIDIA's backend counts in
+        num_output_tokens the tokens of the response it comes with."""
+        return sum(int(out[name].reshape(-1)[0]) for out in self.outputs if name in out)
 
 
 _OUTPUT_NAMES = {
@@ -371,7 +394,7 @@ def engine_inputs(
         "temperature": np.float32,
         "runtime_top_k": np.int32,
         "runtime_top_p": np.float32,
-        "random_seed": np.uint64,
+        "seed": np.uint64,
         "exclude_input_in_output": np.bool_,
         "stop": np.bool_,
     }
@@ -506,7 +529,7 @@ def check_cancellation(
         started = time.monotonic()
         after = run_stream(server.grpc_url, text_inputs("Hello", 5), model=model, request_id=uuid.uuid4().hex)
         assert after.error is None, after.error
-        assert int(after.last("num_output_tokens").reshape(-1)[0]) == 5
+        assert after.total("num_output_tokens") == 5
         assert time.monotonic() - started < 5.0
     finally:
         streamer.client.close()

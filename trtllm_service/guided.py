@@ -18,6 +18,9 @@ from tensorrtllm_backend.grammars import GuideError, check
 Guide = tuple[str, str]
 """(guided_decoding_guide_type, guided_decoding_guide)."""
 
+GUIDE_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
+"""The OpenAI request fields that ask for structured output (at most one per request)."""
+
 
 class GuideRequestError(ValueError):
     """A guide that cannot be used; `param` names the request field, the message says why."""
@@ -54,3 +57,15 @@ def checked(guide: Guide, param: str) -> Guide:
     except GuideError as exc:
         raise GuideRequestError(f"'{param}' cannot be used for guided decoding: {exc}", param) from None
     return guide
+
+
+def guide_field(request: Any) -> str:
+    """The field of an OpenAI request that asked for its guide, for an error that names it: a forced
+    tool call's `tool_choice`, else the structured-output field that is set."""
+    if getattr(request, "tool_mode", None) == "forced":
+        return "tool_choice"
+    for name in GUIDE_FIELDS:
+        value = getattr(request, name, None)
+        if value is not None and not (name == "response_format" and getattr(value, "type", None) == "text"):
+            return name
+    return "response_format"

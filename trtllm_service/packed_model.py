@@ -24,6 +24,9 @@ REPOSITORY_DIR = "repository"
 ENGINE_DIR = "engine"
 LORA_DIR = "loras"  # loras/<name>/: an adapter's PEFT files and its TensorRT-LLM rows
 TOKENIZER_DIR = "tokenizer"
+XGRAMMAR_TOKENIZER_INFO = "xgrammar_tokenizer_info.json"
+"""In ``tokenizer/`` of an ensemble model that guides: what NVIDIA's C++ backend builds its xgrammar
+guided decoder from (config.pbtxt's ``xgrammar_tokenizer_info_path``)."""
 
 # Characters a path must not contain to be written into a config.pbtxt string value.
 _UNSAFE_PATH_CHARS = re.compile(r'["\\\x00-\x1f]')
@@ -59,6 +62,12 @@ class PackInfo:
         max_batch_size: The filled ``triton_max_batch_size``.
         max_input_len, max_seq_len: Token limits (None when the source does not say).
         max_beam_width: The engine's beam limit.
+        gather_generation_logits, gather_context_logits: Whether the engine can return generation
+            logits (top log probs) and context logits (prompt log probs): a C++ engine only when
+            trtllm-build gathered them; the Python engines (reference, LLM API) compute them on request.
+        guided_decoding: Whether the model guides (response_format, guided_*, forced tool calls): the
+            ensemble flavour only when packed with the xgrammar tokenizer info for NVIDIA's C++
+            backend (not with ``--no-guided-decoding``); the LLM API always does (llguidance).
         template_values: Every value the Triton templates were filled with.
         versions: Tool versions (tensorrt_llm, bentoml, transformers, trtllm-service, ...).
         launch_command: The production command line (shell-quoted) that serves ``<model>/repository``.
@@ -82,6 +91,9 @@ class PackInfo:
     max_input_len: int | None
     max_seq_len: int | None
     max_beam_width: int
+    gather_generation_logits: bool = False
+    gather_context_logits: bool = False
+    guided_decoding: bool = False
     template_values: dict[str, str] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     launch_command: str = ""
@@ -103,7 +115,27 @@ class PackInfo:
         missing = sorted(f.name for f in dataclasses.fields(cls) if f.name not in data and _required(f))
         if missing:
             raise PackError(f"pack.json lacks {', '.join(missing)}")
-        return cls(**{key: value for key, value in data.items() if key in names})
+        return cls(**{**_capabilities_of_older(data), **{k: v for k, v in data.items() if k in names}})
+
+
+def _capabilities_of_older(data: Mapping[str, Any]) -> dict[str, bool]:
+    """What a pack.json written before the capability fields existed says by other means.
+
+    The Python engines always returned logits; the C++ engine's gathering is read from its
+    config.json where it matters (top_logprobs_unsupported). Guided decoding: the LLM API always
+    guided; an ensemble only where its config names the xgrammar tokenizer info (older packs did not).
+    """
+    values = data.get("template_values") or {}
+    python = data.get("backend") == "python"
+    return {
+        "gather_generation_logits": python,
+        "gather_context_logits": python,
+        "guided_decoding": data.get("flavor", "ensemble") == "llmapi"
+        or (
+            values.get("guided_decoding_backend") == "xgrammar"
+            and bool(values.get("xgrammar_tokenizer_info_path"))
+        ),
+    }
 
 
 def _required(f: dataclasses.Field[Any]) -> bool:
@@ -175,7 +207,7 @@ def top_logprobs_unsupported(model_path: Path | str, info: PackInfo) -> str | No
     The C++ backend returns the logits they are computed from only where the engine was built to
     gather them; the Python engines (reference, LLM API) always can.
     """
-    if info.backend != "tensorrtllm":
+    if info.backend != "tensorrtllm" or info.gather_generation_logits:
         return None
     config_path = Path(model_path) / ENGINE_DIR / "config.json"
     try:
@@ -186,6 +218,23 @@ def top_logprobs_unsupported(model_path: Path | str, info: PackInfo) -> str | No
         return None
     return (
         "top log probs need the generation logits, and this engine was built without them: rebuild it "
-        "with `trtllm-build --gather_generation_logits ...` (or pack a Hugging Face checkpoint for the "
-        "LLM API flavour, which returns them as it is); logprobs without top_logprobs works as it is"
+        "with `trtllm-build --gather_generation_logits ...` (`pack_model.py --build-engine` does by "
+        "default), or pack a Hugging Face checkpoint for the LLM API flavour, which returns them as it "
+        "is; logprobs without top_logprobs works as it is"
+    )
+
+
+def guided_decoding_unsupported(info: PackInfo) -> str | None:
+    """Why the packed model cannot guide its answers (None: it can).
+
+    NVIDIA's C++ backend guides only with config.pbtxt's ``guided_decoding_backend: xgrammar`` and
+    ``xgrammar_tokenizer_info_path`` filled (pack_model.py does, unless ``--no-guided-decoding``);
+    otherwise every guided request would fail inside the engine.
+    """
+    if info.guided_decoding:
+        return None
+    return (
+        "needs guided decoding, and this model was packed without it (pack_model.py --no-guided-decoding, "
+        "or packed before guided decoding was set up for the ensemble flavour): pack it again without "
+        "--no-guided-decoding"
     )

@@ -7,7 +7,8 @@ One BentoML model holds exactly what serving needs, and nothing else::
     <model>/repository/   the filled Triton model repository (5 models)
     <model>/engine/       a TRT-LLM engine (config.json + rank*.engine), or the Hugging Face checkpoint
                           files the reference engine loads (config, generation config, weights)
-    <model>/tokenizer/    tokenizer files only (+ config.json / generation_config.json for the eos ids)
+    <model>/tokenizer/    tokenizer files only (+ config.json / generation_config.json for the eos ids;
+                          ensemble: xgrammar_tokenizer_info.json, what the C++ backend guides with)
     <model>/pack.json     what was packed (PackInfo)
 
 The repository is filled with absolute paths inside the model directory, so
@@ -35,7 +36,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -62,6 +63,7 @@ from trtllm_service.packed_model import (
     PACK_FILE,
     REPOSITORY_DIR,
     TOKENIZER_DIR,
+    XGRAMMAR_TOKENIZER_INFO,
     PackError,
     PackInfo,
     check_path_safe,
@@ -76,6 +78,8 @@ STAND_IN_ENGINES = ("reference", "synthetic")
 FLAVORS = ("llmapi", "ensemble")
 LLMAPI_ENGINES = ("tensorrt_llm", *STAND_IN_ENGINES)
 DTYPES = ("auto", "float16", "bfloat16", "float32")
+LOGITS_DTYPES = {"float16": "TYPE_FP16", "float32": "TYPE_FP32"}
+"""An engine's logits dtype (trtllm-build --logits_dtype) -> config.pbtxt's logits_datatype."""
 
 # Files copied from a tokenizer directory (top level only), when present.
 TOKENIZER_FILES = (
@@ -131,6 +135,10 @@ class ModelSource:
         max_input_len, max_seq_len: Prompt and prompt + output token limits (None when unknown).
         max_num_tokens: The engine's per-iteration token budget (None for a checkpoint).
         max_beam_width: The engine's beam limit.
+        gather_generation_logits, gather_context_logits: Whether the engine can return generation /
+            context logits (an engine: as trtllm-build gathered them; a checkpoint: always).
+        logits_dtype: The engine's logits dtype ("float16", "float32"; None: not stated, float32).
+        vocab_size: The model's vocabulary size (None when the config does not say).
         trtllm_version: The TensorRT-LLM version that built the engine.
     """
 
@@ -148,6 +156,10 @@ class ModelSource:
     max_seq_len: int | None = None
     max_num_tokens: int | None = None
     max_beam_width: int = 1
+    gather_generation_logits: bool = False
+    gather_context_logits: bool = False
+    logits_dtype: str | None = None
+    vocab_size: int | None = None
     trtllm_version: str | None = None
 
     @property
@@ -171,6 +183,11 @@ def _positive_int(section: Mapping[str, Any], key: str, where: str, default: int
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise PackError(f"{where}.{key} must be a positive integer, got {value!r}")
     return value
+
+
+def _vocab_size(config: Mapping[str, Any]) -> int | None:
+    value = config.get("vocab_size")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def read_engine_dir(engine_dir: Path | str) -> ModelSource:
@@ -244,6 +261,13 @@ def read_engine_dir(engine_dir: Path | str) -> ModelSource:
         if not (directory / name).is_file():
             raise PackError(f"engine dir {str(directory)!r}: {name} is not a regular file (or a broken link)")
 
+    gather_all = build.get("gather_all_token_logits") is True
+    # trtllm-build stores --logits_dtype in the pretrained config; look in build_config too
+    logits_dtype = pretrained.get("logits_dtype") or build.get("logits_dtype")
+    if logits_dtype is not None and logits_dtype not in LOGITS_DTYPES:
+        raise PackError(
+            f"{str(config_path)!r}: logits_dtype {logits_dtype!r} is not one of {', '.join(LOGITS_DTYPES)}"
+        )
     version = config.get("version")
     return ModelSource(
         mode="engine",
@@ -260,6 +284,10 @@ def read_engine_dir(engine_dir: Path | str) -> ModelSource:
         max_seq_len=max_seq_len,
         max_num_tokens=max_num_tokens,
         max_beam_width=max_beam_width or 1,
+        gather_generation_logits=gather_all or build.get("gather_generation_logits") is True,
+        gather_context_logits=gather_all or build.get("gather_context_logits") is True,
+        logits_dtype=logits_dtype,
+        vocab_size=_vocab_size(pretrained),
         trtllm_version=str(version) if version is not None else None,
     )
 
@@ -327,6 +355,10 @@ def read_hf_checkpoint(model_dir: Path | str, *, mode: str = "hf") -> ModelSourc
         dtype=str(dtype),
         max_input_len=max_seq_len - 1 if max_seq_len else None,
         max_seq_len=max_seq_len,
+        # the engines that serve a checkpoint (reference, LLM API) compute logits on request
+        gather_generation_logits=True,
+        gather_context_logits=True,
+        vocab_size=_vocab_size(config),
     )
 
 
@@ -385,6 +417,61 @@ def check_tokenizer(tokenizer_dir: Path, chat_template: str | None = None) -> An
     return tokenizer
 
 
+# --------------------------------------------------------------------------- guided decoding (C++ backend)
+
+
+def xgrammar_tokenizer_info(
+    tokenizer: Any, stop_token_ids: Sequence[int], vocab_size: int | None = None
+) -> dict[str, Any]:
+    """The tokenizer info NVIDIA's C++ backend builds its xgrammar guided decoder from.
+
+    The JSON object TensorRT-LLM's ``examples/generate_xgrammar_tokenizer_info.py`` writes (and
+    ``model_instance_state.cc`` reads: all three keys are required):
+
+    - ``encoded_vocab``: every token id's string as the vocabulary spells it (``Ġthe``, ``<0x0A>``),
+      in id order. An id the vocabulary skips is ``""``, which xgrammar never allows, so later ids
+      keep their places; tokens at or past the model's ``vocab_size`` are left out (the model cannot
+      produce them), as xgrammar's own ``TokenizerInfo.from_huggingface`` does.
+    - ``tokenizer_str``: the fast tokenizer's JSON (``tokenizer.json``), from which xgrammar detects
+      how tokens decode (byte-level, byte-fallback or raw) and whether a prefix space is added.
+    - ``stop_token_ids``: the tokens that may end a guided answer: every end id of the packed model
+      (upstream writes only ``eos_token_id``, which would force Llama-3 Instruct to end on
+      ``<|end_of_text|>`` rather than ``<|eot_id|>``).
+
+    Raises:
+        PackError: Not a fast tokenizer (no ``tokenizer.json``), or no end id within the vocabulary.
+    """
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        raise PackError(
+            f"guided decoding on NVIDIA's C++ backend (xgrammar) needs a fast tokenizer (tokenizer.json); "
+            f"{type(tokenizer).__name__} is not one: pack a tokenizer with tokenizer.json, or pack with "
+            "--no-guided-decoding"
+        )
+    vocab: dict[str, int] = tokenizer.get_vocab()
+    size = max(vocab.values(), default=-1) + 1
+    if vocab_size is not None:
+        size = min(size, vocab_size)
+    encoded = [""] * size
+    for token, token_id in vocab.items():
+        if 0 <= token_id < size:
+            encoded[token_id] = token
+    stops = [int(i) for i in dict.fromkeys(stop_token_ids) if 0 <= int(i) < size]
+    if not stops:
+        raise PackError(
+            "guided decoding needs an end-of-sequence id within the vocabulary (the tokenizer and its "
+            f"config declare {list(stop_token_ids) or 'none'}): fix the tokenizer, or pack with "
+            "--no-guided-decoding"
+        )
+    return {"encoded_vocab": encoded, "tokenizer_str": backend.to_str(), "stop_token_ids": stops}
+
+
+def write_xgrammar_tokenizer_info(path: Path, info: Mapping[str, Any]) -> None:
+    """Writes ``info`` (xgrammar_tokenizer_info) as the JSON file the C++ backend parses."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(info), encoding="utf-8")
+
+
 def read_chat_template(path: Path | str) -> str:
     """The text of a ``--chat-template`` file, checked to be Jinja that parses."""
     import jinja2
@@ -433,6 +520,28 @@ class RuntimeOptions:
     dtype: str = "auto"
     trust_remote_code: bool = False
     lora_cache_adapters: int = 8
+    guided_decoding: bool | None = None  # None: on (ensemble: write the xgrammar tokenizer info)
+    # --build-engine only (trtllm-build's limits; None: see engine_build.trtllm_build_command)
+    max_input_len: int | None = None
+    max_beam_width: int | None = None
+    gather_generation_logits: bool | None = None  # None: on
+    gather_context_logits: bool | None = None  # None: off
+
+    BUILD_OPTIONS: ClassVar[dict[str, tuple[str, str]]] = {
+        "max_input_len": ("--max-input-len", "max_input_len"),
+        "max_beam_width": ("--max-beam-width", "max_beam_width"),
+        "gather_generation_logits": ("--gather-generation-logits", "gather_generation_logits"),
+        "gather_context_logits": ("--gather-context-logits", "gather_context_logits"),
+    }
+    """Options that only trtllm-build applies: field -> (pack flag, the engine property it sets)."""
+
+    def without_build_options(self) -> RuntimeOptions:
+        """These options with the --build-engine ones cleared (what packing the built engine takes)."""
+        return dataclasses.replace(self, **dict.fromkeys(self.BUILD_OPTIONS))
+
+    def guides(self, flavor: str) -> bool:
+        """Whether the packed model is to guide answers (the LLM API always does)."""
+        return flavor == "llmapi" or self.guided_decoding is not False
 
     def flavor_for(self, source: ModelSource) -> str:
         """The repository flavour: as asked, else llmapi for a checkpoint and ensemble for an engine."""
@@ -451,6 +560,8 @@ class RuntimeOptions:
             ("--pp-size", self.pp_size),
             ("--max-num-tokens", self.max_num_tokens),
             ("--lora-cache-adapters", self.lora_cache_adapters),
+            ("--max-input-len", self.max_input_len),
+            ("--max-beam-width", self.max_beam_width),
         ):
             if value is not None and value < 1:
                 raise PackError(f"{option} must be >= 1, got {value}")
@@ -518,6 +629,12 @@ class RuntimeOptions:
                     f"--engine {self.engine} replaces the engine: it goes with --hf-model or --demo, "
                     "not --engine-dir"
                 )
+        self._refuse_build_options(source)
+        if self.guided_decoding is False and flavor == "llmapi":
+            raise PackError(
+                "--no-guided-decoding goes with the ensemble flavour (the LLM API guides with llguidance "
+                "and needs nothing packed for it)"
+            )
         if source.max_seq_len and self.max_seq_len and self.max_seq_len > source.max_seq_len:
             raise PackError(
                 f"--max-seq-len {self.max_seq_len} exceeds what the model was built or trained for "
@@ -554,10 +671,33 @@ class RuntimeOptions:
             "trust_remote_code": _bool(self.trust_remote_code),
             "lora_weights_data_type": LORA_DTYPES.get(source.dtype, LORA_DTYPES["float16"])[0],
             "lora_cache_adapters": str(self.lora_cache_adapters),
+            "logits_datatype": LOGITS_DTYPES.get(source.logits_dtype or "", DEFAULTS["logits_datatype"]),
         }
         if self.max_tokens_in_paged_kv_cache is not None:
             values["max_tokens_in_paged_kv_cache"] = str(self.max_tokens_in_paged_kv_cache)
         return values
+
+    def _refuse_build_options(self, source: ModelSource) -> None:
+        """PackError for a --build-engine option given where no engine is built."""
+        for name, (flag, key) in self.BUILD_OPTIONS.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            given = flag if not isinstance(value, bool) or value else flag.replace("--", "--no-", 1)
+            if source.backend != "python":
+                built = getattr(source, name)
+                raise PackError(
+                    f"{given} is fixed when an engine is built: this engine has {key} = "
+                    f"{_json_value(built)} (config.json build_config); rebuild it with trtllm-build"
+                )
+            raise PackError(
+                f"{given} is an engine build option: it goes with --hf-model DIR --build-engine "
+                "(the LLM API and the reference engine need no build)"
+            )
+
+
+def _json_value(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, bool) else str(value)
 
 
 def _bool(value: bool) -> str:
@@ -757,6 +897,8 @@ def _metadata(source: ModelSource, options: RuntimeOptions, versions: Mapping[st
         "pp_size": source.pp_size,
         "cp_size": source.cp_size,
         "max_beam_width": source.max_beam_width,
+        "gather_generation_logits": source.gather_generation_logits,
+        "gather_context_logits": source.gather_context_logits,
     }
     for key in ("max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens"):
         value = getattr(source, key)
@@ -777,6 +919,16 @@ def _apply_chat_template(tokenizer_dir: Path, template: str) -> None:
     config = read_json_object(config_path, "tokenizer config") if config_path.is_file() else {}
     config["chat_template"] = template
     config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def served_max_input_len(source: ModelSource, options: RuntimeOptions) -> int | None:
+    """The longest prompt the engine takes. A C++ engine's max_input_len, capped by its max_num_tokens
+    unless chunked context is on: TensorRT-LLM's runtime takes min(max_seq_len - 1, max_num_tokens)
+    ("TRTGptModel maxInputLen: ... since context FMHA and usePackedInput are enabled")."""
+    limit = source.max_input_len
+    if source.backend == "python" or options.enable_chunked_context or source.max_num_tokens is None:
+        return limit
+    return source.max_num_tokens if limit is None else min(limit, source.max_num_tokens)
 
 
 def apply_parallelism(source: ModelSource, options: RuntimeOptions) -> ModelSource:
@@ -929,7 +1081,7 @@ def pack(
     flavor = options.flavor_for(source)
     source = apply_parallelism(source, options)
     name = validate_name(name) if name is not None else default_name(source)
-    check_tokenizer(tokenizer_path, chat_template)
+    tokenizer = check_tokenizer(tokenizer_path, chat_template)
     adapters = read_loras(source, loras)
     if (name is not None and name in adapters) or (name is None and default_name(source) in adapters):
         raise PackError("--lora names must differ from the model's name (clients pick either by `model`)")
@@ -945,14 +1097,20 @@ def pack(
     total = sum((src.stat().st_size for src, _ in copies), 0)
     _check_space(total, packed_root.parent)
 
+    end_id_list = repository_end_ids(tokenizer_path)  # of the tokenizer being packed (not copied yet)
+    guided = options.guides(flavor)
+    xgrammar_info = None
+    if guided and flavor == "ensemble":  # NVIDIA's C++ backend guides with xgrammar and this file
+        xgrammar_info = xgrammar_tokenizer_info(tokenizer, end_id_list, source.vocab_size)
+        values["guided_decoding_backend"] = "xgrammar"
+        values["xgrammar_tokenizer_info_path"] = str(packed_root / TOKENIZER_DIR / XGRAMMAR_TOKENIZER_INFO)
     try:
         values = repository_values(
             engine_dir=packed_root / ENGINE_DIR,
             tokenizer_dir=packed_root / TOKENIZER_DIR,
             backend=source.backend,
-            # the end ids come from the tokenizer being packed (the copy is not written yet)
             overrides={
-                "end_ids": ",".join(map(str, repository_end_ids(tokenizer_path))),
+                "end_ids": ",".join(map(str, end_id_list)),
                 **values,
                 **_lora_values(adapters, packed_root, values),
             },
@@ -971,9 +1129,12 @@ def pack(
         architecture=source.architecture,
         dtype=source.dtype,
         max_batch_size=int(values["triton_max_batch_size"]),
-        max_input_len=source.max_input_len,
+        max_input_len=served_max_input_len(source, options),
         max_seq_len=source.max_seq_len,
         max_beam_width=source.max_beam_width,
+        gather_generation_logits=source.gather_generation_logits,
+        gather_context_logits=source.gather_context_logits,
+        guided_decoding=guided,
         template_values=values,
         versions=versions,
         launch_command=launch_command(packed_root / REPOSITORY_DIR, source.world_size, unique=tag.version),
@@ -1005,6 +1166,10 @@ def pack(
             except RepositoryError as exc:
                 raise PackError(str(exc)) from exc
             _write_loras(staging, adapters, dict(loras), source.dtype)
+            if xgrammar_info is not None:
+                write_xgrammar_tokenizer_info(
+                    staging / TOKENIZER_DIR / XGRAMMAR_TOKENIZER_INFO, xgrammar_info
+                )
             (staging / PACK_FILE).write_text(info.to_json())
     finally:
         bar.close()
@@ -1029,4 +1194,6 @@ __all__ = [
     "read_hf_checkpoint",
     "tokenizer_files",
     "validate_name",
+    "write_xgrammar_tokenizer_info",
+    "xgrammar_tokenizer_info",
 ]

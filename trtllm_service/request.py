@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from tritonclient.grpc import service_pb2
 
+from tensorrtllm_backend import nvidia_backend
 from trtllm_service.errors import APIError
 
 
@@ -217,6 +218,12 @@ class TensorSpec:
 _SCALAR_FORMATS = {"INT32": "<i", "FP32": "<f", "UINT64": "<Q", "BOOL": "<?"}
 
 
+def engine_input(name: str, kind: type[TensorSpec] = TensorSpec) -> TensorSpec:
+    """An input of NVIDIA's `tensorrt_llm` model, typed as its contract declares it (KeyError for a
+    name the backend does not have)."""
+    return kind(name, nvidia_backend.tensor(name).wire_type)
+
+
 class RawTensor(TensorSpec):
     """A whole array (numpy, already in its dtype and shape without the batch dimension)."""
 
@@ -251,38 +258,44 @@ class WordList(TensorSpec):
 
 
 ENGINE_INPUTS: Mapping[str, TensorSpec] = {
-    "prompt_ids": TensorSpec("input_ids", "INT32"),
-    "max_tokens": TensorSpec("request_output_len", "INT32"),
-    "temperature": TensorSpec("temperature", "FP32"),
-    "top_k": TensorSpec("runtime_top_k", "INT32"),
-    "top_p": TensorSpec("runtime_top_p", "FP32"),
-    "repetition_penalty": TensorSpec("repetition_penalty", "FP32"),
-    "presence_penalty": TensorSpec("presence_penalty", "FP32"),
-    "frequency_penalty": TensorSpec("frequency_penalty", "FP32"),
-    "min_tokens": TensorSpec("min_length", "INT32"),
-    "seed": TensorSpec("random_seed", "UINT64"),
-    "end_id": TensorSpec("end_id", "INT32"),
-    "stop_token_ids": WordList("stop_words_list", "INT32"),
-    "guide_type": TensorSpec("guided_decoding_guide_type", "BYTES"),
-    "guide": TensorSpec("guided_decoding_guide", "BYTES"),
-    "return_log_probs": TensorSpec("return_log_probs", "BOOL"),
-    "return_generation_logits": TensorSpec("return_generation_logits", "BOOL"),
-    "lora_task_id": TensorSpec("lora_task_id", "UINT64"),
-    "lora_weights": RawTensor("lora_weights", "FP16"),  # FP32 / FP16 / BF16: as the array holds
-    "lora_config": RawTensor("lora_config", "INT32"),
+    "prompt_ids": engine_input("input_ids"),
+    "max_tokens": engine_input("request_output_len"),
+    "temperature": engine_input("temperature"),
+    "top_k": engine_input("runtime_top_k"),
+    "top_p": engine_input("runtime_top_p"),
+    "repetition_penalty": engine_input("repetition_penalty"),
+    "presence_penalty": engine_input("presence_penalty"),
+    "frequency_penalty": engine_input("frequency_penalty"),
+    "min_tokens": engine_input("min_tokens"),
+    "seed": engine_input("seed"),
+    "end_id": engine_input("end_id"),
+    "stop_token_ids": engine_input("stop_words_list", WordList),
+    "guide_type": engine_input("guided_decoding_guide_type"),
+    "guide": engine_input("guided_decoding_guide"),
+    "return_log_probs": engine_input("return_log_probs"),
+    "return_generation_logits": engine_input("return_generation_logits"),
+    "lora_task_id": engine_input("lora_task_id"),
+    "lora_weights": engine_input("lora_weights", RawTensor),  # FP32 / FP16 / BF16: as the array holds
+    "lora_config": engine_input("lora_config", RawTensor),
 }
-"""GenerationRequest field -> input of the `tensorrt_llm` model (NVIDIA's C++ backend contract)."""
+"""GenerationRequest field -> input of the `tensorrt_llm` model (NVIDIA's C++ backend contract,
+tensorrtllm_backend/nvidia_backend.py: names and types come from there)."""
 
 ENGINE_FIXED: Mapping[str, tuple[TensorSpec, object]] = {
-    "streaming": (TensorSpec("streaming", "BOOL"), True),
-    "exclude_input_in_output": (TensorSpec("exclude_input_in_output", "BOOL"), True),
+    "streaming": (engine_input("streaming"), True),
+    "exclude_input_in_output": (engine_input("exclude_input_in_output"), True),
 }
 """Inputs every engine request carries: streamed, and never the prompt echoed back."""
 
 ENGINE_MODEL = "tensorrt_llm"
 ENGINE_OUTPUT = "output_ids"
+ENGINE_OUTPUTS = nvidia_backend.REQUIRED_OUTPUTS
+"""What every engine request asks for: NVIDIA's backend fails a request that does not ask for both
+output_ids and sequence_length."""
 ENGINE_LOGPROB_OUTPUTS = ("output_log_probs",)
 ENGINE_TOP_LOGPROB_OUTPUTS = ("generation_logits",)
+assert ENGINE_OUTPUT in ENGINE_OUTPUTS
+assert all(nvidia_backend.output(name) for name in (*ENGINE_LOGPROB_OUTPUTS, *ENGINE_TOP_LOGPROB_OUTPUTS))
 
 ENSEMBLE_INPUTS: Mapping[str, TensorSpec] = {
     "max_tokens": TensorSpec("max_tokens", "INT32"),
@@ -292,8 +305,8 @@ ENSEMBLE_INPUTS: Mapping[str, TensorSpec] = {
     "repetition_penalty": TensorSpec("repetition_penalty", "FP32"),
     "presence_penalty": TensorSpec("presence_penalty", "FP32"),
     "frequency_penalty": TensorSpec("frequency_penalty", "FP32"),
-    "min_tokens": TensorSpec("min_length", "INT32"),
-    "seed": TensorSpec("random_seed", "UINT64"),
+    "min_tokens": TensorSpec("min_tokens", "INT32"),
+    "seed": TensorSpec("seed", "UINT64"),
     "end_id": TensorSpec("end_id", "INT32"),
     "guide_type": TensorSpec("guided_decoding_guide_type", "BYTES"),
     "guide": TensorSpec("guided_decoding_guide", "BYTES"),
@@ -380,10 +393,15 @@ _OMIT_WHEN_EMPTY = frozenset({"stop_token_ids", "prompt_ids"})
 
 
 def engine_outputs(request: GenerationRequest) -> tuple[str, ...]:
-    """The outputs to ask the `tensorrt_llm` model for: token ids, and what log probs need."""
+    """The outputs to ask the `tensorrt_llm` model for: token ids and their count, and what log
+    probs need."""
     if request.logprobs is None:
-        return (ENGINE_OUTPUT,)
-    return (ENGINE_OUTPUT, *ENGINE_LOGPROB_OUTPUTS, *(ENGINE_TOP_LOGPROB_OUTPUTS if request.logprobs else ()))
+        return ENGINE_OUTPUTS
+    return (
+        *ENGINE_OUTPUTS,
+        *ENGINE_LOGPROB_OUTPUTS,
+        *(ENGINE_TOP_LOGPROB_OUTPUTS if request.logprobs else ()),
+    )
 
 
 def llmapi_outputs(request: GenerationRequest) -> tuple[str, ...]:
@@ -399,7 +417,7 @@ def llmapi_outputs(request: GenerationRequest) -> tuple[str, ...]:
 
 def engine_message(request: GenerationRequest, request_id: str) -> bytes:
     """The serialized ModelInferRequest of `request` for the `tensorrt_llm` model."""
-    lengths = (TensorSpec("input_lengths", "INT32"), len(request.prompt_ids))
+    lengths = (engine_input("input_lengths"), len(request.prompt_ids))
     return _message(
         ENGINE_MODEL, request_id, request, ENGINE_INPUTS, ENGINE_FIXED, engine_outputs(request), (lengths,)
     )

@@ -27,6 +27,7 @@ from trtllm_service.metrics import TRITON_RESTARTS, served_engine
 from trtllm_service.packed_model import (
     LORA_DIR,
     end_ids,
+    guided_decoding_unsupported,
     layout_runtime_repository,
     read_pack_info,
     top_logprobs_unsupported,
@@ -102,6 +103,7 @@ class Runtime:
         )
         self.preparer = RequestPreparer(self.formatter, self.limits)
         self.no_top_logprobs = top_logprobs_unsupported(self.model_path, self.info)
+        self.no_guides = guided_decoding_unsupported(self.info)
         self.adapters: dict[str, dict[str, Any]] = dict(self.info.loras)  # LoRA name -> id, rank, ...
         self._lora_rows: dict[str, tuple[Any, Any]] = {}
         self._lora_sent: set[int] = set()  # task ids whose weights this worker sent to this Triton
@@ -130,6 +132,11 @@ class Runtime:
         """A 400 when the request asks for top log probs this engine cannot return."""
         if params.logprobs and self.no_top_logprobs:
             raise APIError.bad_request(self.no_top_logprobs, param=param)
+
+    def check_guide(self, param: str) -> None:
+        """A 400 naming `param` (the field that asked for a guide) when the model cannot guide."""
+        if self.no_guides:
+            raise APIError.bad_request(f"'{param}' {self.no_guides}", param=param)
 
     @property
     def max_seq_len(self) -> int:

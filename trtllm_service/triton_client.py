@@ -39,7 +39,7 @@ from tensorrtllm_backend.stop_strings import StopStringMatcher
 from trtllm_service.errors import APIError
 from trtllm_service.grpc_http2 import CANCELLED, OK, UNAVAILABLE, GrpcConnection
 from trtllm_service.logprobs import TokenLogprob, top_from_logits
-from trtllm_service.request import GenerationRequest, engine_message, llmapi_message
+from trtllm_service.request import ENGINE_OUTPUT, GenerationRequest, engine_message, llmapi_message
 
 logger = logging.getLogger("trtllm_service.relay")
 
@@ -101,9 +101,10 @@ class EngineStream:
             self._refused(response.error_message)
             return
         result = response.infer_response
-        contents = result.raw_output_contents
-        if contents:
-            self._pending.frombytes(contents[0])
+        for output, raw in zip(result.outputs, result.raw_output_contents, strict=False):
+            if output.name == ENGINE_OUTPUT:  # beside it: sequence_length, which NVIDIA requires
+                self._pending.frombytes(raw)
+                break
         if result.parameters["triton_final_response"].bool_param:
             self._final = True
         self._wake()
@@ -345,7 +346,8 @@ class LogprobEngineStream(_LogprobReader, EngineStream):
             output, raw = named["generation_logits"]
             vocab = int(output.shape[-1]) if output.shape else 0
             if vocab:
-                rows = np.frombuffer(raw, dtype=np.float32).reshape(-1, vocab)
+                dtype = np.float16 if output.datatype == "FP16" else np.float32  # the engine's logits_dtype
+                rows = np.frombuffer(raw, dtype=dtype).reshape(-1, vocab).astype(np.float32)
                 if len(rows) >= count:
                     tops = top_from_logits(rows[:count], self._top)
         self._arrived.extend(TokenLogprob(t, v, *top) for t, v, top in zip(ids, log_probs, tops, strict=True))

@@ -24,7 +24,7 @@ from tensorrtllm_backend.repository import FLAVORS, LLMAPI_SHARED_MODULES, SHARE
 from tensorrtllm_backend.scripts.launch_triton_server import LauncherError, find_tritonserver
 from tests.support import engine_config
 from trtllm_service import packing
-from trtllm_service.packed_model import layout_runtime_repository, read_pack_info
+from trtllm_service.packed_model import XGRAMMAR_TOKENIZER_INFO, layout_runtime_repository, read_pack_info
 from trtllm_service.packing import TOKENIZER_FILES
 
 pytestmark = pytest.mark.integration
@@ -118,6 +118,8 @@ def assert_only_allowed_files(model_path: Path, engine_files: set[str], flavor: 
     allowed = set(ALLOWED_TOP)
     allowed |= {f"engine/{name}" for name in engine_files}
     allowed |= {f"tokenizer/{name}" for name in TOKENIZER_FILES}
+    if flavor == "ensemble":  # what NVIDIA's C++ backend guides with (written, not copied)
+        allowed.add(f"tokenizer/{XGRAMMAR_TOKENIZER_INFO}")
     for model in models:
         allowed |= {f"repository/{model}/config.pbtxt"}
         # A Python model's code: the template's files and the shared modules it imports, nothing else.
@@ -344,6 +346,27 @@ BAD_INPUTS: dict[str, tuple[Callable[[Inputs], list[Any]], str]] = {
         "--build-engine needs TensorRT-LLM, which cannot be imported here",
     ),
     "build-engine-with-demo": (lambda i: ["--demo", "--build-engine"], "--build-engine goes with --hf-model"),
+    "beam-width-with-engine": (
+        lambda i: ["--engine-dir", i.engine, "--tokenizer", i.tokenizer, "--max-beam-width", "4"],
+        "--max-beam-width is fixed when an engine is built: this engine has max_beam_width = 1",
+    ),
+    "no-generation-logits-with-engine": (
+        lambda i: ["--engine-dir", i.engine, "--tokenizer", i.tokenizer, "--no-gather-generation-logits"],
+        "--no-gather-generation-logits is fixed when an engine is built",
+    ),
+    "context-logits-without-build": (
+        lambda i: ["--hf-model", i.tokenizer, "--gather-context-logits"],
+        "--gather-context-logits is an engine build option: it goes with --hf-model DIR --build-engine",
+    ),
+    "input-len-with-demo": (
+        lambda i: ["--demo", "--flavor", "ensemble", "--max-input-len", "100"],
+        "--max-input-len is an engine build option",
+    ),
+    "zero-beam-width": (lambda i: ["--demo", "--max-beam-width", "0"], "--max-beam-width must be >= 1"),
+    "no-guided-decoding-llmapi": (
+        lambda i: ["--demo", "--no-guided-decoding"],
+        "--no-guided-decoding goes with the ensemble flavour",
+    ),
     "build-engine-llmapi": (
         lambda i: ["--hf-model", i.tokenizer, "--build-engine", "--flavor", "llmapi"],
         "not --flavor llmapi",
@@ -489,6 +512,32 @@ def test_packs_tp2_engine(store: Store, engine_dir: Path, demo_model_dir: Path) 
     preprocessing = (path / "repository" / "preprocessing" / "config.pbtxt").read_text()
     assert "count: 2" in preprocessing
 
+    # guided decoding for NVIDIA's C++ backend: xgrammar and its tokenizer info, packed
+    tokenizer_info = path.resolve() / "tokenizer" / XGRAMMAR_TOKENIZER_INFO
+    for key, value in {
+        "guided_decoding_backend": "xgrammar",
+        "xgrammar_tokenizer_info_path": tokenizer_info,
+    }.items():
+        assert f'key: "{key}" value: {{ string_value: "{value}" }}' in llm, key
+    written = json.loads(tokenizer_info.read_text())
+    assert len(written["encoded_vocab"]) == 1040  # the engine's vocab_size
+    assert written["stop_token_ids"] == [int(i) for i in info.template_values["end_ids"].split(",")]
+    assert info.guided_decoding and info.max_beam_width == 1
+    # the engine's config.json gathers no logits (trtllm-build's default) and says no logits dtype
+    assert not info.gather_generation_logits and not info.gather_context_logits
+    assert 'generation_logits" data_type: TYPE_FP32' in llm
+
+
+def test_packs_without_guided_decoding(store: Store) -> None:
+    result = store.run("--demo", "--quiet", "--flavor", "ensemble", "--no-guided-decoding")
+    assert result.returncode == 0, result.stderr
+    path = Path(store.only_model().path).resolve()
+    assert not (path / "tokenizer" / XGRAMMAR_TOKENIZER_INFO).exists()
+    llm = (path / "repository" / "tensorrt_llm" / "config.pbtxt").read_text()
+    for key in ("guided_decoding_backend", "xgrammar_tokenizer_info_path"):
+        assert f'key: "{key}" value: {{ string_value: "" }}' in llm, key
+    assert not read_pack_info(path).guided_decoding
+
 
 @pytest.mark.parametrize("flavor", ["llmapi", "ensemble"])
 def test_packs_demo_into_its_own_dir(store: Store, flavor: str) -> None:
@@ -503,9 +552,12 @@ def test_packs_demo_into_its_own_dir(store: Store, flavor: str) -> None:
     paths = []
     for text in repository_texts(path / "repository", flavor):
         paths += absolute_paths(text)
-    assert sorted(set(paths)) == [f"{path}/engine", f"{path}/tokenizer"]
+    xgrammar = [f"{path}/tokenizer/{XGRAMMAR_TOKENIZER_INFO}"] if flavor == "ensemble" else []
+    assert sorted(set(paths)) == [f"{path}/engine", f"{path}/tokenizer", *xgrammar]
     info = read_pack_info(path)
     assert info.flavor == flavor
+    assert info.guided_decoding and info.gather_generation_logits and info.max_beam_width == 1
+    assert (path / "tokenizer" / XGRAMMAR_TOKENIZER_INFO).is_file() == (flavor == "ensemble")
     assert info.packed_root == str(path)
     assert info.template_values["engine_dir"] == f"{path}/engine"
     assert "mpirun" not in info.launch_command
@@ -546,7 +598,9 @@ def test_layout_after_moving_the_store(store: Store, tmp_path: Path, flavor: str
     for text in repository_texts(dest, flavor):
         assert str(old_path) not in text
         paths += absolute_paths(text)
-    assert sorted(set(paths)) == [f"{new_path}/engine", f"{new_path}/tokenizer"]
+    xgrammar = [f"{new_path}/tokenizer/{XGRAMMAR_TOKENIZER_INFO}"] if flavor == "ensemble" else []
+    assert sorted(set(paths)) == [f"{new_path}/engine", f"{new_path}/tokenizer", *xgrammar]
+    assert all(Path(p).exists() for p in paths)
     for name in FLAVORS[flavor][1]:
         assert (dest / name / "config.pbtxt").is_file()
 
@@ -626,6 +680,14 @@ def test_help_mentions_every_knob(store: Store) -> None:
         "--dtype",
         "--trust-remote-code",
         "--no-trust-remote-code",
+        "--max-input-len",
+        "--max-beam-width",
+        "--gather-generation-logits",
+        "--no-gather-generation-logits",
+        "--gather-context-logits",
+        "--no-gather-context-logits",
+        "--guided-decoding",
+        "--no-guided-decoding",
     ):
         assert option in result.stdout, option
     text = " ".join(result.stdout.split())

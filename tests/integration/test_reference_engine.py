@@ -74,7 +74,7 @@ def engine_greedy(triton: TritonServer, input_ids: list[int], max_tokens: int, s
 def ensemble_text(triton: TritonServer, prompt: str, max_tokens: int, **extra: Any) -> tuple[str, int]:
     result = run_stream(triton.grpc_url, text_inputs(prompt, max_tokens, **extra), request_id=rid())
     assert result.error is None, result.error
-    return result.text, int(result.last("num_output_tokens").reshape(-1)[0])
+    return result.text, result.total("num_output_tokens")
 
 
 @pytest.mark.parametrize("prompt", ["Hello", "The quick brown fox", "中文 café 👍"])
@@ -122,11 +122,11 @@ SAMPLING = {
 @pytest.mark.parametrize("params", list(SAMPLING.values()), ids=list(SAMPLING))
 def test_seeded_sampling_is_reproducible(triton: TritonServer, params: dict[str, float]) -> None:
     prompt, max_tokens = "Once upon a time, in a small village", 30
-    first, _ = ensemble_text(triton, prompt, max_tokens, random_seed=7, **params)
-    again, _ = ensemble_text(triton, prompt, max_tokens, random_seed=7, **params)
-    streamed, _ = ensemble_text(triton, prompt, max_tokens, random_seed=7, stream=True, **params)
-    other, _ = ensemble_text(triton, prompt, max_tokens, random_seed=8, **params)
-    largest, _ = ensemble_text(triton, prompt, max_tokens, random_seed=2**64 - 1, **params)
+    first, _ = ensemble_text(triton, prompt, max_tokens, seed=7, **params)
+    again, _ = ensemble_text(triton, prompt, max_tokens, seed=7, **params)
+    streamed, _ = ensemble_text(triton, prompt, max_tokens, seed=7, stream=True, **params)
+    other, _ = ensemble_text(triton, prompt, max_tokens, seed=8, **params)
+    largest, _ = ensemble_text(triton, prompt, max_tokens, seed=2**64 - 1, **params)
     greedy, _ = ensemble_text(triton, prompt, max_tokens)
 
     assert first == again == streamed

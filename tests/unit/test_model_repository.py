@@ -21,7 +21,8 @@ pytestmark = pytest.mark.unit
 
 DataType = model_config_pb2.DataType
 
-# What upstream's ensemble (tensorrtllm_backend v0.19) declares: clients send exactly these.
+# What upstream's ensemble declares at TensorRT-LLM v1.2.1 (triton_backend/all_models/inflight_batcher_llm/
+# ensemble/config.pbtxt): clients send exactly these. v0.19 named min_tokens and seed min_length and random_seed.
 UPSTREAM_ENSEMBLE_INPUTS = {
     "text_input": "TYPE_STRING",
     "max_tokens": "TYPE_INT32",
@@ -34,13 +35,15 @@ UPSTREAM_ENSEMBLE_INPUTS = {
     "temperature": "TYPE_FP32",
     "length_penalty": "TYPE_FP32",
     "repetition_penalty": "TYPE_FP32",
-    "min_length": "TYPE_INT32",
+    "min_tokens": "TYPE_INT32",
     "presence_penalty": "TYPE_FP32",
     "frequency_penalty": "TYPE_FP32",
-    "random_seed": "TYPE_UINT64",
+    "seed": "TYPE_UINT64",
     "return_log_probs": "TYPE_BOOL",
     "return_context_logits": "TYPE_BOOL",
     "return_generation_logits": "TYPE_BOOL",
+    "return_num_input_tokens": "TYPE_BOOL",
+    "return_num_output_tokens": "TYPE_BOOL",
     "exclude_input_in_output": "TYPE_BOOL",
     "beam_width": "TYPE_INT32",
     "stream": "TYPE_BOOL",
@@ -58,7 +61,7 @@ ENSEMBLE_OUTPUTS = {
     "num_output_tokens": "TYPE_INT32",
 }
 
-# The C++ backend's contract (REFERENCE.md section 2).
+# The C++ backend's contract at v1.2.1 (NVIDIA's tensorrt_llm/config.pbtxt, a subset: what we send and read).
 ENGINE_INPUTS = {
     "input_ids": "TYPE_INT32",
     "input_lengths": "TYPE_INT32",
@@ -73,8 +76,8 @@ ENGINE_INPUTS = {
     "repetition_penalty": "TYPE_FP32",
     "presence_penalty": "TYPE_FP32",
     "frequency_penalty": "TYPE_FP32",
-    "min_length": "TYPE_INT32",
-    "random_seed": "TYPE_UINT64",
+    "min_tokens": "TYPE_INT32",
+    "seed": "TYPE_UINT64",
     "beam_width": "TYPE_INT32",
     "stop_words_list": "TYPE_INT32",
     "bad_words_list": "TYPE_INT32",
@@ -84,13 +87,25 @@ ENGINE_INPUTS = {
     "return_generation_logits": "TYPE_BOOL",
     "stop": "TYPE_BOOL",
     "lora_task_id": "TYPE_UINT64",
+    "lora_config": "TYPE_INT32",
+    "return_perf_metrics": "TYPE_BOOL",
+    "return_num_input_tokens": "TYPE_BOOL",
+    "return_num_output_tokens": "TYPE_BOOL",
+    "exclude_input_in_output": "TYPE_BOOL",
+    "guided_decoding_guide_type": "TYPE_STRING",
+    "guided_decoding_guide": "TYPE_STRING",
+    "num_return_sequences": "TYPE_INT32",
 }
 ENGINE_OUTPUTS = {
     "output_ids": "TYPE_INT32",
     "sequence_length": "TYPE_INT32",
     "cum_log_probs": "TYPE_FP32",
     "output_log_probs": "TYPE_FP32",
+    "num_input_tokens": "TYPE_INT32",
+    "num_output_tokens": "TYPE_INT32",
+    "kv_cache_reused_blocks": "TYPE_INT32",
 }
+ENGINE_REQUIRED_INPUTS = {"input_lengths", "request_output_len"}  # everything else optional, input_ids too
 
 # Runtime knobs of the C++ backend (REFERENCE.md section 4): parameter key -> template variable.
 ENGINE_KNOBS = {
@@ -110,7 +125,6 @@ ENGINE_KNOBS = {
     "enable_chunked_context": "enable_chunked_context",
     "gpu_device_ids": "gpu_device_ids",
     "decoding_mode": "decoding_mode",
-    "enable_trt_overlap": "enable_trt_overlap",
     "multi_block_mode": "multi_block_mode",
     "lora_cache_optimal_adapter_size": "lora_cache_optimal_adapter_size",
     "lora_cache_max_adapter_size": "lora_cache_max_adapter_size",
@@ -168,7 +182,7 @@ def test_ensemble_inputs_match_upstream(configs: dict[str, model_config_pb2.Mode
         assert dtype_name(declared[name].data_type) == dtype, name
         assert declared[name].optional == (name not in REQUIRED_ENSEMBLE_INPUTS), name
     # Scalars are [1] per batch row (clients send [1, 1]); word lists are variable length.
-    for name in ("text_input", "max_tokens", "stream", "temperature", "top_k", "random_seed"):
+    for name in ("text_input", "max_tokens", "stream", "temperature", "top_k", "seed"):
         assert list(declared[name].dims) == [1], name
     for name in ("stop_words", "bad_words", "embedding_bias_words", "embedding_bias_weights"):
         assert list(declared[name].dims) == [-1], name
@@ -203,8 +217,8 @@ def test_engine_contract(configs: dict[str, model_config_pb2.ModelConfig], backe
     for name, dtype in ENGINE_INPUTS.items():
         assert name in declared, f"tensorrt_llm lacks input {name}"
         assert dtype_name(declared[name].data_type) == dtype, name
-    for name in ("input_ids", "input_lengths", "request_output_len"):
-        assert not declared[name].optional, name
+    for name, item in declared.items():
+        assert item.optional == (name not in ENGINE_REQUIRED_INPUTS), name
     assert list(declared["stop_words_list"].dims) == [2, -1]
     assert list(declared["bad_words_list"].dims) == [2, -1]
     for name, dtype in ENGINE_OUTPUTS.items():

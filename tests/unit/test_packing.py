@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -15,7 +16,12 @@ import pytest
 from tensorrtllm_backend.repository import MODELS, build_repository, repository_values
 from tests.support import engine_config
 from trtllm_service import packing
-from trtllm_service.packed_model import layout_runtime_repository, read_pack_info
+from trtllm_service.packed_model import (
+    XGRAMMAR_TOKENIZER_INFO,
+    guided_decoding_unsupported,
+    layout_runtime_repository,
+    read_pack_info,
+)
 from trtllm_service.packing import (
     ModelSource,
     PackError,
@@ -444,3 +450,229 @@ def test_copy_is_chunked_and_reports_progress(tmp_path: Path, monkeypatch: pytes
     packing._copy_files([(source, tmp_path / "out" / "big.engine")], Recorder(100, enabled=False))
     assert (tmp_path / "out" / "big.engine").read_bytes() == source.read_bytes()
     assert sum(seen) == 100 and max(seen) == 7
+
+
+# --------------------------------------------------------------------------- what the packed model can do
+
+
+def test_logits_datatype_from_the_engine(tmp_path: Path) -> None:
+    fp16 = read_engine_dir(
+        write_engine(tmp_path / "fp16", engine_config(pretrained={"logits_dtype": "float16"}))
+    )
+    assert fp16.logits_dtype == "float16"
+    assert RuntimeOptions().template_values(fp16)["logits_datatype"] == "TYPE_FP16"
+    fp32 = read_engine_dir(
+        write_engine(tmp_path / "fp32", engine_config(pretrained={"logits_dtype": "float32"}))
+    )
+    assert RuntimeOptions().template_values(fp32)["logits_datatype"] == "TYPE_FP32"
+    unsaid = read_engine_dir(write_engine(tmp_path / "unsaid"))
+    assert RuntimeOptions().template_values(unsaid)["logits_datatype"] == "TYPE_FP32"
+    in_build = read_engine_dir(write_engine(tmp_path / "build", engine_config(logits_dtype="float16")))
+    assert RuntimeOptions().template_values(in_build)["logits_datatype"] == "TYPE_FP16"
+    with pytest.raises(PackError, match="logits_dtype 'bfloat16' is not one of float16, float32"):
+        read_engine_dir(
+            write_engine(tmp_path / "bf16", engine_config(pretrained={"logits_dtype": "bfloat16"}))
+        )
+
+
+def test_xgrammar_tokenizer_info_is_the_vocabulary(demo_model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from tensorrtllm_backend.repository import end_ids
+
+    tokenizer = AutoTokenizer.from_pretrained(demo_model_dir)
+    ends = end_ids(demo_model_dir)
+    assert len(ends) == 2  # <|eot_id|> and <|end_of_text|>
+    info = json.loads(json.dumps(packing.xgrammar_tokenizer_info(tokenizer, ends)))  # as the file holds it
+    assert set(info) == {"encoded_vocab", "tokenizer_str", "stop_token_ids"}  # what the C++ backend reads
+    vocab = info["encoded_vocab"]
+    assert len(vocab) == len(tokenizer.get_vocab())
+    for token, token_id in tokenizer.get_vocab().items():  # every id, spelled as the vocabulary does
+        assert vocab[token_id] == token
+    assert vocab == tokenizer.convert_ids_to_tokens(list(range(len(vocab))))
+    assert info["stop_token_ids"] == ends  # every end id of the packed model, not only eos
+    assert json.loads(info["tokenizer_str"]) == json.loads((demo_model_dir / "tokenizer.json").read_text())
+    assert json.loads(info["tokenizer_str"])["decoder"]["type"] == "ByteLevel"  # what xgrammar detects
+
+
+def test_xgrammar_tokenizer_info_edges(demo_model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(demo_model_dir)
+    size = len(tokenizer.get_vocab())
+    # the model's vocabulary is the limit: tokens past it cannot be produced, nor end a guide
+    cut = packing.xgrammar_tokenizer_info(tokenizer, [size - 1, 5, 5], vocab_size=size - 1)
+    assert len(cut["encoded_vocab"]) == size - 1 and cut["stop_token_ids"] == [5]
+
+    class Holes:  # a vocabulary that skips an id: later ids keep their places
+        backend_tokenizer = tokenizer.backend_tokenizer
+
+        def get_vocab(self) -> dict[str, int]:
+            return {"a": 0, "c": 2}
+
+    assert packing.xgrammar_tokenizer_info(Holes(), [2])["encoded_vocab"] == ["a", "", "c"]
+    with pytest.raises(PackError, match="needs an end-of-sequence id within the vocabulary"):
+        packing.xgrammar_tokenizer_info(tokenizer, [size + 10])
+
+    class Slow:  # a Python tokenizer has no tokenizer.json for xgrammar to read how tokens decode
+        def get_vocab(self) -> dict[str, int]:
+            return {"a": 0}
+
+    with pytest.raises(PackError, match=r"needs a fast tokenizer .*--no-guided-decoding"):
+        packing.xgrammar_tokenizer_info(Slow(), [0])
+
+
+def test_guided_decoding_options(tmp_path: Path) -> None:
+    source = hf_source(tmp_path)
+    assert RuntimeOptions().guides("ensemble") and RuntimeOptions().guides("llmapi")
+    assert not RuntimeOptions(guided_decoding=False).guides("ensemble")
+    RuntimeOptions(guided_decoding=False, flavor="ensemble").template_values(source)
+    with pytest.raises(PackError, match="--no-guided-decoding goes with the ensemble flavour"):
+        RuntimeOptions(guided_decoding=False).template_values(source)  # a checkpoint: llmapi
+
+
+def test_old_pack_json_still_loads(tmp_path: Path) -> None:
+    """pack.json written before the capability fields: what it says by other means."""
+    model = fake_packed_model(tmp_path / "m")
+    data = json.loads((model / "pack.json").read_text())
+    for key in ("gather_generation_logits", "gather_context_logits", "guided_decoding"):
+        del data[key]
+
+    def load(**changes: Any) -> PackInfo:
+        return PackInfo.from_dict({**data, **changes})
+
+    python_ensemble = load()
+    assert python_ensemble.gather_generation_logits and python_ensemble.gather_context_logits
+    assert not python_ensemble.guided_decoding  # its config did not name the xgrammar tokenizer info
+    assert load(flavor="llmapi").guided_decoding
+    engine = load(backend="tensorrtllm")
+    assert not (engine.gather_generation_logits or engine.gather_context_logits or engine.guided_decoding)
+    values = {**data["template_values"], "guided_decoding_backend": "xgrammar"}
+    assert load(
+        template_values={**values, "xgrammar_tokenizer_info_path": "/m/tokenizer/x.json"}
+    ).guided_decoding
+    assert not load(template_values=values).guided_decoding
+    # recorded fields win
+    assert load(backend="tensorrtllm", gather_generation_logits=True, guided_decoding=True).guided_decoding
+
+
+def test_guided_decoding_unsupported() -> None:
+    info = PackInfo.from_dict(json.loads(PackInfo(**{**_INFO, "guided_decoding": True}).to_json()))
+    assert guided_decoding_unsupported(info) is None
+    why = guided_decoding_unsupported(dataclasses.replace(info, guided_decoding=False))
+    assert why is not None and "packed without it" in why and "--no-guided-decoding" in why
+
+
+def test_layout_relocates_the_xgrammar_tokenizer_info(tmp_path: Path) -> None:
+    old = tmp_path / "old" / "m"
+    (old / "engine").mkdir(parents=True)
+    (old / "tokenizer").mkdir()
+    path = old.resolve() / "tokenizer" / XGRAMMAR_TOKENIZER_INFO
+    packing.write_xgrammar_tokenizer_info(
+        path, {"encoded_vocab": ["a"], "tokenizer_str": "{}", "stop_token_ids": [0]}
+    )
+    values = repository_values(
+        engine_dir=old / "engine",
+        tokenizer_dir=old / "tokenizer",
+        backend="tensorrtllm",
+        overrides={"guided_decoding_backend": "xgrammar", "xgrammar_tokenizer_info_path": str(path)},
+    )
+    build_repository(old / "repository", values)
+    info = PackInfo(**{**_INFO, "packed_root": str(old.resolve()), "template_values": values})
+    (old / "pack.json").write_text(info.to_json())
+    new = tmp_path / "new" / "m"
+    new.parent.mkdir()
+    shutil.move(old, new)
+    config = (
+        layout_runtime_repository(new, tmp_path / "runtime") / "tensorrt_llm" / "config.pbtxt"
+    ).read_text()
+    moved = new.resolve() / "tokenizer" / XGRAMMAR_TOKENIZER_INFO
+    assert f'key: "xgrammar_tokenizer_info_path" value: {{ string_value: "{moved}" }}' in config
+    assert 'key: "guided_decoding_backend" value: { string_value: "xgrammar" }' in config
+    assert moved.is_file() and str(tmp_path / "old") not in config
+
+
+def test_defaults_leave_guided_decoding_off(tmp_path: Path) -> None:
+    """A repository filled without pack_model.py's values: the C++ backend's "no guided decoding"."""
+    values = repository_values(engine_dir=tmp_path, tokenizer_dir=tmp_path, backend="tensorrtllm")
+    build_repository(tmp_path / "repo", values)
+    config = (tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt").read_text()
+    for key in ("guided_decoding_backend", "xgrammar_tokenizer_info_path"):
+        assert f'key: "{key}" value: {{ string_value: "" }}' in config
+
+
+# The service refuses a guide the packed model cannot follow, naming the field, before Triton.
+
+_INFO: dict[str, Any] = {
+    "tag": "m:v1",
+    "mode": "engine",
+    "backend": "tensorrtllm",
+    "packed_root": "/m",
+    "world_size": 1,
+    "tp_size": 1,
+    "pp_size": 1,
+    "architecture": "LlamaForCausalLM",
+    "dtype": "bfloat16",
+    "max_batch_size": 8,
+    "max_input_len": 63,
+    "max_seq_len": 64,
+    "max_beam_width": 1,
+    "flavor": "ensemble",
+}
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+        (
+            "/chat/completions",
+            {"response_format": {"type": "text"}, "guided_regex": "[ab]+"},
+            "guided_regex",
+        ),
+        ("/completions", {"guided_choice": ["yes", "no"]}, "guided_choice"),
+        ("/completions", {"guided_json": {"type": "object"}}, "guided_json"),
+        ("/completions", {"guided_grammar": 'root ::= "a"'}, "guided_grammar"),
+        (
+            "/chat/completions",
+            {
+                "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+                "tool_choice": "required",
+            },
+            "tool_choice",
+        ),
+    ],
+)
+def test_guided_request_refused_when_packed_without(path: str, body: dict[str, Any], param: str) -> None:
+    from tests.unit.test_openai_serving import FakeRuntime, post
+    from trtllm_service.runtime import Runtime
+
+    class Unguided(FakeRuntime):
+        no_guides = guided_decoding_unsupported(PackInfo(**_INFO))
+        check_guide = Runtime.check_guide
+
+    runtime = Unguided()
+    base = (
+        {"messages": [{"role": "user", "content": "hi"}]} if path == "/chat/completions" else {"prompt": "hi"}
+    )
+    response = post(runtime, path, {**base, **body, "max_tokens": 2})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["param"] == param
+    assert error["message"].startswith(
+        f"'{param}' needs guided decoding, and this model was packed without it"
+    )
+    assert runtime.requests == []  # nothing reached the engine
+    assert post(runtime, path, {**base, "max_tokens": 2}).status_code == 200  # unguided requests are served
+
+
+def test_served_prompt_limit_of_an_engine(tmp_path: Path) -> None:
+    """TensorRT-LLM's runtime takes prompts up to max_num_tokens unless chunked context is on."""
+    engine = read_engine_dir(
+        write_engine(tmp_path / "e", engine_config(max_input_len=32767, max_seq_len=32768))
+    )
+    assert packing.served_max_input_len(engine, RuntimeOptions()) == 8192  # its max_num_tokens
+    assert packing.served_max_input_len(engine, RuntimeOptions(enable_chunked_context=True)) == 32767
+    short = read_engine_dir(write_engine(tmp_path / "s"))
+    assert packing.served_max_input_len(short, RuntimeOptions()) == 1024
+    assert packing.served_max_input_len(hf_source(tmp_path), RuntimeOptions()) == 4095

@@ -41,7 +41,7 @@ def request(input_ids: list[int], max_new: int, **sampling: Any) -> EngineReques
         "repetition_penalty": 1.0,
         "presence_penalty": 0.0,
         "frequency_penalty": 0.0,
-        "min_length": 0,
+        "min_tokens": 0,
         "seed": None,
         "bad_words": [],
         "embedding_bias": None,
@@ -186,7 +186,7 @@ def test_sampling_penalties_and_log_probs_under_load_equal_each_solo_run(source:
         {"repetition_penalty": 1.3, "return_log_probs": True},
         {"greedy": False, "temperature": 1.2, "seed": 5, "return_log_probs": True},
         {"presence_penalty": 0.5, "frequency_penalty": 0.4},
-        {"bad_words": [[inputs[5][0]]], "min_length": 30, "return_log_probs": True},
+        {"bad_words": [[inputs[5][0]]], "min_tokens": 30, "return_log_probs": True},
         {"greedy": False, "top_p": 0.5, "seed": 99},
         {},
     ]

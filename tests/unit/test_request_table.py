@@ -121,25 +121,25 @@ def test_the_engine_reads_back_every_field_the_relay_sends() -> None:
     assert (message.model_name, message.id, [o.name for o in message.outputs]) == (
         "tensorrt_llm",
         "req-1",
-        ["output_ids"],
+        ["output_ids", "sequence_length"],
     )
     assert arrays["input_ids"].shape == (1, 4) and arrays["stop_words_list"].shape == (1, 2, 2)
     assert all(
         arrays[name].shape == (1, 1) for name in arrays if name not in ("input_ids", "stop_words_list")
     )
     limits = contract.EngineLimits(vocab_size=100, max_seq_len=100)
-    parsed = contract.parse_request(arrays.get, "req-1", limits, ["output_ids"])
+    parsed = contract.parse_request(arrays.get, "req-1", limits, ["output_ids", "sequence_length"])
     assert parsed.input_ids == [3, 4, 5, 6] and parsed.max_new == 12
     assert (parsed.temperature, parsed.top_k, parsed.repetition_penalty) == (0.5, 40, pytest.approx(1.1))
     assert parsed.top_p == pytest.approx(0.9) and parsed.presence_penalty == 0.25
-    assert (parsed.frequency_penalty, parsed.min_length, parsed.seed) == (-0.5, 2, (1 << 64) - 1)
+    assert (parsed.frequency_penalty, parsed.min_tokens, parsed.seed) == (-0.5, 2, (1 << 64) - 1)
     assert (parsed.end_id, parsed.stop_words, parsed.streaming, parsed.exclude_input) == (
         7,
         [[8], [9]],
         True,
         True,
     )
-    assert parsed.outputs == frozenset({"output_ids"})
+    assert parsed.outputs == frozenset({"output_ids", "sequence_length"})
     assert parsed.guide == ("json_schema", '{"type": "integer"}')
 
 
@@ -186,7 +186,7 @@ def test_ensemble_message_uses_upstream_names() -> None:
     request = GenerationRequest(prompt_ids=(), max_tokens=5, top_k=1, seed=4, end_id=-1)
     message = service_pb2.ModelInferRequest.FromString(ensemble_message("héllo", request, "e1"))
     names = [t.name for t in message.inputs]
-    assert names == ["text_input", "max_tokens", "top_k", "random_seed", "end_id", "stream"]
+    assert names == ["text_input", "max_tokens", "top_k", "seed", "end_id", "stream"]
     raw = message.raw_input_contents[0]
     assert int.from_bytes(raw[:4], "little") == len("héllo".encode()) and raw[4:].decode() == "héllo"
     assert array("q", message.raw_input_contents[3])[0] == 4
@@ -267,7 +267,7 @@ def test_the_llmapi_model_reads_back_every_field_the_relay_sends() -> None:
     assert (engine.temperature, engine.top_k, engine.top_p) == pytest.approx((0.5, 40, 0.9))
     assert (engine.repetition_penalty, engine.presence_penalty) == pytest.approx((1.1, 0.25))
     assert engine.frequency_penalty == pytest.approx(-0.5)
-    assert (engine.min_length, engine.seed, engine.end_id) == (2, (1 << 64) - 1, 7)
+    assert (engine.min_tokens, engine.seed, engine.end_id) == (2, (1 << 64) - 1, 7)
     assert engine.stop_words == [[8], [9]]  # the request's end ids replace the model's (1, 2)
     assert engine.guide == ("json_schema", '{"type": "integer"}')
     assert not engine.greedy

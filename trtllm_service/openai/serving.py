@@ -34,6 +34,7 @@ from starlette.responses import JSONResponse, Response
 
 from trtllm_service import tool_calls
 from trtllm_service.errors import APIError
+from trtllm_service.guided import guide_field
 from trtllm_service.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
 from trtllm_service.metrics import RequestMetrics
 from trtllm_service.openai.protocol import (
@@ -159,6 +160,8 @@ class OpenAIServing:
         try:
             params = replace(request.sampling_params(), lora=self.check_model(request.model))
             self.runtime.check_logprobs(params, "top_logprobs")
+            if params.guide is not None:
+                self.runtime.check_guide(guide_field(request))
             prepared = await self.runtime.prepare_chat(request.chat_messages(), params, tools=offered)
             choices = await self._start([prepared], params, request.n)
         except APIError as exc:
@@ -225,6 +228,8 @@ class OpenAIServing:
         try:
             params = replace(request.sampling_params(), lora=self.check_model(request.model))
             self.runtime.check_logprobs(params, "logprobs")
+            if params.guide is not None:
+                self.runtime.check_guide(guide_field(request))
             prompts = request.prompts()
             prepared = await self.runtime.prepare_prompts(prompts, params)
             choices = await self._start(prepared, params, request.n)

@@ -26,9 +26,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-from contract import EngineRequest, response_arrays
+from contract import EngineRequest, PerfMetrics, response_arrays
 
 STOP_TTL_S = 30.0
+TOKENS_PER_BLOCK = 32
+"""The KV cache block size the perf metrics count in (TensorRT-LLM's default tokens_per_block)."""
 """How long a `stop` for a request id that is not (yet) running is remembered."""
 
 OUTCOMES = ("completed", "cancelled", "stopped", "error")
@@ -79,6 +81,7 @@ class Sequence:
     finish_reason: str | None = None  # as the LLM API says it: stop, length, cancelled
     stop_reason: int | str | None = None  # the end id, stop token or stop string that ended it
     extra: Any = None  # what a subclass of EngineLoop keeps per request (e.g. text state)
+    perf: PerfMetrics | None = None  # with return_perf_metrics: arrival, first token, ... (ns)
 
 
 class TokenSource(Protocol):
@@ -110,8 +113,10 @@ class EngineLoop:
         step_delay_s: float = 0.0,
         sender_lanes: int = 4,
         name: str = "engine",
+        logits_dtype: Any = np.float32,
     ) -> None:
         self.source = source
+        self.logits_dtype = logits_dtype  # as config.pbtxt declares the logits outputs
         self.responder = responder
         self.counters = counters
         self.cancel_check_s = cancel_check_s
@@ -136,7 +141,10 @@ class EngineLoop:
     # ---- called from Triton's execute() ------------------------------------------------------
 
     def submit(self, request: EngineRequest, sink: Sink) -> None:
-        self._inbox.put(Sequence(request, sink, checked_at=time.monotonic()))
+        seq = Sequence(request, sink, checked_at=time.monotonic())
+        if request.return_perf_metrics:
+            seq.perf = PerfMetrics(arrival_time_ns=time.time_ns())
+        self._inbox.put(seq)
 
     def stop(self, request_id: str) -> None:
         """TRT-LLM's early stop: the request with this id ends at its next round."""
@@ -217,6 +225,8 @@ class EngineLoop:
     def _admit(self, seq: Sequence) -> bool:
         seq.lane = self._admitted % len(self._lanes)
         self._admitted += 1
+        if seq.perf is not None:
+            seq.perf.first_scheduled_time_ns = time.time_ns()
         try:
             self.source.start(seq)
         except Exception as exc:  # a request the source cannot take must not stop the engine
@@ -265,6 +275,9 @@ class EngineLoop:
             self._finish(seq, reason="stop", stop_reason=token)
             return True
         seq.generated.append(token)
+        if seq.perf is not None:
+            seq.perf.last_token_time_ns = time.time_ns()
+            seq.perf.first_token_time_ns = seq.perf.first_token_time_ns or seq.perf.last_token_time_ns
         seq.log_probs.append(log_prob)
         seq.cum_log_prob += log_prob
         seq.unsent += 1
@@ -330,14 +343,19 @@ class EngineLoop:
         if request.return_generation_logits and seq.generation_logits:
             generation = np.stack(seq.generation_logits)
             seq.generation_logits = []
+        perf = seq.perf if final else None
+        if perf is not None:  # no prefix reuse and no paging here: every block is new
+            blocks = -(-(len(request.input_ids) + len(seq.generated)) // TOKENS_PER_BLOCK)
+            perf.kv_cache_alloc_new_blocks = perf.kv_cache_alloc_total_blocks = blocks
         arrays = response_arrays(
             request,
             ids,
-            generated=len(seq.generated),
             cum_log_prob=seq.cum_log_prob if request.return_log_probs else 0.0,
             log_probs=log_probs,
             context_logits=seq.context_logits if request.return_context_logits and first else None,
             generation_logits=generation,
+            logits_dtype=self.logits_dtype,
+            perf=perf,
         )
         return self.responder.response(arrays)
 

@@ -14,22 +14,58 @@ The loop that runs either one (admission, end ids, stop words, streaming, cancel
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import nvidia_backend as nv
 import triton_python_backend_utils as pb_utils
 from contract import (
     INVALID_REQUEST,
+    BackendError,
     EngineLimits,
     RequestError,
     is_stop_request,
     parse_request,
 )
 from engine import EngineLoop
-from lora import LoraCache, LoraError, from_rows
+from lora import CACHE_MISS, LoraCache, LoraError, from_rows
 from triton_adapter import Collector, Counters, EngineInfo, Responder, Sender, make_source, mpi_rank, param
+
+NUMPY_TYPES = {"TYPE_FP32": np.float32, "TYPE_FP16": np.float16}
+
+
+def check_parameters(config: dict[str, Any]) -> None:
+    """What makes NVIDIA's model instance fail to load, with its messages (model_instance_state.cc)."""
+    parameters = config.get("parameters")
+    if not parameters:
+        raise pb_utils.TritonModelException("Model config doesn't have a parameters section")
+    for name in nv.REQUIRED_PARAMETERS:
+        if name not in parameters:
+            raise pb_utils.TritonModelException(nv.MISSING_PARAMETER.format(name=name))
+    if param(config, "gpt_model_type") not in nv.GPT_MODEL_TYPES:
+        raise pb_utils.TritonModelException(nv.BAD_MODEL_TYPE)
+    backend, info = param(config, "guided_decoding_backend"), param(config, "xgrammar_tokenizer_info_path")
+    if backend and info:
+        if not Path(info).is_file():
+            raise pb_utils.TritonModelException(
+                nv.ASSERTION + f"Xgrammar's tokenizer info path at {info} does not exist."
+            )
+        if backend not in nv.GUIDED_DECODING_BACKENDS:
+            raise pb_utils.TritonModelException(nv.BAD_GUIDED_BACKEND)
+
+
+def _error(exc: Exception, executor_id: int) -> Any:
+    """The error response of a refused request: NVIDIA's (INTERNAL, its message) or ours (INVALID_ARG)."""
+    if isinstance(exc, BackendError):
+        return pb_utils.TritonError(exc.message(executor_id), pb_utils.TritonError.INTERNAL)
+    if isinstance(exc, LoraError) and CACHE_MISS in str(exc):  # the executor's expected LoRA error
+        return pb_utils.TritonError(
+            nv.EXECUTOR_ERROR.format(id=executor_id) + str(exc), pb_utils.TritonError.INTERNAL
+        )
+    return pb_utils.TritonError(f"{INVALID_REQUEST}{exc}", pb_utils.TritonError.INVALID_ARG)
 
 
 class TritonPythonModel:
@@ -44,6 +80,7 @@ class TritonPythonModel:
         if rank > 0:  # under mpirun only rank 0 serves; a stand-in has no shard to host
             pb_utils.Logger.log_info(f"{model_name}: rank {rank} idles; rank 0 serves")
             return
+        check_parameters(config)
         model_dir = param(config, "gpt_model_path")
         if not model_dir:
             raise pb_utils.TritonModelException("tensorrt_llm: parameter gpt_model_path is not set")
@@ -65,9 +102,16 @@ class TritonPythonModel:
         self.limits = EngineLimits(
             vocab_size=vocab_size,
             max_seq_len=max_seq_len,
-            exclude_input_default=param(config, "exclude_input_in_output", "true").lower() == "true",
+            # NVIDIA's default when the parameter is unset: false, the prompt echoed
+            exclude_input_default=param(config, "exclude_input_in_output", "false").lower() in ("true", "1"),
             streaming_allowed=self.decoupled,
+            guided_decoding=bool(
+                param(config, "guided_decoding_backend") and param(config, "xgrammar_tokenizer_info_path")
+            ),
         )
+        self.executor_ids = itertools.count(1)  # the executor's request ids, in its error messages
+        outputs = {output["name"]: output["data_type"] for output in config.get("output", [])}
+        logits_dtype = NUMPY_TYPES.get(outputs.get("generation_logits", "TYPE_FP32"), np.float32)
         self.counters = Counters(model_name, kind)
         self.info = EngineInfo(model_name, kind)
         self.engine = EngineLoop(
@@ -77,6 +121,7 @@ class TritonPythonModel:
             cancel_check_s=int(param(config, "cancellation_check_period_ms", "100")) / 1000.0,
             step_delay_s=float(param(config, "synthetic_step_delay_ms", "0")) / 1000.0,
             name=kind,
+            logits_dtype=logits_dtype,
         )
         pb_utils.Logger.log_info(f"{model_name}: {source.describe()}, max_seq_len {max_seq_len}")
 
@@ -92,27 +137,22 @@ class TritonPythonModel:
                 tensor = inputs.get(name)
                 return None if tensor is None else tensor.as_numpy()
 
-            if is_stop_request(get):
-                self.engine.stop(request.request_id())
-                self._acknowledge_stop(sink)
-                continue
             try:
+                if is_stop_request(get):
+                    if not request.request_id():
+                        raise BackendError(nv.STOP_WITHOUT_ID)
+                    self.engine.stop(request.request_id())
+                    self._acknowledge_stop(sink)
+                    continue
                 parsed = parse_request(
                     get, request.request_id(), self.limits, request.requested_output_names()
                 )
-            except RequestError as exc:
-                self.counters.finished("error")
-                error = pb_utils.TritonError(f"{INVALID_REQUEST}{exc}", pb_utils.TritonError.INVALID_ARG)
-                sink.send(pb_utils.InferenceResponse(error=error), True)
-                continue
-            if parsed.lora_task_id is not None:
-                try:
+                if parsed.lora_task_id is not None:
                     parsed.lora = self._adapter(parsed)
-                except LoraError as exc:
-                    self.counters.finished("error")
-                    error = pb_utils.TritonError(f"{INVALID_REQUEST}{exc}", pb_utils.TritonError.INVALID_ARG)
-                    sink.send(pb_utils.InferenceResponse(error=error), True)
-                    continue
+            except (BackendError, RequestError, LoraError) as exc:
+                self.counters.finished("error")
+                sink.send(pb_utils.InferenceResponse(error=_error(exc, next(self.executor_ids))), True)
+                continue
             self.engine.submit(parsed, sink)
         if self.decoupled:
             return None

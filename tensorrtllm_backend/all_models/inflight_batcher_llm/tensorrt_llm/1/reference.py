@@ -1,7 +1,7 @@
 """The reference token source: a Hugging Face causal LM run with PyTorch (CPU, or CUDA when present).
 
 It samples as TensorRT-LLM does (embedding bias, repetition / presence / frequency penalties, bad
-words, min_length, then temperature, top-k, top-p). Greedy output equals `transformers` generate
+words, min_tokens, then temperature, top-k, top-p). Greedy output equals `transformers` generate
 token for token.
 
 Batching: a prompt is prefilled alone; then every sequence in generation advances in one forward
@@ -343,7 +343,7 @@ class ReferenceSource:
             state.length += 1
             request = seq.request
             if state.plain and not (
-                0 <= request.end_id < self.vocab_size and len(seq.generated) < request.min_length
+                0 <= request.end_id < self.vocab_size and len(seq.generated) < request.min_tokens
             ):
                 results.append((greedy[state.slot], 0.0))
                 continue
@@ -385,7 +385,7 @@ class ReferenceSource:
         for word in request.bad_words:
             if len(word) == 1 or seq.generated[-(len(word) - 1) :] == word[:-1]:
                 logits[word[-1]] = -float("inf")
-        if 0 <= request.end_id < self.vocab_size and len(seq.generated) < request.min_length:
+        if 0 <= request.end_id < self.vocab_size and len(seq.generated) < request.min_tokens:
             logits[request.end_id] = -float("inf")
         matcher = state.guide
         if matcher is not None:

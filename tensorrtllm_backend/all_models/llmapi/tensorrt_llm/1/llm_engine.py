@@ -28,7 +28,7 @@ def sampling_params(request: TextRequest) -> Any:
     engine = request.engine
     kwargs: dict[str, Any] = {
         "max_tokens": engine.max_new,
-        "min_tokens": engine.min_length or None,
+        "min_tokens": engine.min_tokens or None,
         "repetition_penalty": engine.repetition_penalty,
         "presence_penalty": engine.presence_penalty,
         "frequency_penalty": engine.frequency_penalty,

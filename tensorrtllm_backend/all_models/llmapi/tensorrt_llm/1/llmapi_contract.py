@@ -202,7 +202,7 @@ def parse_text_request(
         repetition_penalty=repetition_penalty,
         presence_penalty=float(scalar(get, "sampling_param_presence_penalty")),  # type: ignore[arg-type]
         frequency_penalty=float(scalar(get, "sampling_param_frequency_penalty")),  # type: ignore[arg-type]
-        min_length=int(scalar(get, "sampling_param_min_tokens")),  # type: ignore[call-overload]
+        min_tokens=int(scalar(get, "sampling_param_min_tokens")),  # type: ignore[call-overload]
         seed=None if seed is None else int(seed),  # type: ignore[call-overload]
         stop_words=[[token] for token in stop_ids],
         bad_words=[],

@@ -1,0 +1,45 @@
+"""The production stack this project is built against: one image, and what it carries.
+
+Triton's release compatibility matrix (triton-inference-server/server docs/introduction/compatibility.md
+at v2.71.0, trtllm-python-py3 rows) lists 26.07 as the newest image with a TensorRT-LLM row:
+Triton 2.71.0, TensorRT-LLM 1.2.1, Python 3.12.3, torch 2.10.0a0+b4e4ee81d3.nv25.12, TensorRT
+10.14.1.48, CUDA 13.1.0.036, driver 590.44.01. (26.08 has no trtllm row; 26.11's release notes say
+the TensorRT-LLM container is not part of that release.) bentofile.yaml's base image is IMAGE; a
+test holds the two together.
+"""
+
+from __future__ import annotations
+
+IMAGE = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
+TRITON_VERSION = "2.71.0"
+TENSORRT_LLM_VERSION = "1.2.1"
+TENSORRT_LLM_COMMIT = "376f7e1bd8ed543f75014309e3fd4b237e9b0e73"  # NVIDIA/TensorRT-LLM tag v1.2.1
+MIN_TENSORRT_LLM = "1.1.0"
+"""The oldest TensorRT-LLM the service starts with. 1.1.0 (image 25.12) and 1.2.x have the same C++
+backend contract (nvidia_backend.py); older lines lack the LLM API pieces model.yaml and llm_engine.py
+use (lora_config, llguidance) or name tensors differently (0.19: min_length, random_seed)."""
+
+CONSTRAINTS_FILE = "constraints/tensorrt_llm-1.2.1.txt"
+"""TensorRT-LLM's own pins at the tag (relative to the repository root): what the service installs
+into the image must resolve with them."""
+
+
+def version_tuple(version: str) -> tuple[int, ...]:
+    """(1, 2, 1) of "1.2.1", "1.2.1.post1" or "1.0.3.2510"; pre-releases ("1.2.0rc8") count as their base."""
+    parts = []
+    for piece in version.split(".")[:3]:
+        digits = ""
+        for char in piece:
+            if not char.isdigit():
+                break
+            digits += char
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def supported(version: str) -> bool:
+    """Whether the service starts with this TensorRT-LLM version."""
+    found = version_tuple(version)
+    return bool(found) and found >= version_tuple(MIN_TENSORRT_LLM)
