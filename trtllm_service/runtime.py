@@ -189,12 +189,12 @@ class Runtime:
         self._lora_sent.clear()  # a new Triton holds no adapter
         with contextlib.suppress(RuntimeError):  # no running loop: nothing to reset
             loop = asyncio.get_running_loop()
-            for work in (self.relay.reset(), self._learn_engine()):  # a new Triton: reconnect, ask
+            for work in (self.relay.reset(), self.learn_engine()):  # a new Triton: reconnect, ask
                 task = loop.create_task(work)
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
 
-    async def _learn_engine(self) -> None:
+    async def learn_engine(self) -> None:
         """Which engine answers: the C++ backend, or what the Python model reports in its metric."""
         if self.info.backend == "tensorrtllm":
             engine: str | None = "tensorrt_llm (C++ backend)"

@@ -108,6 +108,15 @@ class SharedTriton:
             return f"http://{self.state.host}:{self.state.metrics_port}/metrics"
         return None
 
+    @property
+    def http_url(self) -> str | None:
+        """Triton's HTTP endpoint (server metadata at /v2, health at /v2/health/ready)."""
+        if self.supervisor is not None:
+            return f"http://{self.supervisor.host}:{self.supervisor.ports.http}"
+        if self.state is not None and self.state.http_port:
+            return f"http://{self.state.host}:{self.state.http_port}"
+        return None
+
     # ---- lifecycle -----------------------------------------------------------------------------------
 
     async def start(self) -> None:

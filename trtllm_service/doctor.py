@@ -1,0 +1,317 @@
+"""`python -m trtllm_service.doctor [MODEL]`: check a packed model on the machine that will serve it.
+
+Run it on the GPU box, in the production image, before `bentoml serve`: it prints the versions
+(TensorRT-LLM installed vs pinned and the minimum, Triton, the image this project pins), the GPUs
+seen against tp x pp, whether a prebuilt engine was built by the installed TensorRT-LLM, then
+starts Triton with the model exactly as the service does and sends one request per feature
+(streaming, stop strings, seeds, log probs, guided decoding, LoRA, beams), each reported ok,
+unsupported (with why) or failed (with the error). Exit status 1 when anything failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.metadata
+import json
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from tensorrtllm_backend import pinned
+from trtllm_service.errors import APIError
+from trtllm_service.request import SamplingParams
+
+PROG = "trtllm_service.doctor"
+PROMPT = "Write one short sentence about the sea."
+OK, UNSUPPORTED, FAILED = "ok", "unsupported", "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    name: str
+    status: str
+    detail: str
+
+
+@dataclass(slots=True)
+class Answer:
+    text: str
+    tokens: int
+    finish_reason: str | None
+    first_token_s: float
+    logprobs: list[Any] = field(default_factory=list)
+
+
+def installed_tensorrt_llm() -> str | None:
+    try:
+        return importlib.metadata.version("tensorrt_llm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def gpus_seen() -> int:
+    """GPUs nvidia-smi lists (0 without it: no driver, no GPU)."""
+    binary = shutil.which("nvidia-smi")
+    if binary is None:
+        return 0
+    try:
+        listed = subprocess.run([binary, "-L"], capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+    return sum(1 for line in listed.stdout.splitlines() if line.startswith("GPU "))
+
+
+def triton_version(http_url: str | None) -> str | None:
+    if http_url is None:
+        return None
+    try:
+        with urllib.request.urlopen(f"{http_url}/v2", timeout=5) as response:
+            return str(json.loads(response.read()).get("version") or "") or None
+    except (OSError, ValueError):
+        return None
+
+
+def environment_checks(info: Any, engine: str | None, installed: str | None) -> list[Check]:
+    """What can be told without a request: TensorRT-LLM, GPUs, the engine's build."""
+    checks = []
+    if installed is None:
+        checks.append(Check("tensorrt_llm", UNSUPPORTED, "not installed here: stand-in engines serve"))
+    elif not pinned.supported(installed):
+        checks.append(
+            Check(
+                "tensorrt_llm",
+                FAILED,
+                f"{installed} is older than the {pinned.MIN_TENSORRT_LLM} this service supports "
+                f"(pinned: {pinned.TENSORRT_LLM_VERSION}, image {pinned.IMAGE})",
+            )
+        )
+    else:
+        checks.append(
+            Check(
+                "tensorrt_llm",
+                OK,
+                f"{installed} (pinned {pinned.TENSORRT_LLM_VERSION}, minimum {pinned.MIN_TENSORRT_LLM})",
+            )
+        )
+    seen, needed = gpus_seen(), int(info.world_size)
+    shape = f"tp {info.tp_size} x pp {info.pp_size}"
+    stand_in = engine in ("reference", "synthetic")
+    if seen >= needed:
+        checks.append(Check("gpus", OK, f"{seen} seen, the model needs {needed} ({shape})"))
+    elif stand_in:
+        checks.append(
+            Check("gpus", OK, f"{seen} seen, {needed} needed ({shape}): the {engine} engine needs none")
+        )
+    else:
+        checks.append(Check("gpus", FAILED, f"{seen} seen, the model needs {needed} ({shape})"))
+    built = info.versions.get("tensorrt_llm") if info.backend == "tensorrtllm" else None
+    if info.backend != "tensorrtllm":
+        checks.append(Check("engine build", OK, "a checkpoint: nothing was built ahead"))
+    elif built is None:
+        checks.append(
+            Check("engine build", UNSUPPORTED, "the engine's config.json names no TensorRT-LLM version")
+        )
+    elif installed is not None and built != installed:
+        checks.append(
+            Check(
+                "engine build",
+                FAILED,
+                f"built by TensorRT-LLM {built}, {installed} is installed: an engine runs only with the "
+                "version that built it; rebuild it here (pack_model.py --build-engine)",
+            )
+        )
+    else:
+        checks.append(Check("engine build", OK, f"built by TensorRT-LLM {built}"))
+    return checks
+
+
+class FeatureProbe:
+    """Sends one small request per feature through a started Runtime."""
+
+    def __init__(self, runtime: Any, max_tokens: int = 16) -> None:
+        self.runtime = runtime
+        self.max_tokens = max_tokens
+
+    async def ask(self, params: SamplingParams) -> Answer:
+        runtime = self.runtime
+        request = (await runtime.prepare_prompts([PROMPT], replace(params, max_tokens=self.max_tokens)))[0]
+        started = time.monotonic()
+        stream = await runtime.generate(request)
+        first = 0.0
+        pieces = []
+        logprobs: list[Any] = []
+        try:
+            while True:
+                piece = await stream.read()
+                if piece and not first:
+                    first = time.monotonic() - started
+                pieces.append(piece)
+                logprobs.extend(stream.take_logprobs())
+                if stream.finish_reason is not None:
+                    break
+        finally:
+            stream.close()
+        return Answer("".join(pieces), stream.completion_tokens, stream.finish_reason, first, logprobs)
+
+    async def stream(self) -> Check:
+        answer = await self.ask(SamplingParams(temperature=0.0))
+        if answer.tokens < 1:
+            return Check("stream", FAILED, "no tokens came back")
+        return Check("stream", OK, f"{answer.tokens} tokens, the first after {answer.first_token_s:.2f} s")
+
+    async def stop(self) -> Check:
+        plain = await self.ask(SamplingParams(temperature=0.0))
+        text = plain.text
+        cut = next(
+            (
+                i
+                for i in range(3, len(text) - 3)
+                if len(text[i : i + 3].strip()) == 3 and text.find(text[i : i + 3]) == i
+            ),
+            None,
+        )
+        if cut is None:
+            return Check(
+                "stop", UNSUPPORTED, f"the greedy answer {text!r} is too short to pick a stop string"
+            )
+        stop = text[cut : cut + 3]
+        stopped = await self.ask(SamplingParams(temperature=0.0, stop=(stop,)))
+        if stopped.text != text[:cut] or stopped.finish_reason != "stop":
+            return Check("stop", FAILED, f"stop {stop!r}: got {stopped.text!r}, expected {text[:cut]!r}")
+        return Check("stop", OK, f"ended before {stop!r} after {stopped.tokens} tokens")
+
+    async def seed(self) -> Check:
+        sampled = SamplingParams(temperature=1.0, seed=1234)
+        first, again = await self.ask(sampled), await self.ask(sampled)
+        if (first.text, first.tokens) != (again.text, again.tokens):
+            return Check("seed", FAILED, f"seed 1234 gave {first.text!r}, then {again.text!r}")
+        other = await self.ask(replace(sampled, seed=4321))
+        return Check(
+            "seed",
+            OK,
+            f"seed 1234 twice: the same {first.tokens} tokens; seed 4321 "
+            f"{'differs' if other.text != first.text else 'gave the same text'}",
+        )
+
+    async def logprobs(self) -> Check:
+        top = 0 if self.runtime.no_top_logprobs else 2
+        answer = await self.ask(SamplingParams(temperature=0.0, logprobs=top))
+        if len(answer.logprobs) != answer.tokens or not answer.tokens:
+            return Check("logprobs", FAILED, f"{len(answer.logprobs)} log probs for {answer.tokens} tokens")
+        if top and any(len(entry.top_ids) != top for entry in answer.logprobs):
+            return Check("logprobs", FAILED, "a token came without its top 2")
+        detail = f"{answer.tokens} tokens with their log probs"
+        if top:
+            return Check("logprobs", OK, f"{detail} and top {top}")
+        return Check("logprobs", OK, f"{detail}; top log probs unsupported: {self.runtime.no_top_logprobs}")
+
+    async def guided(self) -> Check:
+        if self.runtime.no_guides:
+            return Check("guided", UNSUPPORTED, self.runtime.no_guides)
+        answer = await self.ask(SamplingParams(temperature=0.0, guide=("regex", "(yes|no)")))
+        if answer.text not in ("yes", "no"):
+            return Check("guided", FAILED, f"regex (yes|no) gave {answer.text!r}")
+        return Check("guided", OK, f"regex (yes|no) gave {answer.text!r}")
+
+    async def lora(self) -> Check:
+        adapters = list(self.runtime.adapters)
+        if not adapters:
+            return Check("lora", UNSUPPORTED, "no adapters packed (pack_model.py --lora NAME=DIR)")
+        answer = await self.ask(SamplingParams(temperature=0.0, lora=adapters[0]))
+        if answer.tokens < 1:
+            return Check("lora", FAILED, f"adapter {adapters[0]!r}: no tokens came back")
+        return Check("lora", OK, f"adapter {adapters[0]!r}: {answer.tokens} tokens")
+
+    async def beams(self) -> Check:
+        width = int(self.runtime.info.max_beam_width)
+        return Check(
+            "beams", UNSUPPORTED, f"the service offers no beam search yet (engine max_beam_width {width})"
+        )
+
+    def probes(self) -> list[tuple[str, Callable[[], Awaitable[Check]]]]:
+        return [
+            ("stream", self.stream),
+            ("stop", self.stop),
+            ("seed", self.seed),
+            ("logprobs", self.logprobs),
+            ("guided", self.guided),
+            ("lora", self.lora),
+            ("beams", self.beams),
+        ]
+
+    async def run(self) -> list[Check]:
+        checks = []
+        for name, probe in self.probes():
+            try:
+                checks.append(await probe())
+            except APIError as exc:
+                status = UNSUPPORTED if exc.status == 400 else FAILED
+                checks.append(Check(name, status, f"{exc.status}: {exc.message}"))
+            except Exception as exc:  # a doctor reports; it does not crash on the first fault
+                checks.append(Check(name, FAILED, f"{type(exc).__name__}: {exc}"))
+        return checks
+
+
+async def diagnose(tag: str | None) -> tuple[dict[str, Any], list[Check]]:
+    """Starts the model's Triton as the service does, checks it, stops it."""
+    import bentoml
+
+    from trtllm_service.runtime import Runtime, default_model_tag
+    from trtllm_service.settings import get_settings
+
+    settings = get_settings()
+    model = bentoml.models.get(default_model_tag(tag or settings.model_tag))
+    runtime = Runtime(Path(model.path), str(model.tag.name), settings)
+    facts: dict[str, Any] = {
+        "model": str(model.tag),
+        "flavor": runtime.info.flavor,
+        "image (pinned)": pinned.IMAGE,
+        "tensorrt_llm (pinned)": pinned.TENSORRT_LLM_VERSION,
+    }
+    try:
+        await runtime.start()
+        await runtime.learn_engine()
+        facts["engine"] = runtime.engine
+        facts["triton"] = triton_version(runtime.triton.http_url)
+        checks = environment_checks(runtime.info, runtime.engine, installed_tensorrt_llm())
+        checks += await FeatureProbe(runtime).run()
+    finally:
+        await runtime.stop()
+    return facts, checks
+
+
+def report(facts: dict[str, Any], checks: Sequence[Check]) -> str:
+    width = max(len(check.name) for check in checks)
+    lines = [f"{key}: {value}" for key, value in facts.items()]
+    lines += [f"  {check.name:<{width}}  {check.status:<11}  {check.detail}" for check in checks]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "model", nargs="?", help="model store tag (default: TRTLLM_MODEL, else the newest packed)"
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+    try:
+        facts, checks = asyncio.run(diagnose(args.model))
+    except Exception as exc:  # the model cannot be found or Triton cannot start: one line
+        print(f"{PROG}: error: {' '.join(str(exc).split()) or type(exc).__name__}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"facts": facts, "checks": [asdict(check) for check in checks]}, indent=2))
+    else:
+        print(report(facts, checks))
+    return 1 if any(check.status == FAILED for check in checks) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
