@@ -106,6 +106,8 @@ def end_ids(tokenizer_dir: Path | str) -> list[int]:
     """
     directory = Path(tokenizer_dir)
     ids: list[int] = []
+    if not any((directory / name).is_file() for name in ("tokenizer_config.json", "config.json")):
+        return ids  # nothing names a tokenizer class (transformers 4.57 would guess one from the path)
     try:
         from transformers import AutoTokenizer
 

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.metadata
 import json
 import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -27,6 +25,7 @@ from typing import Any
 from tensorrtllm_backend import pinned
 from trtllm_service.errors import APIError
 from trtllm_service.request import SamplingParams
+from trtllm_service.versions import installed_tensorrt_llm, triton_version
 
 PROG = "trtllm_service.doctor"
 PROMPT = "Write one short sentence about the sea."
@@ -49,13 +48,6 @@ class Answer:
     logprobs: list[Any] = field(default_factory=list)
 
 
-def installed_tensorrt_llm() -> str | None:
-    try:
-        return importlib.metadata.version("tensorrt_llm")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def gpus_seen() -> int:
     """GPUs nvidia-smi lists (0 without it: no driver, no GPU)."""
     binary = shutil.which("nvidia-smi")
@@ -66,16 +58,6 @@ def gpus_seen() -> int:
     except (OSError, subprocess.TimeoutExpired):
         return 0
     return sum(1 for line in listed.stdout.splitlines() if line.startswith("GPU "))
-
-
-def triton_version(http_url: str | None) -> str | None:
-    if http_url is None:
-        return None
-    try:
-        with urllib.request.urlopen(f"{http_url}/v2", timeout=5) as response:
-            return str(json.loads(response.read()).get("version") or "") or None
-    except (OSError, ValueError):
-        return None
 
 
 def environment_checks(info: Any, engine: str | None, installed: str | None) -> list[Check]:

@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from tensorrtllm_backend import pinned
 from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
 from tensorrtllm_backend.lora import ROWS_CONFIG, ROWS_WEIGHTS
 from trtllm_service.errors import APIError
@@ -37,7 +38,8 @@ from trtllm_service.request import EngineLimits, GenerationRequest, SamplingPara
 from trtllm_service.settings import Settings
 from trtllm_service.shared_triton import SharedTriton
 from trtllm_service.triton_client import EngineStream, TritonRelay
-from trtllm_service.triton_process import EXIT_TIMEOUT_S, TritonPorts, TritonSupervisor
+from trtllm_service.triton_process import EXIT_TIMEOUT_S, TritonPorts, TritonStartupError, TritonSupervisor
+from trtllm_service.versions import installed_tensorrt_llm, triton_version
 
 logger = logging.getLogger("trtllm_service")
 
@@ -77,6 +79,15 @@ def run_dir(settings: Settings) -> Path:
     """TRTLLM_RUN_DIR, else a directory shared by every worker of one `bentoml serve` (they are
     children of the same process): where Triton's repository, log, ownership and counters live."""
     return settings.run_dir or Path(tempfile.gettempdir()) / f"trtllm-service-{os.getppid()}"
+
+
+def check_tensorrt_llm(version: str | None) -> None:
+    """Refuses, in one line, a TensorRT-LLM older than the service supports (None: not installed)."""
+    if version is not None and not pinned.supported(version):
+        raise TritonStartupError(
+            f"TensorRT-LLM {version} is older than {pinned.MIN_TENSORRT_LLM}, the oldest this service starts "
+            f"with; use the pinned image {pinned.IMAGE} (TensorRT-LLM {pinned.TENSORRT_LLM_VERSION})"
+        )
 
 
 def _load_tokenizer(path: Path) -> Any:
@@ -174,14 +185,23 @@ class Runtime:
         )
 
     async def start(self) -> None:
-        """Owns and starts Triton (waiting until it is ready), or follows the worker that owns it."""
+        """Owns and starts Triton (waiting until it is ready), or follows the worker that owns it.
+        Every worker first refuses a TensorRT-LLM older than pinned.MIN_TENSORRT_LLM."""
+        tensorrt_llm = installed_tensorrt_llm()
+        check_tensorrt_llm(tensorrt_llm)
         try:
             await self.triton.start()
         except BaseException:
             await self.stop()  # a failed start leaves no process and no run directory behind
             raise
         if self.triton.owner:
-            logger.info("Triton is ready for %s", self.model_name)
+            triton = await asyncio.to_thread(triton_version, self.triton.http_url)
+            logger.info(
+                "Triton is ready for %s: Triton %s, TensorRT-LLM %s",
+                self.model_name,
+                triton or "(version unknown)",
+                tensorrt_llm or "not installed (stand-in engines serve)",
+            )
 
     def _on_change(self, ready: bool) -> None:
         if not ready:

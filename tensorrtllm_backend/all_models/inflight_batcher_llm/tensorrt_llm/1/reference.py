@@ -16,12 +16,14 @@ decode one sequence per forward with a per-request cache instead.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import secrets
 from typing import Any
 
 import torch
 from engine import Sequence
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForCausalLM, DynamicCache
 
 DEFAULT_SLOTS = 8
@@ -101,6 +103,13 @@ class ReferenceSource:
         if slots < 1:
             raise ValueError(f"the reference engine needs at least one batch slot, got {slots}")
         self.device = torch.device(device)
+        # On CPU the batched decode attends with the math kernel: the flash kernel's sums for a row
+        # depend on the row's index in the batch (torch 2.13 with transformers 4.57's repeat_kv
+        # layout), so a request's log probs would move in the last bit with the slot it gets. One
+        # query per row makes the math kernel as cheap.
+        self._batch_kernels = (
+            (lambda: sdpa_kernel(SDPBackend.MATH)) if self.device.type == "cpu" else contextlib.nullcontext
+        )
         self.dtype_name = dtype
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
         self.model.to(self.device).eval()
@@ -220,7 +229,8 @@ class ReferenceSource:
 
             tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir)
             self._guide_tokenizer = from_tokenizer(tokenizer, n_vocab=self.vocab_size)
-            self._guide_ends = frozenset(self._guide_tokenizer.eos_tokens)
+            # One id, the tokenizer's eos_token_id (llguidance 0.7.29 has no `eos_tokens` list)
+            self._guide_ends = frozenset([self._guide_tokenizer.eos_token])
         matcher = LLMatcher(self._guide_tokenizer, grammar(guide_type, guide), log_level=0)
         if matcher.is_error():
             raise GuideError(matcher.get_error())
@@ -326,13 +336,14 @@ class ReferenceSource:
         mask = (self._arange[None, :span] <= device_positions[:, None])[:, None, None, :]
         self._lora_groups = self._lora_rows(seqs, batched=True)
         try:
-            out = self.model(
-                input_ids=ids.to(self.device),
-                position_ids=device_positions[:, None],
-                attention_mask=mask,
-                past_key_values=cache,
-                use_cache=True,
-            )
+            with self._batch_kernels():
+                out = self.model(
+                    input_ids=ids.to(self.device),
+                    position_ids=device_positions[:, None],
+                    attention_mask=mask,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
         finally:
             self._lora_groups = []
         logits = out.logits[:, -1].float()
