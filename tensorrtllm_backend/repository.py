@@ -43,6 +43,7 @@ LLMAPI_SHARED_MODULES: dict[str, tuple[Path, ...]] = {
         _HERE / "grammars.py",
         _HERE / "lora.py",
         _HERE / "nvidia_backend.py",
+        _HERE / "nvidia_llmapi.py",
     )
 }
 BACKENDS = ("python", "tensorrtllm")

@@ -1,11 +1,14 @@
 """The LLM API flavour's `tensorrt_llm` model in a real tritonserver, called over gRPC as upstream's
 clients call NVIDIA's llmapi model (`text_input`, `sampling_param_*`, `text_output`), and with our
-extensions (input_ids, token counts). tensorrt_llm is not installed here, so the model falls back to
-the reference engine and must say so.
+extensions (input_ids, token counts, log probs). tensorrt_llm is not installed here, so the model
+falls back to the reference engine and must say so; it still serves through llm_engine.py, the
+production path, over the stand-in LLM API (llm_standin.py). Tests named test_finding_* hold the
+findings of issue 21 (NVIDIA's LLM API contract at 1.2.1, tensorrtllm_backend/nvidia_llmapi.py).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import time
 import uuid
@@ -48,6 +51,7 @@ DTYPES: dict[str, Any] = {
     "sampling_param_end_id": np.int32,
     "sampling_param_best_of": np.int32,
     "sampling_param_exclude_input_from_output": np.bool_,
+    "sampling_param_logprobs": np.int32,
 }
 
 
@@ -64,15 +68,24 @@ def _input(name: str, value: Any) -> grpcclient.InferInput:
     return infer_input
 
 
-def run(server: TritonServer, prompt: str | list[int] | None = PROMPT, **params: Any) -> StreamResult:
+def run(
+    server: TritonServer,
+    prompt: str | list[int] | None = PROMPT,
+    outputs: tuple[str, ...] = OUTPUTS,
+    **params: Any,
+) -> StreamResult:
     """One request; `prompt` goes in text_input (str) or input_ids (list); params by input name."""
     with Streamer(server.grpc_url) as streamer:
-        send(streamer, prompt, **params)
+        send(streamer, prompt, outputs=outputs, **params)
         return streamer.collect()
 
 
 def send(
-    streamer: Streamer, prompt: str | list[int] | None = PROMPT, request_id: str = "", **params: Any
+    streamer: Streamer,
+    prompt: str | list[int] | None = PROMPT,
+    request_id: str = "",
+    outputs: tuple[str, ...] = OUTPUTS,
+    **params: Any,
 ) -> None:
     inputs = []
     if isinstance(prompt, str):
@@ -84,15 +97,17 @@ def send(
     streamer.client.async_stream_infer(
         MODEL,
         inputs,
-        outputs=[grpcclient.InferRequestedOutput(n) for n in OUTPUTS],
+        outputs=[grpcclient.InferRequestedOutput(n) for n in outputs],
         request_id=request_id or uuid.uuid4().hex,
         enable_empty_final_response=True,
     )
 
 
-def final(result: StreamResult, name: str) -> str | int:
+def final(result: StreamResult, name: str) -> str | int | float:
     value = result.last(name).reshape(-1)[0]
-    return value.decode() if isinstance(value, bytes) else int(value)
+    if isinstance(value, bytes):
+        return value.decode()
+    return float(value) if isinstance(value, np.floating) else int(value)
 
 
 ALL = {
@@ -136,7 +151,7 @@ def test_streamed_deltas_are_the_whole_text(llmapi: TritonServer, demo_model_dir
     assert {o["finish_reason"].reshape(-1)[0] for o in streamed.outputs[:-1]} == {b"None"}
     counts = [int(o["num_output_tokens"].reshape(-1)[0]) for o in streamed.outputs]
     assert counts == sorted(counts) and counts[-1] == 64
-    assert float(final(whole, "cumulative_logprob")) < 0.0  # type: ignore[arg-type]
+    assert float(final(whole, "cumulative_logprob")) < 0.0
 
 
 def test_text_and_token_prompts_agree(llmapi: TritonServer, demo_model_dir: Path) -> None:
@@ -213,7 +228,7 @@ def test_stop_token_ids_end_before_the_token(llmapi: TritonServer, demo_model_di
     assert result.error is None, result.error
     assert result.text == tokenizer.decode(generated[:at], skip_special_tokens=True).rstrip("\ufffd")
     assert (final(result, "finish_reason"), final(result, "stop_reason")) == ("stop", str(generated[at]))
-    assert final(result, "num_output_tokens") == at + 1
+    assert final(result, "num_output_tokens") == at  # the LLM API cuts the stop token from token_ids
 
 
 def test_seeded_sampling(llmapi: TritonServer) -> None:
@@ -245,12 +260,11 @@ def test_prompt_echo_when_asked(llmapi: TritonServer) -> None:
     ("prompt", "params", "message"),
     [
         ("", {}, "text_input is empty"),
-        (None, {}, "text_input is empty"),
         (PROMPT, {"sampling_param_max_tokens": 0}, "max_tokens must be positive"),
         (PROMPT, {"sampling_param_max_tokens": 5000}, "exceeds the model's max_seq_len of 2048"),
-        (PROMPT, {"sampling_param_best_of": 2}, "best_of 2 is not supported"),
+        (PROMPT, {"sampling_param_best_of": 2, "sampling_param_temperature": 1.0}, "best_of 2: the stand-in"),
         ([1, 2, 99999], {}, "outside the vocabulary"),
-        (PROMPT, {"sampling_param_top_p": 1.5}, "top_p within [0, 1]"),
+        (PROMPT, {"sampling_param_return_perf_metrics": True}, "no perf metrics"),
     ],
 )
 def test_bad_requests_are_refused_with_the_marker(
@@ -262,6 +276,24 @@ def test_bad_requests_are_refused_with_the_marker(
     )
     after = run(llmapi, sampling_param_max_tokens=2)  # and the model serves on
     assert after.error is None
+
+
+@pytest.mark.parametrize(
+    ("prompt", "params", "message"),
+    [
+        (None, {}, "text_input is missing from the request"),
+        (PROMPT, {"sampling_param_top_p": 1.5}, "require 0 <= top_p <= 1, got top_p=1.5"),
+        (PROMPT, {"sampling_param_top_k": -1}, "require top_k >= 0, got top_k=-1"),
+        (PROMPT, {"sampling_param_best_of": 2}, "Greedy decoding in the LLM API does not allow multiple"),
+    ],
+)
+def test_finding_nvidias_refusals_are_nvidias_words(
+    llmapi: TritonServer, prompt: Any, params: dict[str, Any], message: str
+) -> None:
+    """What upstream's model or SamplingParams refuses comes back as upstream sends it."""
+    result = run(llmapi, prompt, **params)
+    assert result.error is not None and "Error generating request: " in result.error, result.error
+    assert message in result.error and "invalid request: " not in result.error
 
 
 def test_cancelled_request_is_aborted_in_the_engine(llmapi: TritonServer) -> None:
@@ -277,12 +309,110 @@ def test_cancelled_request_is_aborted_in_the_engine(llmapi: TritonServer) -> Non
     tokens = llmapi.metric(TOKENS_METRIC)
     time.sleep(1.0)
     assert llmapi.metric(TOKENS_METRIC) == tokens, "the engine is still generating"
+    # The engine itself dropped it (RequestOutput.abort() reached the engine loop), not only the relay.
+    assert wait_for(lambda: "cancelled after" in llmapi.log(), 3.0), llmapi.log()[-3000:]
 
 
 def test_says_it_fell_back_to_the_reference_engine(llmapi: TritonServer) -> None:
     assert llmapi.metric("trtllm_engine_info", engine="reference") == 1
     log = llmapi.log()
     assert log.count("tensorrt_llm cannot be imported") == 1, log[-3000:]
+
+
+def test_finding_llm_engine_runs_in_ci(llmapi: TritonServer) -> None:
+    """The production path (llm_engine.LLMEngine: SamplingParams, generate_async, deltas) serves here,
+    over the stand-in LLM API and the reference engine."""
+    assert "LLM API stand-in over the reference engine" in llmapi.log(), llmapi.log()[-3000:]
+    streamed = run(llmapi, streaming=True, sampling_param_max_tokens=16, sampling_param_end_id=-1, **GREEDY)
+    whole = run(llmapi, sampling_param_max_tokens=16, sampling_param_end_id=-1, **GREEDY)
+    assert streamed.error is None and whole.error is None
+    assert len(streamed.outputs) > 1 and len(whole.outputs) == 1  # streaming reached the engine
+    assert streamed.text == whole.text
+
+
+def test_finding_cumulative_logprob_is_fp32(llmapi: TritonServer) -> None:
+    """Declared TYPE_FP32 as upstream declares it, and sent as FP32 (upstream sends str(value))."""
+    result = run(llmapi, sampling_param_max_tokens=8, **GREEDY, **ALL)
+    assert result.error is None
+    values = [out["cumulative_logprob"] for out in result.outputs]
+    assert all(v.dtype == np.float32 for v in values)
+    assert math.isfinite(final(result, "cumulative_logprob")) and final(result, "cumulative_logprob") < 0
+
+
+def test_finding_logprobs_are_logprob_objects(llmapi: TritonServer) -> None:
+    """The LLM API's per-token dict[token, Logprob(logprob, rank)], streamed incrementally, reaches
+    the client as each new token's log prob and its top N ranked by the engine."""
+    outputs = (*OUTPUTS, "output_ids", "output_log_probs", "top_log_prob_ids", "top_log_probs")
+    params = {"sampling_param_max_tokens": 12, "sampling_param_end_id": -1, "sampling_param_logprobs": 3}
+    streamed = run(llmapi, outputs=outputs, streaming=True, **params, **GREEDY, **ALL)
+    whole = run(llmapi, outputs=outputs, **params, **GREEDY, **ALL)
+    assert streamed.error is None and whole.error is None
+    ids = np.concatenate([out["output_ids"] for out in streamed.outputs])
+    assert ids.tolist() == whole.last("output_ids").tolist() and len(ids) == 12
+    assert len(streamed.outputs) > 1  # incrementally: each response carries only its new tokens
+    values = np.concatenate([out["output_log_probs"] for out in streamed.outputs])
+    np.testing.assert_allclose(values, whole.last("output_log_probs"), atol=1e-5)
+    top_ids = np.concatenate([out["top_log_prob_ids"] for out in streamed.outputs])
+    top = np.concatenate([out["top_log_probs"] for out in streamed.outputs])
+    assert top.shape == (12, 3) and (np.diff(top, axis=1) <= 0).all()  # rank 1 first
+    assert (top_ids[:, 0] == ids).all()  # greedy: the sampled token is rank 1
+    np.testing.assert_allclose(top[:, 0], values, atol=1e-6)
+    assert final(whole, "cumulative_logprob") == pytest.approx(float(values.sum()), abs=1e-3)
+
+
+def test_finding_stop_request_ends_the_request(llmapi: TritonServer) -> None:
+    """Upstream's `stop` input: the requests with its request id end; the stop itself is answered
+    "Request cancelled by client"."""
+    before = llmapi.metric(REQUESTS_METRIC, outcome="stopped")
+    request_id = uuid.uuid4().hex
+    with Streamer(llmapi.grpc_url) as streamer:
+        send(
+            streamer,
+            request_id=request_id,
+            streaming=True,
+            sampling_param_max_tokens=1900,
+            sampling_param_end_id=-1,
+            **GREEDY,
+            **ALL,
+        )
+        first = streamer.collect(max_responses=2, timeout=60)
+        assert first.error is None and len(first.outputs) == 2
+        with Streamer(llmapi.grpc_url) as stopper:
+            send(stopper, None, request_id=request_id, stop=True)
+            answer = stopper.collect(timeout=30)
+        assert answer.error is not None and "Request cancelled by client" in answer.error
+        rest = streamer.collect(timeout=30)
+    assert rest.error is None and final(rest, "finish_reason") == "cancelled"
+    assert final(rest, "num_output_tokens") < 1900
+    assert wait_for(lambda: llmapi.metric(REQUESTS_METRIC, outcome="stopped") == before + 1, 3.0)
+    with Streamer(llmapi.grpc_url) as stopper:  # a stop needs a request id
+        stopper.client.async_stream_infer(MODEL, [_input("stop", True)], enable_empty_final_response=True)
+        anonymous = stopper.collect(timeout=30)
+    assert anonymous.error is not None and "A request id must be provided" in anonymous.error
+
+
+def test_finding_model_yaml_unknown_key_fails_like_llm_args(demo_model_dir: Path, tmp_path: Path) -> None:
+    """A model.yaml key TensorRT-LLM 1.2.1's TorchLlmArgs does not know fails the load here too, with
+    pydantic's words naming the key, as it would on NVIDIA's image."""
+    server = TritonServer(
+        tmp_path,
+        engine_dir=demo_model_dir,
+        tokenizer_dir=demo_model_dir,
+        flavor="llmapi",
+        startup_timeout=120,
+    )
+    model_yaml = server.repo / "tensorrt_llm" / "1" / "model.yaml"
+    text = model_yaml.read_text().replace("kv_cache_config:\n", "kv_cache_config:\n  free_gpu_memory: 0.5\n")
+    model_yaml.write_text(text + "\n")
+    try:
+        with pytest.raises(RuntimeError, match="failed to load"):
+            server.__enter__()
+        log = server.log()
+        assert "kv_cache_config.free_gpu_memory" in log and "Extra inputs are not permitted" in log, log[
+            -3000:
+        ]
+    finally:
+        server.stop()
 
 
 def test_required_tensorrt_llm_is_a_start_up_error(demo_model_dir: Path, tmp_path: Path) -> None:

@@ -229,23 +229,9 @@ def test_llmapi_table_rows_are_inputs_the_model_declares(tmp_path: Path) -> None
         triton_type = "STRING" if spec.datatype == "BYTES" else spec.datatype
         assert declared.get(spec.name, ("?",))[0] == triton_type, spec.name
     assert set(LLMAPI_OUTPUTS) <= outputs
-    # Every input the contract reads is declared, and upstream's names are all there.
-    assert set(llmapi_contract.SCALARS) <= set(declared)
-    upstream = {
-        "text_input",
-        "streaming",
-        "sampling_param_stop",
-        "return_finish_reason",
-        "return_stop_reason",
-    }
-    upstream |= {f"sampling_param_{n}" for n in ("temperature", "top_k", "top_p", "max_tokens", "seed")}
-    upstream |= {
-        "sampling_param_frequency_penalty",
-        "sampling_param_presence_penalty",
-        "return_cumulative_logprob",
-    }
-    assert upstream <= set(declared)
-    assert {"text_output", "finish_reason", "stop_reason", "cumulative_logprob"} <= outputs
+    # Every input the contract reads is declared (upstream's all are: tests/unit/test_nvidia_llmapi.py).
+    read = {*llmapi_contract.DEFAULTS, *llmapi_contract.OURS, *llmapi_contract.OPTIONAL_OUTPUTS}
+    assert read <= set(declared)
 
 
 def _read_back_llmapi(message: bytes) -> dict[str, np.ndarray]:
@@ -255,42 +241,67 @@ def _read_back_llmapi(message: bytes) -> dict[str, np.ndarray]:
     return arrays
 
 
+def _parse_llmapi(arrays: dict[str, np.ndarray], limits: Any, tokenize: Any = lambda _: []) -> Any:
+    return llmapi_contract.parse_text_request(arrays.get, "req-1", limits, tokenize, lambda _: "")
+
+
 def test_the_llmapi_model_reads_back_every_field_the_relay_sends() -> None:
     request = EVERY_FIELD
     arrays = _read_back_llmapi(llmapi_message(request, "req-1"))
-    limits = llmapi_contract.TextLimits(
-        engine=contract.EngineLimits(vocab_size=100, max_seq_len=100), end_ids=(1, 2)
-    )
-    parsed = llmapi_contract.parse_text_request(arrays.get, "req-1", limits, lambda _: [], lambda _: "")
-    engine = parsed.engine
-    assert engine.input_ids == [3, 4, 5, 6] and engine.max_new == 12 and engine.streaming
-    assert (engine.temperature, engine.top_k, engine.top_p) == pytest.approx((0.5, 40, 0.9))
-    assert (engine.repetition_penalty, engine.presence_penalty) == pytest.approx((1.1, 0.25))
-    assert engine.frequency_penalty == pytest.approx(-0.5)
-    assert (engine.min_tokens, engine.seed, engine.end_id) == (2, (1 << 64) - 1, 7)
-    assert engine.stop_words == [[8], [9]]  # the request's end ids replace the model's (1, 2)
-    assert engine.guide == ("json_schema", '{"type": "integer"}')
-    assert not engine.greedy
+    limits = llmapi_contract.TextLimits(vocab_size=100, max_seq_len=100, end_ids=(1, 2))
+    parsed = _parse_llmapi(arrays, limits)
+    assert parsed.input_ids == [3, 4, 5, 6] and parsed.streaming
+    sampling = parsed.sampling
+    assert sampling.pop("temperature") == pytest.approx(0.5)
+    assert sampling.pop("top_p") == pytest.approx(0.9)
+    assert sampling.pop("repetition_penalty") == pytest.approx(1.1)
+    assert sampling.pop("frequency_penalty") == pytest.approx(-0.5)
+    # The rest exactly: the SamplingParams keywords, as TensorRT-LLM names them.
+    assert sampling == {
+        "max_tokens": 12,
+        "top_k": 40,
+        "presence_penalty": 0.25,
+        "seed": (1 << 64) - 1,
+        "min_tokens": 2,
+        "best_of": 1,
+        "end_id": 7,
+        "stop_token_ids": [8, 9],  # the request's end ids replace the model's (1, 2)
+    }
+    assert parsed.guide == ("json_schema", '{"type": "integer"}')
     assert parsed.outputs == {"num_output_tokens"} and parsed.echo_prompt is None
 
 
 def test_llmapi_defaults_are_the_models_end_ids_and_the_context_left() -> None:
-    limits = llmapi_contract.TextLimits(
-        engine=contract.EngineLimits(vocab_size=100, max_seq_len=50), end_ids=(1, 2)
-    )
+    limits = llmapi_contract.TextLimits(vocab_size=100, max_seq_len=50, end_ids=(1, 2))
     text = {"text_input": np.array([b"hello"], dtype=np.object_)}
-    parsed = llmapi_contract.parse_text_request(text.get, "r", limits, lambda s: [5] * len(s), lambda _: "")
-    engine = parsed.engine
-    assert engine.input_ids == [5] * 5 and engine.max_new == 45  # what the context leaves
-    assert engine.end_id == 1 and engine.stop_words == [[2]]
-    assert engine.greedy  # no temperature/top_k/top_p: greedy, as TensorRT-LLM
+    parsed = _parse_llmapi(text, limits, lambda s: [5] * len(s))
+    assert parsed.input_ids == [5] * 5
+    # What the context leaves; no temperature/top_k/top_p: left out, so TensorRT-LLM decodes greedily.
+    assert parsed.sampling == {"max_tokens": 45, "best_of": 1, "end_id": 1, "stop_token_ids": [2]}
+    assert not parsed.streaming and parsed.echo_prompt is None  # ours: no echo unless asked
+    ignore_eos = _parse_llmapi(
+        {**text, "sampling_param_end_id": np.array([-1], np.int32)}, limits, lambda s: [5]
+    )
+    assert ignore_eos.sampling.get("ignore_eos") is True and "end_id" not in ignore_eos.sampling
     for bad, message in (
         ({"sampling_param_max_tokens": np.array([0], np.int32)}, "must be positive"),
         ({"sampling_param_max_tokens": np.array([46], np.int32)}, "exceeds the model's max_seq_len of 50"),
         ({"input_ids": np.array([1, 2], np.int32)}, "not both"),
-        ({"sampling_param_best_of": np.array([3], np.int32)}, "best_of 3"),
         ({"text_input": np.array([b"\xff"], dtype=np.object_)}, "not valid UTF-8"),
+        ({"sampling_param_return_perf_metrics": np.array([True])}, "no perf metrics"),
     ):
-        arrays = {**text, **bad}
         with pytest.raises(contract.RequestError, match=message):
-            llmapi_contract.parse_text_request(arrays.get, "r", limits, lambda s: [5] * len(s), lambda _: "")
+            _parse_llmapi({**text, **bad}, limits, lambda s: [5] * len(s))
+
+
+def test_llmapi_refusals_are_upstreams_where_upstream_refuses() -> None:
+    limits = llmapi_contract.TextLimits(vocab_size=100, max_seq_len=50, streaming_allowed=False)
+    text = {"text_input": np.array([b"hello"], dtype=np.object_)}
+    for arrays, message in (
+        ({}, "text_input is missing from the request"),
+        ({"text_input": np.array([[b"a"]], dtype=np.object_)}, "only supports text_input being a 1D tensor"),
+        ({**text, "streaming": np.array([True])}, "Streaming is only supported in decoupled mode."),
+        ({**text, "sampling_param_top_k": np.array([1, 2], np.int32)}, "Expected a scalar tensor for tensor"),
+    ):
+        with pytest.raises(llmapi_contract.LlmApiError, match=message):
+            _parse_llmapi(arrays, limits, lambda s: [5] * len(s))

@@ -1,204 +1,403 @@
-"""TensorRT-LLM's LLM API behind the same contract: `tensorrt_llm.LLM.generate_async`, streamed.
+"""Serving through TensorRT-LLM's LLM API: `LLM(**args).generate_async`, streamed, for every engine.
 
-The LLM runs on an asyncio loop of its own thread (as the LLM API wants); Triton's execute() only
-schedules a coroutine per request. What upstream's model leaves undone is done here: a cancelled
-request (client gone, checked every `cancel_check_s`) is aborted in the engine, streamed texts are
-deltas of the whole text (never re-sent, never revised), token counts come back for usage, and
-shutdown waits for requests in flight before the LLM is shut down.
+`LLMEngine` runs over an `api`: the real `tensorrt_llm` (`TensorRTLLM` below, NVIDIA's image) or the
+stand-in (llm_standin.StandIn: the same surface over our reference / synthetic engines), so the path
+that serves production is the one CI runs. The LLM lives on an asyncio loop of its own thread (as the
+LLM API wants, and as upstream's model runs it); Triton's execute() only schedules a coroutine per
+request. What upstream's model leaves undone is done here: `streaming` reaches the engine (upstream
+1.2.1 passes it positionally into `lora_request`: see nvidia_llmapi), streamed texts are deltas of the
+whole text (never re-sent), token counts and log probs come back for usage, a cancelled request
+(client gone, checked every `cancel_check_s` as upstream's cancellation loop does) or a `stop` request
+aborts it in the engine, and shutdown waits for requests in flight before the LLM is shut down.
 
-Needs the `tensorrt_llm` package (NVIDIA's Triton TRT-LLM image); model.py imports this module only
-when it can import `tensorrt_llm`.
+Responses leave through a few sender threads (lanes): each `send` of Triton's Python backend is a
+round trip to the server, which must not block the loop; a request keeps its lane, so its responses
+stay in order. At most MAX_QUEUED responses wait for the lanes: beyond that the loop reads no further
+results until they are sent, so an engine faster than Triton relays never builds a backlog that
+delays other requests' first tokens.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import importlib
+import itertools
+import math
+import queue
 import threading
 import time
 from typing import Any
 
-import tensorrt_llm
+import nvidia_llmapi as nv
+from contract import RequestError
 from llmapi_contract import TextRequest, text_arrays
 
 SHUTDOWN_DRAIN_S = 30.0
+MAX_QUEUED = 64
+"""The most responses waiting for the sender lanes before the loop waits for them."""
+RESUME_QUEUED = 32
+"""Then it waits until no more than this many wait."""
 
 
-def sampling_params(request: TextRequest) -> Any:
-    """The `tensorrt_llm.SamplingParams` of a validated request."""
-    engine = request.engine
-    kwargs: dict[str, Any] = {
-        "max_tokens": engine.max_new,
-        "min_tokens": engine.min_tokens or None,
-        "repetition_penalty": engine.repetition_penalty,
-        "presence_penalty": engine.presence_penalty,
-        "frequency_penalty": engine.frequency_penalty,
-        "stop": list(request.stop) or None,
-        "stop_token_ids": [word[0] for word in engine.stop_words] or None,
-        "seed": engine.seed,
-        "logprobs": engine.top_logprobs if engine.return_log_probs else None,
-    }
-    if engine.return_log_probs and "logprobs_mode" in _SAMPLING_FIELDS:
-        kwargs["logprobs_mode"] = "raw_logprobs"  # the model's own distribution, as the reference's
-    if engine.end_id < 0:
-        kwargs["ignore_eos"] = True
-    else:
-        kwargs["end_id"] = engine.end_id
-    if engine.greedy:
-        kwargs.update(temperature=0.0, top_k=1)
-    else:
-        kwargs.update(temperature=engine.temperature, top_k=engine.top_k or None, top_p=engine.top_p or None)
-    if engine.guide is not None:
-        kwargs["guided_decoding"] = guided_decoding(*engine.guide)
-    return tensorrt_llm.SamplingParams(**{k: v for k, v in kwargs.items() if v is not None})
+def _first(*candidates: tuple[str, str]) -> Any:
+    """The first of (module, name) that imports."""
+    for module, name in candidates:
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+    raise ImportError(f"none of {', '.join(f'{m}.{n}' for m, n in candidates)} can be imported")
 
 
-def _sampling_fields() -> frozenset[str]:
-    import dataclasses
+class TensorRTLLM:
+    """The real `tensorrt_llm` surface LLMEngine uses; constructing it imports tensorrt_llm."""
 
-    try:
-        return frozenset(f.name for f in dataclasses.fields(tensorrt_llm.SamplingParams))
-    except TypeError:  # not a dataclass in this version
-        return frozenset()
+    def __init__(self) -> None:
+        import tensorrt_llm
+
+        self.LLM = tensorrt_llm.LLM
+        self.SamplingParams = tensorrt_llm.SamplingParams
+        self.version = tensorrt_llm.__version__
+        self.GuidedDecodingParams = _first(nv.GUIDED_DECODING_PARAMS)
+        self.LoRARequest = _first(*nv.LORA_REQUEST)
+        self.update_llm_args_with_extra_dict = _first(*nv.UPDATE_LLM_ARGS)
+
+    def describe(self, llm: Any) -> str:
+        return f"TensorRT-LLM {self.version} LLM API"
+
+    @staticmethod
+    def mpi_session() -> Any:
+        """What upstream's rank 0 passes as `_mpi_session` under mpirun: the LLM's workers are the
+        other ranks of COMM_WORLD (waiting in MPICommExecutor)."""
+        from mpi4py.MPI import COMM_WORLD
+
+        session = _first(nv.MPI_SESSION)
+        return session(comm=COMM_WORLD, n_workers=COMM_WORLD.Get_size())
 
 
-_SAMPLING_FIELDS = _sampling_fields()
+def sampling_params(api: Any, request: TextRequest) -> Any:
+    """The api's SamplingParams of a request (its refusals are the LLM API's: ValueError, TypeError)."""
+    kwargs = dict(request.sampling)
+    if request.guide is not None:
+        kwargs["guided_decoding"] = guided_decoding(api, *request.guide)
+    return api.SamplingParams(**kwargs)
+
+
+def guided_decoding(api: Any, guide_type: str, guide: str) -> Any:
+    """The api's GuidedDecodingParams of a guide (the LLM needs `guided_decoding_backend` set)."""
+    field = nv.GUIDE_FIELDS[guide_type]
+    return api.GuidedDecodingParams(**{field: True if field == "json_object" else guide})
+
+
+def _rank_key(item: tuple[int, Any]) -> tuple[int, float]:
+    rank = item[1].rank
+    return (rank, 0.0) if rank is not None else (1 << 30, -float(item[1].logprob))
 
 
 def token_log_probs(
     completion: Any, start: int, end: int, top: int
 ) -> tuple[list[int], list[float], list[tuple[list[int], list[float]]]]:
-    """Tokens start..end of an LLM API completion with their log probs (and the `top` most likely).
+    """Tokens start..end of a completion, their log probs and (top > 0) their `top` most likely.
 
-    The LLM API gives, per token, a dict token id -> Logprob(logprob, rank) holding the top N and
-    the sampled token.
+    The LLM API gives per token a dict token id -> Logprob(logprob, rank) (the sampled token and the
+    top N); a token it gave nothing for has NaN. Top rows are cut to one width, the fewest any row has.
     """
     ids = list(completion.token_ids[start:end])
-    steps = list(completion.logprobs or [])[start:end]
+    steps = list(completion.logprobs or ())[start:end]
     log_probs: list[float] = []
     tops: list[tuple[list[int], list[float]]] = []
-    for token, step in zip(ids, steps, strict=False):
-        entry = step.get(token) if isinstance(step, dict) else None
-        log_probs.append(float(entry.logprob) if entry is not None else float("nan"))
-        if top and isinstance(step, dict):
-            ranked = sorted(step.items(), key=lambda item: -float(item[1].logprob))[:top]
-            tops.append(([int(k) for k, _ in ranked], [float(v.logprob) for _, v in ranked]))
-    return ids, log_probs[: len(ids)], tops
+    for i, token in enumerate(ids):
+        step = steps[i] if i < len(steps) else None
+        if isinstance(step, dict):
+            entry = step.get(token)
+            log_probs.append(float(entry.logprob) if entry is not None else math.nan)
+            if top:
+                ranked = sorted(step.items(), key=_rank_key)[:top]
+                tops.append(([int(k) for k, _ in ranked], [float(v.logprob) for _, v in ranked]))
+        else:  # a float (TensorRT engines) or nothing
+            log_probs.append(math.nan if step is None else float(step))
+            if top:
+                tops.append(([], []))
+    if tops:
+        width = min(len(row[0]) for row in tops)
+        tops = [(row[0][:width], row[1][:width]) for row in tops]
+    return ids, log_probs, tops
 
 
-def lora_request(name: str, adapter_id: int, path: str) -> Any:
-    """The LLM API's LoRARequest of a packed adapter (the LLM loads and caches it by id)."""
-    try:
-        from tensorrt_llm.executor import LoRARequest
-    except ImportError:
-        from tensorrt_llm.executor.request import LoRARequest
-    return LoRARequest(name, adapter_id, path)
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
-def guided_decoding(guide_type: str, guide: str) -> Any:
-    """The LLM API's GuidedDecodingParams of a guide (the LLM needs `guided_decoding_backend` set)."""
-    from tensorrt_llm.sampling_params import GuidedDecodingParams
+class _Live:
+    """A request in flight: its sink, the task serving it, and whether it was cancelled or stopped.
 
-    field = {"json": "json_object", "json_schema": "json", "regex": "regex", "ebnf_grammar": "grammar"}[
-        guide_type
-    ]
-    return GuidedDecodingParams(**{field: True if guide_type == "json" else guide})
+    Triton frees a response sender with its final response: asking it `is_cancelled()` after that
+    crashes the server. `lock` keeps the watcher's question and the final send apart; `closed` says
+    the final response went."""
+
+    __slots__ = ("cancelled", "closed", "lock", "request_id", "sink", "stopped", "task")
+
+    def __init__(self, sink: Any, task: Any, request_id: str) -> None:
+        self.sink = sink
+        self.task = task
+        self.request_id = request_id
+        self.cancelled = False
+        self.stopped = False
+        self.closed = False
+        self.lock = threading.Lock()
 
 
 class LLMEngine:
-    """Serves requests with `tensorrt_llm.LLM(**llm_args)`."""
+    """Serves requests with `api.LLM(**llm_args)` (see the module docstring).
+
+    `responder` builds Triton responses: `response(arrays)`, `error(message)` (NVIDIA's refusals and
+    failures) and `invalid(message)` (ours, INVALID_ARG); `counters` counts outcomes and tokens.
+    """
 
     def __init__(
-        self, llm_args: dict[str, Any], responder: Any, counters: Any, *, cancel_check_s: float
+        self,
+        api: Any,
+        llm_args: dict[str, Any],
+        responder: Any,
+        counters: Any,
+        *,
+        cancel_check_s: float,
+        sender_lanes: int = 4,
     ) -> None:
+        self.api = api
         self.responder = responder
         self.counters = counters
         self.cancel_check_s = cancel_check_s
         self.in_flight = 0
+        self._lock = threading.Lock()
+        self._live: dict[int, _Live] = {}
+        self._generated = 0  # tokens received (written on the loop only)
+        self._counted = 0  # of them, those added to the counter
+        self._count_lock = threading.Lock()
+        self._next_lane = itertools.count()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="llm-api", daemon=True)
         self._thread.start()
-        self.llm = asyncio.run_coroutine_threadsafe(self._create(llm_args), self.loop).result()
+        try:
+            self.llm = asyncio.run_coroutine_threadsafe(self._create(llm_args), self.loop).result()
+        except BaseException:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+            raise
+        self._lanes: list[queue.SimpleQueue[Any]] = [queue.SimpleQueue() for _ in range(max(1, sender_lanes))]
+        self._posted = 0  # responses handed to the lanes (the loop's thread)
+        self._room_waiters: collections.deque[asyncio.Future[None]] = collections.deque()  # loop only
+        self._waking = False
+        self._sent = [0] * len(self._lanes)  # of them, those each lane sent (its own slot)
+        self._senders = [
+            threading.Thread(target=self._send_loop, args=(i, lane), name=f"llm-api-send-{i}", daemon=True)
+            for i, lane in enumerate(self._lanes)
+        ]
+        self._stopping = threading.Event()
+        self._watcher = threading.Thread(target=self._watch, name="llm-api-cancel", daemon=True)
+        for thread in (*self._senders, self._watcher):
+            thread.start()
 
     async def _create(self, llm_args: dict[str, Any]) -> Any:
-        return await asyncio.to_thread(tensorrt_llm.LLM, **llm_args)
+        return await asyncio.to_thread(lambda: self.api.LLM(**llm_args))
 
     def describe(self) -> str:
-        return f"TensorRT-LLM {tensorrt_llm.__version__} LLM API"
+        return self.api.describe(self.llm)
+
+    # ---- called from Triton's execute() ------------------------------------------------------------
 
     def submit_text(self, request: TextRequest, sink: Any) -> None:
-        self.in_flight += 1  # on Triton's thread; decremented on the loop
-        asyncio.run_coroutine_threadsafe(self._serve(request, sink), self.loop)
+        with self._lock:
+            self.in_flight += 1
+        lane = self._lanes[next(self._next_lane) % len(self._lanes)]
+        asyncio.run_coroutine_threadsafe(self._serve(request, sink, lane), self.loop)
 
-    async def _serve(self, request: TextRequest, sink: Any) -> None:
-        engine = request.engine
+    def stop(self, request_id: str) -> None:
+        """Upstream's `stop`: aborts every request in flight with this request id."""
+        for live in list(self._live.values()):
+            if live.request_id == request_id and not live.cancelled:
+                live.cancelled = live.stopped = True
+                self.loop.call_soon_threadsafe(live.task.cancel)
+
+    # ---- on the loop ---------------------------------------------------------------------------------
+
+    async def _serve(self, request: TextRequest, sink: Any, lane: queue.SimpleQueue[Any]) -> None:
+        live = _Live(sink, asyncio.current_task(), request.request_id)
+
+        def send(payload: Any, final: bool) -> None:
+            self._posted += 1
+            lane.put((live, payload, final))
+
+        self._live[id(live)] = live
+        outcome = "completed"
+        result = None
         sent = 0
         tokens_sent = 0
-        checked = time.monotonic()
-        outcome = "completed"
         try:
-            result = self.llm.generate_async(
-                engine.input_ids,
-                sampling_params=sampling_params(request),
-                streaming=engine.streaming,
-                **({"lora_request": lora_request(*request.lora)} if request.lora else {}),
-            )
+            try:
+                params = sampling_params(self.api, request)
+                lora = {"lora_request": self.api.LoRARequest(*request.lora)} if request.lora else {}
+                result = self.llm.generate_async(
+                    request.input_ids, sampling_params=params, streaming=request.streaming, **lora
+                )
+            except RequestError as exc:  # ours: what the stand-in engines cannot serve
+                outcome = "error"
+                send(self.responder.invalid(str(exc)), True)
+                return
             prefix = request.echo_prompt or ""
+            streaming = request.streaming
             async for output in result:
-                now = time.monotonic()
-                if now - checked >= self.cancel_check_s:
-                    checked = now
-                    if await asyncio.to_thread(sink.is_cancelled):
-                        result.abort()
-                        outcome = "cancelled"
-                        sink.send(self._arrays(request, "", output, "cancelled", tokens_sent), True)
-                        return
-                if not engine.streaming and not result.finished:
+                if self._posted - sum(self._sent) > MAX_QUEUED:
+                    await self._room()
+                finished = output.finished
+                if not streaming and not finished:
                     continue
                 completion = output.outputs[0]
                 text = completion.text
                 delta, sent = prefix + text[sent:], len(text)
                 prefix = ""
-                finished = result.finished
-                start, tokens_sent = tokens_sent, len(completion.token_ids)
-                reason = completion.finish_reason if finished else None
-                sink.send(self._arrays(request, delta, output, reason, start), finished)
+                count = len(completion.token_ids)
+                arrays = self._arrays(request, delta, completion, finished, tokens_sent, count)
+                if count > tokens_sent:
+                    self._generated += count - tokens_sent
+                    tokens_sent = count
                 if finished:
-                    self.counters.tokens(len(completion.token_ids))
+                    self._count_tokens()  # counted before the client hears the end
+                    send(arrays, True)
                     return
-        except Exception as exc:  # one failed request must not stop the engine
+                send(arrays, False)
+            send(None, True)  # the results ended unfinished: end the request anyway
+        except asyncio.CancelledError:  # the client went away, or a `stop` request came
+            outcome = "stopped" if live.stopped else "cancelled"
+            arrays = text_arrays(request, "", generated=tokens_sent, finish_reason="cancelled")
+            send(arrays, True)
+        except RequestError as exc:
             outcome = "error"
-            sink.send(self.responder.error(f"engine error: {exc}"), True)
+            send(self.responder.invalid(str(exc)), True)
+        except Exception as exc:  # one failed request must not stop the engine; upstream's wording
+            outcome = "error"
+            send(self.responder.error(f"{nv.GENERATE_ERROR}{exc}"), True)
         finally:
+            if result is not None and not result.finished:
+                result.abort()  # cancelled, or failed on our side: the engine must not run on
+            del self._live[id(live)]
             self.counters.finished(outcome)
-            self.in_flight -= 1
+            with self._lock:
+                self.in_flight -= 1
+
+    async def _room(self) -> None:
+        """Waits (in line) until no more than RESUME_QUEUED responses wait for the lanes."""
+        waiter = self.loop.create_future()
+        self._room_waiters.append(waiter)
+        if self._posted - sum(self._sent) <= RESUME_QUEUED:  # again: a lane may just have looked
+            self._wake_waiters()
+        handle = self.loop.call_later(0.05, _resolve, waiter)  # only if a wake-up went astray
+        try:
+            await waiter
+        finally:
+            handle.cancel()
+
+    def _wake_waiters(self) -> None:
+        """Lets as many waiting requests go on as the lanes have room for (at least one); on the loop."""
+        self._waking = False
+        waiters = self._room_waiters
+        room = max(1, MAX_QUEUED - (self._posted - sum(self._sent)))
+        while waiters and room > 0:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                room -= 1
+
+    def _roomy(self) -> None:
+        """A lane sent one: once the queue is short again, wakes the requests waiting (lane threads)."""
+        if not self._waking and self._posted - sum(self._sent) <= RESUME_QUEUED:
+            self._waking = True
+            self.loop.call_soon_threadsafe(self._wake_waiters)
 
     def _arrays(
-        self, request: TextRequest, text: str, output: Any, finish_reason: str | None, start: int = 0
-    ) -> Any:
-        completion = output.outputs[0]
-        ids, log_probs, top = [], [], []
+        self, request: TextRequest, text: str, completion: Any, finished: bool, start: int, end: int
+    ) -> dict[str, Any]:
+        ids = log_probs = top = None
         if "output_ids" in request.outputs:
-            end = len(completion.token_ids)
-            ids, log_probs, top = token_log_probs(completion, start, end, request.engine.top_logprobs)
-        return self.responder.response(
-            text_arrays(
-                request,
-                text,
-                generated=len(completion.token_ids),
-                finish_reason=finish_reason,
-                stop_reason=completion.stop_reason if finish_reason else None,
-                cumulative_logprob=completion.cumulative_logprob or 0.0,
-                ids=ids,
-                log_probs=log_probs,
-                top=top,
-            )
+            ids, log_probs, top = token_log_probs(completion, start, end, request.top_logprobs)
+        return text_arrays(
+            request,
+            text,
+            generated=end,
+            finish_reason=completion.finish_reason if finished else None,
+            stop_reason=completion.stop_reason if finished else None,
+            cumulative_logprob=completion.cumulative_logprob,
+            ids=ids,
+            log_probs=log_probs,
+            top=top,
         )
+
+    # ---- threads -------------------------------------------------------------------------------------
+
+    def _send_loop(self, index: int, lane: queue.SimpleQueue[Any]) -> None:
+        response = self.responder.response
+        sent = self._sent
+        while (item := lane.get()) is not None:
+            live, payload, final = item
+            try:
+                if payload.__class__ is dict:
+                    payload = response(payload)
+                if final:
+                    with live.lock:
+                        live.closed = True
+                        live.sink.send(payload, True)
+                else:
+                    live.sink.send(payload, False)
+            except Exception as exc:  # a request whose client is gone: nothing to tell it
+                self.responder.log(f"llm-api: could not send a response: {exc}")
+            sent[index] += 1
+            if self._room_waiters:
+                self._roomy()
+
+    def _watch(self) -> None:
+        """Every cancel_check_s: aborts the requests whose client went away; counts the tokens."""
+        while not self._stopping.wait(self.cancel_check_s):
+            for live in list(self._live.values()):
+                if live.cancelled or live.closed:
+                    continue
+                with live.lock:
+                    if live.closed:
+                        continue
+                    try:
+                        cancelled = live.sink.is_cancelled()
+                    except Exception:  # its response sender is closed: it ends on its own
+                        continue
+                if cancelled:
+                    live.cancelled = True
+                    self.loop.call_soon_threadsafe(live.task.cancel)
+            self._count_tokens()
+
+    def _count_tokens(self) -> None:
+        """Adds the tokens received since the last call to the counter (the loop or the watcher)."""
+        with self._count_lock:
+            generated = self._generated
+            if generated > self._counted:
+                self.counters.tokens(generated - self._counted)
+                self._counted = generated
 
     def shutdown(self, timeout_s: float = SHUTDOWN_DRAIN_S) -> None:
         """Waits for requests in flight (up to `timeout_s`), then shuts the LLM down."""
         deadline = time.monotonic() + timeout_s
         while self.in_flight > 0 and time.monotonic() < deadline:
-            time.sleep(0.1)
-        asyncio.run_coroutine_threadsafe(asyncio.to_thread(self.llm.shutdown), self.loop).result(timeout_s)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=timeout_s)
+            time.sleep(0.05)
+        self._stopping.set()
+        self._watcher.join(timeout=timeout_s)
+        try:
+            asyncio.run_coroutine_threadsafe(asyncio.to_thread(self.llm.shutdown), self.loop).result(
+                timeout_s
+            )
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=timeout_s)
+            for lane in self._lanes:
+                lane.put(None)
+            for sender in self._senders:
+                sender.join(timeout=timeout_s)
+            self._count_tokens()

@@ -1,60 +1,51 @@
 """The `tensorrt_llm` model's tensor contract in the LLM API flavour (NVIDIA's `llmapi` model).
 
-Pure logic, no Triton. Upstream's wire format: `text_input` (a prompt), `streaming`, the
-`sampling_param_*` inputs of `tensorrt_llm.SamplingParams`, the `return_finish_reason`,
-`return_stop_reason`, `return_cumulative_logprob` switches; out come `text_output` and, when asked
-for, `finish_reason`, `stop_reason`, `cumulative_logprob` (as strings, like upstream). Our
-extensions, all optional: `input_ids` (a tokenized prompt instead of text, as the service sends),
-`sampling_param_{repetition_penalty,min_tokens,end_id,stop_token_ids}`,
-`return_num_{input,output}_tokens` (INT32 `num_input_tokens` / `num_output_tokens`, for usage), and
-the C++ backend's `guided_decoding_guide_type` / `guided_decoding_guide` (the LLM API's
-`GuidedDecodingParams`), and `sampling_param_logprobs` (the LLM API's `logprobs`: N >= 0 returns each
-new token's id and log prob as `output_ids` / `output_log_probs`, and with N > 0 the N most likely
-tokens of each step as `top_log_prob_ids` / `top_log_probs` [tokens, N]).
+Pure logic, no Triton. Upstream's wire format (nvidia_llmapi.py): `text_input` (a prompt),
+`streaming`, the `sampling_param_*` inputs, each the `tensorrt_llm.SamplingParams` keyword of the same
+name (left out when absent, as upstream's helpers do), the `return_finish_reason`,
+`return_stop_reason`, `return_cumulative_logprob` switches and `stop` (end the requests with this
+request id); out come `text_output` and, when asked for, `finish_reason`, `stop_reason` (strings,
+"None" until the request finished) and `cumulative_logprob` (FP32 as declared; upstream sends a
+string). Our extensions, all optional: `input_ids` (a tokenized prompt instead of text, as the service
+sends), `sampling_param_{repetition_penalty,min_tokens,end_id,stop_token_ids}`,
+`return_num_{input,output}_tokens` (INT32 `num_input_tokens` / `num_output_tokens`, for usage), the C++
+backend's `guided_decoding_guide_type` / `guided_decoding_guide` (the LLM API's
+`GuidedDecodingParams`), `lora_name` (a packed adapter) and `sampling_param_logprobs` (N >= 0 returns
+each new token's id and log prob as `output_ids` / `output_log_probs`, and with N > 0 the N most
+likely tokens of each step as `top_log_prob_ids` / `top_log_probs` [tokens, N]).
 
-Unlike upstream, streamed `text_output`s are deltas that concatenate exactly to the whole text, and
-a request the engine refuses is an INVALID_ARG error whose message starts with INVALID_REQUEST.
+A request upstream's model refuses is refused here with its message (`LlmApiError`, sent after
+nv.GENERATE_ERROR as upstream does); SamplingParams' own refusals come from SamplingParams itself.
+What upstream serves and our model does not (several prompts, perf metrics) is refused as ours
+(`RequestError`, INVALID_ARG after INVALID_REQUEST). Upstream ignores extra `text_input` elements
+silently; so does this, unless CONTRACT_CHECK_ENV is set (the tests), then it refuses them.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from contract import EngineLimits, EngineRequest, RequestError, parse_guide
+import nvidia_llmapi as nv
+from contract import RequestError, contract_check, parse_guide
 
 GetInput = Callable[[str], "np.ndarray | None"]
 
-SCALARS: dict[str, object] = {
-    "streaming": False,
-    "sampling_param_temperature": None,
-    "sampling_param_top_k": None,
-    "sampling_param_top_p": None,
-    "sampling_param_frequency_penalty": 0.0,
-    "sampling_param_presence_penalty": 0.0,
-    "sampling_param_repetition_penalty": 1.0,
-    "sampling_param_max_tokens": None,
-    "sampling_param_min_tokens": 0,
-    "sampling_param_seed": None,
-    "sampling_param_logprobs": None,
-    "sampling_param_end_id": None,
-    "sampling_param_best_of": 1,
-    "sampling_param_exclude_input_from_output": True,
-    "sampling_param_return_perf_metrics": False,
-    "return_finish_reason": False,
-    "return_stop_reason": False,
-    "return_cumulative_logprob": False,
-    "return_num_input_tokens": False,
-    "return_num_output_tokens": False,
+OURS: dict[str, str] = {
+    "sampling_param_repetition_penalty": "repetition_penalty",
+    "sampling_param_min_tokens": "min_tokens",
 }
-"""Scalar inputs and their defaults when absent (None: decided by the engine's limits)."""
+"""Our sampling inputs that are SamplingParams keywords of the same meaning."""
+
+DEFAULTS: dict[str, object] = {**nv.SAMPLING_INPUT_DEFAULTS, "sampling_param_exclude_input_from_output": True}
+"""What an absent sampling input means: upstream's defaults, except that ours echoes no prompt
+unless asked (upstream's helpers send exclude_input_from_output=False)."""
 
 OPTIONAL_OUTPUTS = {
-    "return_finish_reason": "finish_reason",
-    "return_stop_reason": "stop_reason",
-    "return_cumulative_logprob": "cumulative_logprob",
+    **nv.OUTPUT_SWITCHES,
     "return_num_input_tokens": "num_input_tokens",
     "return_num_output_tokens": "num_output_tokens",
 }
@@ -66,32 +57,45 @@ LOGPROB_OUTPUTS = ("output_ids", "output_log_probs")
 TOP_LOGPROB_OUTPUTS = ("top_log_prob_ids", "top_log_probs")
 
 
+class LlmApiError(ValueError):
+    """A request upstream's llmapi model refuses: its message, sent after nv.GENERATE_ERROR."""
+
+
 @dataclass(frozen=True, slots=True)
 class TextLimits:
-    """What the served model accepts beyond the token contract: its default end ids."""
+    """What the served model accepts: its vocabulary, context, mode and default end ids."""
 
-    engine: EngineLimits
+    vocab_size: int
+    max_seq_len: int
+    streaming_allowed: bool = True
     end_ids: tuple[int, ...] = ()  # the first is the end id; the others end a sequence too
 
 
 @dataclass(slots=True)
 class TextRequest:
-    """One LLM API request, validated: the token-level request and the text-level rest."""
+    """One LLM API request, validated: the prompt, the SamplingParams keywords, what to return."""
 
-    engine: EngineRequest
-    stop: tuple[str, ...]
+    request_id: str
+    input_ids: list[int]
+    sampling: dict[str, Any]  # tensorrt_llm.SamplingParams keywords (guided decoding: see `guide`)
+    streaming: bool
     outputs: frozenset[str]
     echo_prompt: str | None  # the prompt's text when it is to be echoed (exclude_input_from_output false)
+    guide: tuple[str, str] | None = None  # (guided_decoding_guide_type, guide)
+    top_logprobs: int = 0  # N of sampling_param_logprobs: the most likely tokens per step to return
     lora_name: str | None = None  # the packed LoRA adapter to apply (ours: `lora_name`)
-    lora: Any = None  # what the engine needs of it (LLM API: its LoRARequest arguments)
+    lora: Any = None  # its LoRARequest arguments (name, id, path), set by model.py
 
 
-def scalar(get: GetInput, name: str) -> object:
+def scalar(get: GetInput, name: str) -> Any:
+    """A scalar input as a Python value, None when absent or empty; as upstream's
+    get_input_scalar_by_name, a tensor of more than one element is refused."""
     array = get(name)
     if array is None or array.size == 0:
-        return SCALARS[name]
-    value = array.reshape(-1)[0]
-    return value.item() if hasattr(value, "item") else value
+        return None
+    if array.size != 1:
+        raise LlmApiError(nv.NOT_SCALAR.format(name=name))
+    return array.reshape(-1)[0].item()
 
 
 def _strings(array: np.ndarray | None, name: str) -> list[str]:
@@ -108,6 +112,33 @@ def _strings(array: np.ndarray | None, name: str) -> list[str]:
     return out
 
 
+def is_stop_request(get: GetInput) -> bool:
+    """Upstream's `stop` input: end every request in flight with this request's id."""
+    return bool(scalar(get, "stop"))
+
+
+def _prompt(get: GetInput, tokenize: Callable[[str], list[int]]) -> tuple[list[int], str | None]:
+    ids = get("input_ids")
+    text_input = get("text_input")
+    if ids is not None and ids.size > 0:
+        if text_input is not None and any(_strings(text_input, "text_input")):
+            raise RequestError("send text_input or input_ids, not both")
+        return [int(i) for i in ids.reshape(-1).tolist()], None
+    if text_input is None:
+        raise LlmApiError(nv.TEXT_INPUT_MISSING)
+    if text_input.ndim > 1:
+        raise LlmApiError(nv.TEXT_INPUT_NOT_1D)
+    texts = _strings(text_input, "text_input")
+    if len(texts) > 1 and contract_check():  # upstream takes the first and drops the rest unsaid
+        raise RequestError(f"the model takes one prompt per request, got {len(texts)}")
+    if not texts or not texts[0]:
+        raise RequestError("text_input is empty")
+    input_ids = tokenize(texts[0])
+    if not input_ids:
+        raise RequestError("text_input tokenizes to no tokens")
+    return input_ids, texts[0]
+
+
 def parse_text_request(
     get: GetInput,
     request_id: str,
@@ -115,110 +146,86 @@ def parse_text_request(
     tokenize: Callable[[str], list[int]],
     detokenize: Callable[[list[int]], str],
 ) -> TextRequest:
-    """Validates one request; raises RequestError with a message for the client."""
-    ids = get("input_ids")
-    texts = _strings(get("text_input"), "text_input")
-    if ids is not None and ids.size > 0:
-        if texts and any(texts):
-            raise RequestError("send text_input or input_ids, not both")
-        input_ids = [int(i) for i in ids.reshape(-1).tolist()]
-    else:
-        if len(texts) > 1:
-            raise RequestError(f"the model takes one prompt per request, got {len(texts)}")
-        if not texts or not texts[0]:
-            raise RequestError("text_input is empty")
-        input_ids = tokenize(texts[0])
-        if not input_ids:
-            raise RequestError("text_input tokenizes to no tokens")
-    engine = limits.engine
-    if min(input_ids) < 0 or max(input_ids) >= engine.vocab_size:
-        raise RequestError(f"input_ids contains an id outside the vocabulary [0, {engine.vocab_size})")
-    room = engine.max_seq_len - len(input_ids)
+    """Validates one request; raises LlmApiError (upstream's refusal) or RequestError (ours)."""
+    input_ids, text = _prompt(get, tokenize)
+    if min(input_ids) < 0 or max(input_ids) >= limits.vocab_size:
+        raise RequestError(f"input_ids contains an id outside the vocabulary [0, {limits.vocab_size})")
+    room = limits.max_seq_len - len(input_ids)
     if room < 1:
         raise RequestError(
             f"the prompt ({len(input_ids)} tokens) leaves no room within the model's max_seq_len of "
-            f"{engine.max_seq_len} tokens"
+            f"{limits.max_seq_len} tokens"
         )
-    asked = scalar(get, "sampling_param_max_tokens")
-    max_new = room if asked is None else int(asked)  # type: ignore[call-overload]
+    streaming = bool(scalar(get, "streaming") or False)
+    if streaming and not limits.streaming_allowed:
+        raise LlmApiError(nv.STREAMING_NOT_DECOUPLED)
+
+    # The SamplingParams keywords, as upstream's helpers build them: what the request sets.
+    sampling: dict[str, Any] = {}
+    for name, keyword in {**nv.SAMPLING_INPUTS, **OURS}.items():
+        value = scalar(get, name)
+        if value is None:
+            value = DEFAULTS.get(name)
+        if value is not None:
+            sampling[keyword] = value
+    # Ours: unset max_tokens is what the context leaves (upstream: SamplingParams' 32).
+    max_new = sampling.setdefault("max_tokens", room)
     if max_new <= 0:
         raise RequestError(f"sampling_param_max_tokens must be positive, got {max_new}")
     if max_new > room:
         raise RequestError(
             f"prompt ({len(input_ids)} tokens) + max_tokens ({max_new}) exceeds the model's "
-            f"max_seq_len of {engine.max_seq_len} tokens"
+            f"max_seq_len of {limits.max_seq_len} tokens"
         )
-    best_of = int(scalar(get, "sampling_param_best_of"))  # type: ignore[call-overload]
-    if best_of != 1:
-        raise RequestError(f"sampling_param_best_of {best_of} is not supported (only 1)")
-    streaming = bool(scalar(get, "streaming"))
-    if streaming and not engine.streaming_allowed:
-        raise RequestError("streaming requires the model to use decoupled mode")
-
-    temperature = scalar(get, "sampling_param_temperature")
-    top_k = scalar(get, "sampling_param_top_k")
-    top_p = scalar(get, "sampling_param_top_p")
-    temperature = 1.0 if temperature is None else float(temperature)  # type: ignore[arg-type]
-    top_k = 0 if top_k is None else int(top_k)  # type: ignore[call-overload]
-    top_p = 0.0 if top_p is None else float(top_p)  # type: ignore[arg-type]
-    if temperature < 0 or top_k < 0 or not 0.0 <= top_p <= 1.0:
-        raise RequestError("temperature and top_k must be >= 0 and top_p within [0, 1]")
-    repetition_penalty = float(scalar(get, "sampling_param_repetition_penalty"))  # type: ignore[arg-type]
-    if repetition_penalty <= 0:
+    if sampling.pop("return_perf_metrics", False):
+        raise RequestError("sampling_param_return_perf_metrics: this model returns no perf metrics")
+    # Ours: the prompt is echoed as text by the model (see nvidia_llmapi), not by the engine.
+    echo = not sampling.pop("exclude_input_from_output", True)
+    for name in ("temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+        if name in sampling and not math.isfinite(sampling[name]):
+            raise RequestError(f"sampling_param_{name} must be a finite number")
+    if sampling.get("repetition_penalty", 1.0) <= 0:
         raise RequestError("sampling_param_repetition_penalty must be > 0")
-    seed = scalar(get, "sampling_param_seed")
 
     end_id = scalar(get, "sampling_param_end_id")
-    stop_tokens = get("sampling_param_stop_token_ids")
+    stop_ids: list[int] = []
     if end_id is None:  # the model's own end ids
-        end = limits.end_ids[0] if limits.end_ids else -1
-        stop_ids = list(limits.end_ids[1:])
+        if limits.end_ids:
+            sampling["end_id"] = limits.end_ids[0]
+            stop_ids = list(limits.end_ids[1:])
+    elif end_id == -1:
+        sampling["ignore_eos"] = True
     else:
-        end = int(end_id)  # type: ignore[call-overload]
-        stop_ids = []
+        sampling["end_id"] = int(end_id)
+    stop_tokens = get("sampling_param_stop_token_ids")
     if stop_tokens is not None and stop_tokens.size:
         stop_ids += [int(i) for i in stop_tokens.reshape(-1).tolist() if int(i) not in stop_ids]
-    stops = tuple(dict.fromkeys(s for s in _strings(get("sampling_param_stop"), "sampling_param_stop") if s))
+    if stop_ids:
+        sampling["stop_token_ids"] = stop_ids
+    stops = list(dict.fromkeys(s for s in _strings(get("sampling_param_stop"), "sampling_param_stop") if s))
+    if stops:
+        sampling["stop"] = stops
 
     outputs = set(out for switch, out in OPTIONAL_OUTPUTS.items() if scalar(get, switch))
+    top = 0
     logprobs = scalar(get, "sampling_param_logprobs")
     if logprobs is not None:
-        logprobs = int(logprobs)  # type: ignore[call-overload]
-        if not 0 <= logprobs <= MAX_LOGPROBS:
-            raise RequestError(f"sampling_param_logprobs must be within [0, {MAX_LOGPROBS}], got {logprobs}")
-        outputs.update(LOGPROB_OUTPUTS + (TOP_LOGPROB_OUTPUTS if logprobs else ()))
-    echo = not bool(scalar(get, "sampling_param_exclude_input_from_output"))
-    request = EngineRequest(
+        top = int(logprobs)
+        if not 0 <= top <= MAX_LOGPROBS:
+            raise RequestError(f"sampling_param_logprobs must be within [0, {MAX_LOGPROBS}], got {top}")
+        outputs.update(LOGPROB_OUTPUTS + (TOP_LOGPROB_OUTPUTS if top else ()))
+    if logprobs is not None or "cumulative_logprob" in outputs:
+        # The PyTorch backend computes log probs only for bool(logprobs): ask for at least one.
+        sampling["logprobs"] = max(top, 1)
+    return TextRequest(
         request_id=request_id,
         input_ids=input_ids,
-        max_new=max_new,
-        end_id=end,
+        sampling=sampling,
         streaming=streaming,
-        exclude_input=True,
-        greedy=temperature == 0.0 or top_k == 1 or (top_k == 0 and top_p == 0.0),
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        repetition_penalty=repetition_penalty,
-        presence_penalty=float(scalar(get, "sampling_param_presence_penalty")),  # type: ignore[arg-type]
-        frequency_penalty=float(scalar(get, "sampling_param_frequency_penalty")),  # type: ignore[arg-type]
-        min_tokens=int(scalar(get, "sampling_param_min_tokens")),  # type: ignore[call-overload]
-        seed=None if seed is None else int(seed),  # type: ignore[call-overload]
-        stop_words=[[token] for token in stop_ids],
-        bad_words=[],
-        embedding_bias=None,
-        return_log_probs="cumulative_logprob" in outputs or logprobs is not None,
-        return_context_logits=False,
-        return_generation_logits=False,
-        outputs=frozenset(),
-        guide=parse_guide(get),
-        top_logprobs=logprobs or 0,
-    )
-    return TextRequest(
-        engine=request,
-        stop=stops,
         outputs=frozenset(outputs),
-        echo_prompt=(texts[0] if texts else detokenize(input_ids)) if echo else None,
+        echo_prompt=(text if text is not None else detokenize(input_ids)) if echo else None,
+        guide=parse_guide(get),
+        top_logprobs=top,
         lora_name=next(iter(_strings(get("lora_name"), "lora_name")), None) or None,
     )
 
@@ -230,15 +237,16 @@ def text_arrays(
     generated: int,
     finish_reason: str | None = None,
     stop_reason: int | str | None = None,
-    cumulative_logprob: float = 0.0,
+    cumulative_logprob: float | None = None,
     ids: list[int] | None = None,
     log_probs: list[float] | None = None,
     top: list[tuple[list[int], list[float]]] | None = None,
 ) -> dict[str, np.ndarray]:
     """The output tensors of one response: `text` (a delta when streaming) and what was asked for.
 
-    Like upstream, the optional outputs are strings, "None" until the request has finished. `ids`,
-    `log_probs` and `top` are the tokens this response adds, with their log probs and top log probs.
+    finish_reason / stop_reason are strings, "None" until the request has finished (upstream's
+    str()); cumulative_logprob is FP32, NaN when none was computed. `ids`, `log_probs` and `top` are
+    the tokens this response adds, with their log probs and top log probs (rows of equal width).
     """
     out = {"text_output": np.array([text.encode("utf-8")], dtype=np.object_)}
     wanted = request.outputs
@@ -247,17 +255,18 @@ def text_arrays(
     if "stop_reason" in wanted:
         out["stop_reason"] = np.array([str(stop_reason).encode()], dtype=np.object_)
     if "cumulative_logprob" in wanted:
-        out["cumulative_logprob"] = np.array([repr(float(cumulative_logprob)).encode()], dtype=np.object_)
+        value = math.nan if cumulative_logprob is None else cumulative_logprob
+        out["cumulative_logprob"] = np.array([value], dtype=np.float32)
     if "num_input_tokens" in wanted:
-        out["num_input_tokens"] = np.array([len(request.engine.input_ids)], dtype=np.int32)
+        out["num_input_tokens"] = np.array([len(request.input_ids)], dtype=np.int32)
     if "num_output_tokens" in wanted:
         out["num_output_tokens"] = np.array([generated], dtype=np.int32)
     if "output_ids" in wanted:
         out["output_ids"] = np.array(ids or [], dtype=np.int32)
         out["output_log_probs"] = np.array(log_probs or [], dtype=np.float32)
     if "top_log_probs" in wanted:
-        width = request.engine.top_logprobs
         rows = top or []
+        width = len(rows[0][0]) if rows else request.top_logprobs
         out["top_log_prob_ids"] = np.array([r[0] for r in rows], dtype=np.int32).reshape(len(rows), width)
         out["top_log_probs"] = np.array([r[1] for r in rows], dtype=np.float32).reshape(len(rows), width)
     return out

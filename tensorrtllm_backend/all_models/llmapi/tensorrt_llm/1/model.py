@@ -1,14 +1,19 @@
 """Triton Python model of the LLM API flavour: one `tensorrt_llm` model, configured by model.yaml.
 
-model.yaml holds the `tensorrt_llm.LLM` arguments and a `triton_config` block (ours: `engine`,
-plus the stand-in engines' settings). `engine: tensorrt_llm` serves the checkpoint with TensorRT-LLM's
-LLM API (llm_engine.py) and, where `tensorrt_llm` cannot be imported, falls back to our reference
-engine, saying so once in the log and in the `trtllm_engine_info` metric (the service shows it in
-/v1/models). TRTLLM_REQUIRE_TENSORRT_LLM=1 (set in the production image) makes that fallback a
-start-up error. `engine: reference` or `synthetic` picks a stand-in outright.
+model.yaml holds the `tensorrt_llm.LLM` arguments and a `triton_config` block (upstream's
+`decoupled` / `max_batch_size` / `cancellation_check_period_ms`, and ours: `engine` plus the stand-in
+engines' settings). As upstream's model does, everything but `triton_config` goes through
+`update_llm_args_with_extra_dict({}, ...)` and then `LLM(**args)` (a `null` value is left out: the LLM
+API's default). Every engine serves through llm_engine.py: `engine: tensorrt_llm` with TensorRT-LLM's
+LLM API and, where `tensorrt_llm` cannot be imported, with the stand-in LLM API over our reference
+engine (llm_standin.py, which validates model.yaml exactly as TorchLlmArgs does), saying so once in
+the log and in the `trtllm_engine_info` metric (the service shows it in /v1/models).
+TRTLLM_REQUIRE_TENSORRT_LLM=1 (set in the production image) makes that fallback a start-up error.
+`engine: reference` or `synthetic` picks a stand-in outright.
 
-Under mpirun (world_size > 1) only rank 0 serves; the other ranks' copies of this model stay idle
-(with TensorRT-LLM the LLM API drives its own workers).
+Under mpirun (world_size > 1) rank 0 serves: with TensorRT-LLM it hands the LLM an MpiCommSession over
+COMM_WORLD, whose other ranks wait in MPICommExecutor as the LLM's workers (upstream 1.2.1's scheme);
+with a stand-in the other ranks idle.
 """
 
 from __future__ import annotations
@@ -19,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import nvidia_llmapi as nv
 import triton_python_backend_utils as pb_utils
 import yaml
-from contract import INVALID_REQUEST, EngineLimits, RequestError
-from llmapi_contract import TextLimits, parse_text_request
-from lora import LoraCache, LoraError, read_peft
+from contract import INVALID_REQUEST, RequestError
+from llm_engine import LLMEngine, TensorRTLLM
+from llmapi_contract import LlmApiError, TextLimits, is_stop_request, parse_text_request
 from triton_adapter import Collector, Counters, EngineInfo, Responder, Sender, make_source, mpi_rank
 
 REQUIRE_ENV = "TRTLLM_REQUIRE_TENSORRT_LLM"
@@ -31,7 +37,7 @@ ENGINES = ("tensorrt_llm", "reference", "synthetic")
 
 
 def read_model_yaml(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(LLM arguments without unset values, triton_config) from model.yaml."""
+    """(the LLM arguments, nulls left out; triton_config) from model.yaml."""
     try:
         data = yaml.safe_load(path.read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -39,15 +45,35 @@ def read_model_yaml(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     if not isinstance(data, dict) or not isinstance(data.get("triton_config"), dict):
         raise pb_utils.TritonModelException(f"tensorrt_llm: {path} has no triton_config block")
     triton_config = data.pop("triton_config")
-    return {key: value for key, value in data.items() if value is not None}, triton_config
+    return nv.drop_nulls(data), triton_config
+
+
+def mpi_world_size() -> int:
+    """The number of ranks mpirun started (1 without MPI)."""
+    for name in ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE"):
+        if os.environ.get(name, "").isdigit():
+            return int(os.environ[name])
+    return 1
 
 
 def _end_ids(raw: str) -> tuple[int, ...]:
     return tuple(int(part) for part in raw.split(",") if part.strip())
 
 
+class LlmApiResponder(Responder):
+    """Responses of the LLM API model: NVIDIA's errors as upstream sends them, ours as INVALID_ARG."""
+
+    def invalid(self, message: str) -> Any:
+        error = pb_utils.TritonError(f"{INVALID_REQUEST}{message}", pb_utils.TritonError.INVALID_ARG)
+        return pb_utils.InferenceResponse(error=error)
+
+    @staticmethod
+    def cancelled(message: str = nv.CANCELLED) -> Any:
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.CANCELLED))
+
+
 class TritonPythonModel:
-    """Parses LLM API requests and hands them to the engine model.yaml picks."""
+    """Parses LLM API requests and hands them to the LLM model.yaml picks."""
 
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
@@ -56,7 +82,7 @@ class TritonPythonModel:
         self.engine: Any = None
         self.rank = mpi_rank()
         version_dir = Path(args.get("model_repository", "")) / args.get("model_version", "1")
-        llm_args, triton_config = read_model_yaml(version_dir / "model.yaml")
+        llm_yaml, triton_config = read_model_yaml(version_dir / "model.yaml")
         kind = str(triton_config.get("engine", "tensorrt_llm"))
         if self.rank > 0:
             self._follow(kind)
@@ -67,53 +93,64 @@ class TritonPythonModel:
             )
         from transformers import AutoTokenizer
 
-        tokenizer_dir = str(llm_args.get("tokenizer") or llm_args["model"])
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        cancel_check_s = int(triton_config.get("cancellation_check_period_ms", 100)) / 1000.0
-        if kind == "tensorrt_llm":
-            kind = self._tensorrt_llm_or_fallback()
+        model_dir = str(llm_yaml.get("model", ""))
+        self.tokenizer = AutoTokenizer.from_pretrained(str(llm_yaml.get("tokenizer") or model_dir))
+        cancel_ms = int(triton_config.get("cancellation_check_period_ms", nv.CANCELLATION_CHECK_PERIOD_MS))
+        api = self._api(kind, triton_config)
+        kind = "tensorrt_llm" if isinstance(api, TensorRTLLM) else api.kind
         self.counters = Counters(self.model_name, kind)
         self.info = EngineInfo(self.model_name, kind)
-        max_seq_len = int(llm_args.get("max_seq_len") or 0)
         self.adapters: dict[str, Any] = dict(triton_config.get("loras") or {})
-        self.loras = LoraCache(int(triton_config.get("lora_cache_adapters") or 8))
-        self.llm_args: dict[str, Any] | None = None
-        config_path = Path(str(llm_args["model"])) / "config.json"
-        self.base_config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-        if kind == "tensorrt_llm":
-            from llm_engine import LLMEngine
-
-            self.llm_args = llm_args
-            self.engine = LLMEngine(llm_args, Responder(), self.counters, cancel_check_s=cancel_check_s)
-            vocab = len(self.tokenizer)
-            max_seq_len = max_seq_len or int(getattr(self.engine.llm.args, "max_seq_len", 0) or 0) or 1 << 20
-        else:
-            from text_engine import TextEngineLoop
-
-            source, vocab, own_limit = make_source(
-                kind,
-                str(llm_args["model"]),
-                tokenizer_dir,
-                device=str(triton_config.get("reference_device", "auto")),
-                dtype=str(triton_config.get("reference_dtype", llm_args.get("dtype", "auto"))),
-                slots=int(llm_args.get("max_batch_size") or 0),
-                max_seq_len=max_seq_len,
+        try:
+            llm_args = api.update_llm_args_with_extra_dict({}, llm_yaml)
+            if kind == "tensorrt_llm" and mpi_world_size() > 1:
+                llm_args["_mpi_session"] = api.mpi_session()
+            self.engine = LLMEngine(
+                api, llm_args, LlmApiResponder(), self.counters, cancel_check_s=cancel_ms / 1000.0
             )
-            max_seq_len = max_seq_len or own_limit
-            self.engine = TextEngineLoop(
-                source,
-                Responder(),
-                self.counters,
-                self.tokenizer,
-                cancel_check_s=cancel_check_s,
-                step_delay_s=float(triton_config.get("synthetic_step_delay_ms", 0)) / 1000.0,
-                name=kind,
-            )
+        except Exception as exc:
+            pb_utils.Logger.log_error(f"{self.model_name}: failed to start the LLM: {exc}")
+            raise pb_utils.TritonModelException(f"tensorrt_llm: failed to start the LLM: {exc}") from exc
+        max_seq_len = int(getattr(self.engine.llm.args, "max_seq_len", 0) or 0) or 1 << 20
+        config_path = Path(model_dir) / "config.json"
+        vocab = json.loads(config_path.read_text()).get("vocab_size") if config_path.is_file() else None
         self.limits = TextLimits(
-            engine=EngineLimits(vocab_size=vocab, max_seq_len=max_seq_len, streaming_allowed=self.decoupled),
+            vocab_size=int(vocab or len(self.tokenizer)),
+            max_seq_len=max_seq_len,
+            streaming_allowed=self.decoupled,
             end_ids=_end_ids(str(triton_config.get("end_ids", ""))),
         )
-        pb_utils.Logger.log_info(f"{self.model_name}: {self.engine_description()}, max_seq_len {max_seq_len}")
+        pb_utils.Logger.log_info(f"{self.model_name}: {self.engine.describe()}, max_seq_len {max_seq_len}")
+
+    def _api(self, kind: str, triton_config: dict[str, Any]) -> Any:
+        """TensorRT-LLM's LLM API, or the stand-in over the `kind` (or fallback) engine."""
+        if kind == "tensorrt_llm":
+            try:
+                import tensorrt_llm  # noqa: F401
+            except ImportError as exc:
+                if os.environ.get(REQUIRE_ENV, "").lower() in ("1", "true", "yes"):
+                    raise pb_utils.TritonModelException(
+                        f"tensorrt_llm: the tensorrt_llm package cannot be imported ({exc}) and "
+                        f"{REQUIRE_ENV} is set: refusing to fall back to the reference engine"
+                    ) from exc
+                pb_utils.Logger.log_warn(
+                    f"{self.model_name}: tensorrt_llm cannot be imported ({exc}); serving with the reference "
+                    f"engine (PyTorch) instead. Set {REQUIRE_ENV}=1 to make this an error."
+                )
+                kind = "reference"
+            else:  # installed: a missing piece of its LLM API is a load error, never a fallback
+                return TensorRTLLM()
+        from llm_standin import StandIn
+
+        return StandIn(
+            kind,
+            self.tokenizer,
+            make_source,
+            log=pb_utils.Logger.log_info,
+            step_delay_s=float(triton_config.get("synthetic_step_delay_ms", 0)) / 1000.0,
+            device=str(triton_config.get("reference_device", "auto")),
+            dtype=triton_config.get("reference_dtype"),
+        )
 
     def _follow(self, kind: str) -> None:
         """A rank > 0: TensorRT-LLM's LLM API on rank 0 drives this rank through MPI; a stand-in idles."""
@@ -132,48 +169,30 @@ class TritonPythonModel:
             if executor is not None:
                 raise pb_utils.TritonModelException(f"rank {self.rank} must not lead the MPI world")
 
-    def engine_description(self) -> str:
-        describe = getattr(self.engine, "describe", None) or self.engine.source.describe
-        return describe()
-
-    def _tensorrt_llm_or_fallback(self) -> str:
-        try:
-            import tensorrt_llm  # noqa: F401
-        except ImportError as exc:
-            if os.environ.get(REQUIRE_ENV, "").lower() in ("1", "true", "yes"):
-                raise pb_utils.TritonModelException(
-                    f"tensorrt_llm: the tensorrt_llm package cannot be imported ({exc}) and "
-                    f"{REQUIRE_ENV} is set: refusing to fall back to the reference engine"
-                ) from exc
-            pb_utils.Logger.log_warn(
-                f"{self.model_name}: tensorrt_llm cannot be imported ({exc}); serving with the reference "
-                f"engine (PyTorch) instead. Set {REQUIRE_ENV}=1 to make this an error."
-            )
-            return "reference"
-        return "tensorrt_llm"
-
     def _adapter(self, request: Any) -> None:
-        """Attaches the named packed adapter: the LLM API's LoRA request, or (reference engine) its
-        factors, loaded from its PEFT files and kept in a cache of `lora_cache_adapters`."""
+        """The LoRARequest arguments of the named packed adapter (the LLM loads and caches it)."""
         name = request.lora_name
         entry = self.adapters.get(name)
         if entry is None:
             known = ", ".join(sorted(self.adapters)) or "none packed"
             raise RequestError(f"unknown LoRA adapter {name!r} ({known})")
-        if self.llm_args is not None:  # tensorrt_llm: the LLM API loads and caches it
-            request.lora = (name, int(entry["id"]), str(entry["path"]))
-            return
-        prepare = getattr(self.engine.source, "prepare_lora", None)
-        if prepare is not None:
-            request.engine.lora = self.loras.get(
-                name, lambda: prepare(read_peft(entry["path"], self.base_config).factors)
-            )
+        request.lora = (name, int(entry["id"]), str(entry["path"]))
 
     def _tokenize(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=True)
 
     def _detokenize(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def _stop(self, request: Any, sink: Any) -> None:
+        """Upstream's `stop`: ends the requests with this id; the stop request itself is answered
+        "cancelled" (an error without a request id)."""
+        request_id = request.request_id()
+        if not request_id:
+            sink.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(nv.STOP_WITHOUT_ID)), True)
+            return
+        self.engine.stop(request_id)
+        sink.send(LlmApiResponder.cancelled(), True)
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
         collectors = []
@@ -192,22 +211,23 @@ class TritonPythonModel:
                 return None if tensor is None else tensor.as_numpy()
 
             try:
+                if is_stop_request(get):
+                    self._stop(request, sink)
+                    continue
                 parsed = parse_text_request(
                     get, request.request_id(), self.limits, self._tokenize, self._detokenize
                 )
-            except RequestError as exc:
+                if parsed.lora_name is not None:
+                    self._adapter(parsed)
+            except LlmApiError as exc:  # upstream's refusal, as upstream sends it
                 self.counters.finished("error")
-                error = pb_utils.TritonError(f"{INVALID_REQUEST}{exc}", pb_utils.TritonError.INVALID_ARG)
+                error = pb_utils.TritonError(f"{nv.GENERATE_ERROR}{exc}")
                 sink.send(pb_utils.InferenceResponse(error=error), True)
                 continue
-            if parsed.lora_name is not None:
-                try:
-                    self._adapter(parsed)
-                except (RequestError, LoraError) as exc:
-                    self.counters.finished("error")
-                    error = pb_utils.TritonError(f"{INVALID_REQUEST}{exc}", pb_utils.TritonError.INVALID_ARG)
-                    sink.send(pb_utils.InferenceResponse(error=error), True)
-                    continue
+            except RequestError as exc:
+                self.counters.finished("error")
+                sink.send(LlmApiResponder().invalid(str(exc)), True)
+                continue
             self.engine.submit_text(parsed, sink)
         if self.decoupled:
             return None

@@ -1,0 +1,486 @@
+"""A stand-in of TensorRT-LLM 1.2.1's LLM API, over our engines: the surface llm_engine.py uses.
+
+Where `tensorrt_llm` cannot be imported (or model.yaml picks `engine: reference | synthetic`), the
+llmapi model still serves through llm_engine.py, the production path, with this module in place of
+`tensorrt_llm`: `LLM(**llm_args)` validates its arguments as TorchLlmArgs does (strict pydantic models
+from nvidia_llmapi's tables: an unknown key fails with pydantic's "Extra inputs are not permitted")
+and runs a token source (reference or synthetic) in our engine loop (text_engine.py);
+`update_llm_args_with_extra_dict`, `SamplingParams` (the 1.2.1 fields, kw_only: an unknown keyword
+is a TypeError; its refusals word for word), `GuidedDecodingParams` and `LoRARequest` are replicas;
+`generate_async` returns a `RequestOutput` that is an async iterable of itself, one step per engine
+response, whose `outputs[0]` is a `CompletionOutput` (cumulative text and token_ids, logprobs as
+list[dict[token id, Logprob(logprob, rank)]], cumulative_logprob, finish_reason, stop_reason) and
+whose `abort()` cancels the request (its last step then says "cancelled").
+
+What the real LLM API serves and our engines cannot (beam search, several sequences, logits outputs,
+prompt log probs, ...) is refused as ours (contract.RequestError), never ignored. Differences that
+remain: stop strings are matched on the decoded text (TensorRT-LLM matches their token ids, so a
+stop string that tokenizes differently in context is missed there); an adapter is loaded on the
+asyncio loop the first time it is used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import nvidia_llmapi as nv
+from contract import EngineRequest, RequestError
+from text_engine import TextEngineLoop, Update
+
+VERSION = f"{nv.TAG.lstrip('v')} (stand-in)"
+
+NOT_MODELLED = (
+    "bad",
+    "include_stop_str_in_output",
+    "logits_processor",
+    "apply_batched_logits_processor",
+    "n",
+    "use_beam_search",
+    "top_p_min",
+    "top_p_reset_ids",
+    "top_p_decay",
+    "beam_search_diversity_rate",
+    "prompt_ignore_length",
+    "length_penalty",
+    "early_stopping",
+    "no_repeat_ngram_size",
+    "min_p",
+    "beam_width_array",
+    "prompt_logprobs",
+    "return_context_logits",
+    "return_generation_logits",
+    "exclude_input_from_output",
+    "return_encoder_output",
+    "return_perf_metrics",
+    "additional_model_outputs",
+    "lookahead_config",
+    "truncate_prompt_tokens",
+    "detokenize",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+)
+"""SamplingParams fields our engines do not honour: a value other than the default is refused."""
+
+
+# ---- the replicas -----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(slots=True)
+class Logprob:
+    logprob: float
+    rank: int | None = None
+
+
+@dataclasses.dataclass(slots=True)
+class CompletionOutput:
+    index: int
+    text: str = ""
+    token_ids: list[int] = dataclasses.field(default_factory=list)
+    cumulative_logprob: float | None = None
+    logprobs: list[dict[int, Logprob]] = dataclasses.field(default_factory=list)
+    prompt_logprobs: list[dict[int, Logprob]] = dataclasses.field(default_factory=list)
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    generation_logits: Any = None
+    disaggregated_params: Any = None
+    request_perf_metrics: Any = None
+    _last_text_len: int = 0
+    _last_token_ids_len: int = 0
+    _last_logprobs_len: int = 0
+
+    @property
+    def length(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def text_diff(self) -> str:
+        return self.text[self._last_text_len :]
+
+    @property
+    def token_ids_diff(self) -> list[int]:
+        return self.token_ids[self._last_token_ids_len :]
+
+    @property
+    def logprobs_diff(self) -> list[dict[int, Logprob]]:
+        return self.logprobs[self._last_logprobs_len :]
+
+
+def _guided_validate(self: Any) -> None:
+    count = sum(bool(getattr(self, name)) for name, _ in nv.GUIDED_DECODING_FIELDS)
+    if count > 1:
+        raise ValueError(nv.ONE_GUIDE.format(count=count))
+
+
+GuidedDecodingParams = dataclasses.make_dataclass(
+    "GuidedDecodingParams",
+    [(name, Any, dataclasses.field(default=default)) for name, default in nv.GUIDED_DECODING_FIELDS],
+    kw_only=True,
+    slots=True,
+    namespace={"_validate": _guided_validate, "__module__": __name__},
+)
+
+
+def _sampling_post_init(self: Any) -> None:
+    if self.pad_id is None:
+        self.pad_id = self.end_id
+    self.best_of = self.best_of or self.n
+    error = nv.sampling_errors(self)
+    if error is not None:
+        raise ValueError(error)
+    if self.guided_decoding is not None:
+        self.guided_decoding._validate()
+    self.logprobs = self.logprobs and int(self.logprobs)
+    self.prompt_logprobs = self.prompt_logprobs and int(self.prompt_logprobs)
+
+
+SamplingParams = dataclasses.make_dataclass(
+    "SamplingParams",
+    [(name, Any, dataclasses.field(default=default)) for name, default in nv.SAMPLING_PARAMS],
+    kw_only=True,
+    slots=True,
+    namespace={
+        "__post_init__": _sampling_post_init,
+        "_greedy_decoding": property(
+            lambda self: not self.use_beam_search and nv.greedy(self.temperature, self.top_p, self.top_k)
+        ),
+        "__module__": __name__,
+    },
+)
+
+
+@dataclasses.dataclass(slots=True)
+class LoRARequest:
+    """LoRARequest(lora_name, lora_int_id, lora_path, lora_ckpt_source); its checks are estimated."""
+
+    lora_name: str
+    lora_int_id: int
+    lora_path: str = ""
+    lora_ckpt_source: str = "hf"
+
+    def __post_init__(self) -> None:
+        if self.lora_path and not Path(self.lora_path).exists():
+            raise ValueError(f"lora_dir {self.lora_path} does not exist")
+        if self.lora_ckpt_source not in ("hf", "nemo"):
+            raise ValueError(f"lora_ckpt_source must be 'hf' or 'nemo', got '{self.lora_ckpt_source}'")
+
+
+def update_llm_args_with_extra_dict(
+    llm_args: Mapping[str, Any], llm_args_dict: Mapping[str, Any], extra_llm_api_options: str | None = None
+) -> dict[str, Any]:
+    """The merge upstream's model applies to model.yaml: the mapped configs must be mappings (the real
+    one builds `Cls(**value)`); keys are checked by LLM(), as TorchLlmArgs checks them."""
+    for name, cls in nv.EXTRA_DICT_CLASSES.items():
+        value = llm_args_dict.get(name)
+        if name in llm_args_dict and not isinstance(value, Mapping):
+            raise TypeError(f"{cls}() argument after ** must be a mapping, not {type(value).__name__}")
+    return {**llm_args, **llm_args_dict}
+
+
+# ---- results --------------------------------------------------------------------------------------------
+
+
+class RequestOutput:
+    """What generate_async returns: an async iterable of itself, one step per engine response."""
+
+    def __init__(
+        self, request_id: int, prompt_token_ids: list[int], engine: TextEngineLoop, logprobs: int
+    ) -> None:
+        self.request_id = request_id
+        self.prompt: str | None = None
+        self.prompt_token_ids = prompt_token_ids
+        self.outputs = [CompletionOutput(0)]
+        self.context_logits = None
+        self.finished = False
+        self._logprobs = logprobs
+        self._engine = engine
+        self._loop = engine.loop
+        self._pending: collections.deque[Update] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._aborted = False
+        self._done = False
+
+    def abort(self) -> None:
+        """Cancels the request: the engine drops it at its next round; the last step says so."""
+        self._aborted = True
+        self._engine.took(len(self._pending))  # a reader that aborts may read no further
+
+    def aborted(self) -> bool:
+        return self._aborted
+
+    # the engine loop's side (Sink): `_push` runs on the loop, `is_cancelled` on the engine thread
+    def _push(self, update: Update) -> None:
+        if self._aborted:
+            self._engine.took()
+        self._pending.append(update)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def is_cancelled(self) -> bool:
+        return self._aborted
+
+    def __aiter__(self) -> RequestOutput:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._done:
+            raise StopAsyncIteration
+        pending = self._pending
+        while not pending:
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        self._engine.took()
+        self._apply(pending.popleft())
+        return self
+
+    def _apply(self, update: Update) -> None:
+        if update.error is not None:
+            self._done = self.finished = True
+            raise RuntimeError(update.error)
+        out = self.outputs[0]
+        out._last_text_len = len(out.text)
+        out._last_token_ids_len = len(out.token_ids)
+        out._last_logprobs_len = len(out.logprobs)
+        if update.text:
+            out.text += update.text
+        if update.ids:
+            out.token_ids.extend(update.ids)
+            if update.log_probs is not None:
+                out.logprobs.extend(_entries(update, self._logprobs))
+        if update.log_probs is not None:
+            out.cumulative_logprob = update.cumulative_logprob
+        if update.final:
+            self._done = self.finished = True
+            out.finish_reason = update.finish_reason
+            out.stop_reason = stop = update.stop_reason
+            # STOP_WORDS: the stop token is cut from token_ids (include_stop_str_in_output is refused)
+            if isinstance(stop, int) and out.token_ids and out.token_ids[-1] == stop:
+                del out.token_ids[-1]
+                if len(out.logprobs) > len(out.token_ids):
+                    del out.logprobs[-1]
+
+
+def _entries(update: Update, wanted: int) -> list[dict[int, Logprob]]:
+    """Per token: the sampled token's Logprob (its rank when it is among the top), then the `wanted`
+    most likely tokens with ranks 1..wanted (what the source computed of them)."""
+    tops = update.top or ()
+    out = []
+    for i, (token, log_prob) in enumerate(zip(update.ids, update.log_probs or (), strict=False)):
+        top_ids, top_values = tops[i] if i < len(tops) else ((), ())
+        ranked = list(zip(top_ids[:wanted], top_values[:wanted], strict=False))
+        rank = next((r for r, (t, _) in enumerate(ranked, 1) if t == token), None)
+        entry = {token: Logprob(log_prob, rank)}
+        for r, (t, v) in enumerate(ranked, 1):
+            entry.setdefault(t, Logprob(v, r))
+        out.append(entry)
+    return out
+
+
+# ---- the LLM ------------------------------------------------------------------------------------------
+
+
+class StandInLLM:
+    """`tensorrt_llm.LLM` over a stand-in token source (built by StandIn.LLM)."""
+
+    def __init__(self, standin: StandIn, **kwargs: Any) -> None:
+        self.args = nv.validate_llm_args(kwargs)  # pydantic's ValidationError, as TorchLlmArgs
+        args = self.args
+        model_dir = str(args.model)
+        tokenizer_dir = args.tokenizer if isinstance(args.tokenizer, (str, Path)) else model_dir
+        self.tokenizer = standin.tokenizer
+        self.source, self.vocab_size, own_limit = standin.make_source(
+            standin.kind,
+            model_dir,
+            str(tokenizer_dir),
+            device=standin.device,
+            dtype=standin.dtype or args.dtype,
+            slots=int(args.max_batch_size or 0),
+            max_seq_len=int(args.max_seq_len or 0),
+        )
+        if args.max_seq_len is None:
+            args.max_seq_len = own_limit
+        self._loras = None
+        self._base_config: dict[str, Any] = {}
+        if args.lora_config is not None:
+            from lora import LoraCache
+
+            self._loras = LoraCache(int(args.lora_config.max_loras or 8))
+            config = Path(model_dir) / "config.json"
+            self._base_config = json.loads(config.read_text()) if config.is_file() else {}
+        self._next_id = 0
+        self._engine = TextEngineLoop(
+            self.source, self.tokenizer, log=standin.log, step_delay_s=standin.step_delay_s, name=standin.kind
+        )
+
+    def describe(self) -> str:
+        describe = getattr(self.source, "describe", None)
+        return describe() if describe is not None else type(self.source).__name__
+
+    def generate_async(
+        self,
+        inputs: Any,
+        sampling_params: Any = None,
+        lora_request: Any = None,
+        prompt_adapter_request: Any = None,
+        streaming: bool = False,
+        kv_cache_retention_config: Any = None,
+        disaggregated_params: Any = None,
+        _postproc_params: Any = None,
+        scheduling_params: Any = None,
+        cache_salt: Any = None,
+    ) -> RequestOutput:
+        """LLM.generate_async: `inputs` is a prompt or its token ids; must run on the asyncio loop
+        that iterates the result."""
+        loop = asyncio.get_running_loop()
+        engine = self._engine
+        if engine.loop is None:
+            engine.loop = loop
+        elif engine.loop is not loop:
+            raise RuntimeError("generate_async must be called on one event loop")
+        params = SamplingParams() if sampling_params is None else sampling_params
+        if not isinstance(params, SamplingParams):
+            raise TypeError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        if lora_request is not None and not isinstance(lora_request, LoRARequest):
+            raise TypeError(f"lora_request must be a LoRARequest, got {type(lora_request).__name__}")
+        if not isinstance(streaming, bool):
+            raise TypeError(f"streaming must be a bool, got {type(streaming).__name__}")
+        for name, value in (
+            ("prompt_adapter_request", prompt_adapter_request),
+            ("kv_cache_retention_config", kv_cache_retention_config),
+            ("disaggregated_params", disaggregated_params),
+            ("scheduling_params", scheduling_params),
+            ("cache_salt", cache_salt),
+        ):
+            if value is not None:
+                raise RequestError(f"{name} is not modelled by the stand-in engine")
+        if isinstance(inputs, str):
+            ids = self.tokenizer.encode(inputs, add_special_tokens=params.add_special_tokens)
+        else:
+            ids = [int(i) for i in inputs]
+        if not ids:
+            raise ValueError("The inputs must not be empty")
+        self._next_id += 1
+        request, stops = self._engine_request(ids, params, streaming, lora_request)
+        result = RequestOutput(self._next_id, ids, engine, int(params.logprobs or 0))
+        if isinstance(inputs, str):
+            result.prompt = inputs
+        engine.submit_text(request, stops, result)
+        return result
+
+    def _engine_request(
+        self, ids: list[int], params: Any, streaming: bool, lora_request: LoRARequest | None
+    ) -> tuple[EngineRequest, tuple[str, ...]]:
+        for name in NOT_MODELLED:
+            if getattr(params, name) != nv.SAMPLING_DEFAULTS[name]:
+                raise RequestError(f"SamplingParams.{name} is not modelled by the stand-in engine")
+        if params.best_of != 1:
+            raise RequestError(f"best_of {params.best_of}: the stand-in engine returns one sequence")
+        guide = None
+        if params.guided_decoding is not None:
+            if self.args.guided_decoding_backend is None:
+                raise ValueError("guided decoding needs the LLM's guided_decoding_backend set")
+            guide = _guide(params.guided_decoding)
+        end_id = params.end_id if params.end_id is not None else self.tokenizer.eos_token_id
+        bias = None
+        if params.embedding_bias is not None:
+            values = np.asarray(params.embedding_bias, dtype=np.float32).reshape(-1)[: self.vocab_size]
+            bias = np.zeros(self.vocab_size, dtype=np.float32)
+            bias[: values.shape[0]] = values
+        stops = params.stop
+        request = EngineRequest(
+            request_id=str(self._next_id),
+            input_ids=ids,
+            max_new=int(params.max_tokens),
+            end_id=-1 if params.ignore_eos or end_id is None else int(end_id),
+            streaming=streaming,
+            exclude_input=True,
+            greedy=params._greedy_decoding,
+            temperature=1.0 if params.temperature is None else float(params.temperature),
+            top_k=int(params.top_k or 0),
+            top_p=float(params.top_p or 0.0),
+            repetition_penalty=1.0 if params.repetition_penalty is None else float(params.repetition_penalty),
+            presence_penalty=float(params.presence_penalty or 0.0),
+            frequency_penalty=float(params.frequency_penalty or 0.0),
+            min_tokens=int(params.min_tokens or 0),
+            seed=None if params.seed is None else int(params.seed),
+            stop_words=[[int(t)] for t in params.stop_token_ids or ()],
+            bad_words=[[int(t)] for t in params.bad_token_ids or ()],
+            embedding_bias=bias,
+            return_log_probs=bool(params.logprobs),
+            return_context_logits=False,
+            return_generation_logits=False,
+            outputs=frozenset(),
+            guide=guide,
+            top_logprobs=int(params.logprobs or 0),
+        )
+        if lora_request is not None:
+            request.lora = self._adapter(lora_request)
+        return request, tuple(dict.fromkeys([stops] if isinstance(stops, str) else stops or ()))
+
+    def _adapter(self, lora: LoRARequest) -> Any:
+        """The adapter's factors in the form the source applies (loaded once, cached by id)."""
+        if self._loras is None:
+            raise ValueError("a lora_request needs the LLM's lora_config")
+        prepare = getattr(self.source, "prepare_lora", None)
+        if prepare is None:  # the synthetic source has no weights to adapt
+            return None
+        from lora import read_peft
+
+        return self._loras.get(
+            lora.lora_int_id, lambda: prepare(read_peft(lora.lora_path, self._base_config).factors)
+        )
+
+    def shutdown(self) -> None:
+        self._engine.shutdown()
+
+
+def _guide(params: Any) -> tuple[str, str]:
+    """The (guide type, guide) our engines take for a GuidedDecodingParams."""
+    if params.structural_tag is not None:
+        raise RequestError("GuidedDecodingParams.structural_tag is not modelled by the stand-in engine")
+    if params.json_object:
+        return "json", ""
+    if params.json is not None:
+        schema = params.json
+        return "json_schema", schema if isinstance(schema, str) else json.dumps(schema)
+    if params.regex is not None:
+        return "regex", params.regex
+    if params.grammar is not None:
+        return "ebnf_grammar", params.grammar
+    raise RequestError("GuidedDecodingParams without a guide")
+
+
+@dataclasses.dataclass
+class StandIn:
+    """The stand-in `tensorrt_llm` surface for one model: `kind` (reference | synthetic), the tokenizer
+    the model loaded, and how to build the source (triton_adapter.make_source in Triton)."""
+
+    kind: str
+    tokenizer: Any
+    make_source: Callable[..., tuple[Any, int, int]]
+    log: Callable[[str], None] = print
+    step_delay_s: float = 0.0
+    device: str = "auto"
+    dtype: str | None = None
+
+    SamplingParams = SamplingParams
+    GuidedDecodingParams = GuidedDecodingParams
+    LoRARequest = LoRARequest
+    update_llm_args_with_extra_dict = staticmethod(update_llm_args_with_extra_dict)
+    version = VERSION
+
+    def LLM(self, **kwargs: Any) -> StandInLLM:  # tensorrt_llm's name
+        return StandInLLM(self, **kwargs)
+
+    def describe(self, llm: StandInLLM) -> str:
+        return f"TensorRT-LLM {nv.TAG} LLM API stand-in over the {self.kind} engine ({llm.describe()})"

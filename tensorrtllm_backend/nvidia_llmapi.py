@@ -1,0 +1,651 @@
+"""NVIDIA's LLM API at TensorRT-LLM 1.2.1 and its `llmapi` Triton model, written down once.
+
+What the pinned tag (pinned.py) declares and enforces, for the LLM API flavour: the `tensorrt_llm.LLM`
+arguments model.yaml may hold (`TorchLlmArgs`, strict pydantic models: an unknown key, top level or
+nested, fails with "Extra inputs are not permitted"), how upstream's Triton model merges model.yaml
+(`update_llm_args_with_extra_dict`), `SamplingParams` (a kw_only slots dataclass: an unknown keyword
+is a TypeError) with its refusals, `GuidedDecodingParams`, the output objects (`CompletionOutput`,
+`Logprob`), and the tensors of upstream's llmapi Triton model. Our config.pbtxt keeps every upstream
+name and type (a unit test holds them together), the stand-in LLM API (llm_standin.py) is built from
+these tables and refuses with these messages, and packing's model.yaml is checked against them.
+
+Sources (NVIDIA/TensorRT-LLM; no file at the v1.2.1 tag, 376f7e1b, is in the index we can read, so
+each fact comes from stored versions on either side of it, and says so):
+  triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt   c8c6df08 (1.1/1.2 era; the 2026 version
+      0a710573 adds image_url and lora_* inputs, after 1.2.1)
+  triton_backend/all_models/llmapi/tensorrt_llm/1/model.py     b35ac1b6 (= 1.2.0rc2) and 044a90d2
+      (main, 2026-02): the same model.yaml merge, MPI session and generate_async call in both
+  tensorrt_llm/sampling_params.py                              b35ac1b6 (1.2.0rc2: the last stored
+      version on the 1.2 line)
+  tensorrt_llm/llmapi/llm_args.py                              6cbd8328 (main, 2025-10, before the
+      release/1.2 split) and a main version of 2026-02/03 (stored as file 7019226376): a field in
+      both is taken as 1.2.1's (`certain`); a field in one of them only is marked estimated
+  tensorrt_llm/lora_helper.py                                  LoraConfig: same fields in every version
+  tensorrt_llm/executor/result.py                              CompletionOutput, Logprob (1.2.0rc era)
+
+Differences from upstream's llmapi model, on purpose:
+- Streaming: upstream 1.2.1 calls `generate_async(prompt, SamplingParams(...), streaming)`, which
+  binds `streaming` to the third parameter, `lora_request` (fixed upstream by PR #14079, 2026-05,
+  after 1.2.1): its engine never streams and a streamed request gets one final response. Ours passes
+  `streaming=` by keyword, and the stand-in refuses anything but a LoRARequest in `lora_request`.
+- `cumulative_logprob`: upstream declares it TYPE_FP32 and sends `str(value)` (BYTES; "None" when not
+  computed). Ours sends FP32, NaN when the engine computed none.
+- `text_output`: upstream sends the whole text so far on every streamed response; ours sends deltas
+  that concatenate exactly to the whole text. Upstream's `exclude_input_from_output` defaults to
+  false (the prompt is echoed); ours defaults to true and echoes the prompt text itself when asked.
+- Unset `sampling_param_max_tokens` is what the context leaves (upstream: SamplingParams' 32);
+  `sampling_param_stop` is decoded to strings (upstream passes the numpy array of bytes on).
+- Log probs: the PyTorch backend computes them only for a truthy `logprobs`, so ours asks for at
+  least 1 whenever log probs or cumulative_logprob are wanted and cuts the top list to what was asked.
+- What upstream serves and ours does not (perf metric outputs, beam search / best_of > 1 on the
+  stand-in engines) is refused with our INVALID_REQUEST marker, never ignored.
+- model.yaml values `null` mean "the LLM API's default": those keys are left out before the merge
+  (upstream would pass None, and `lora_config: null` would fail in `LoraConfig(**None)`).
+- Multi-rank: NVIDIA's 2026 main (model.py 044a90d2, PR #11153, after the release/1.2 split) also
+  deletes the inherited OMPI_*/PMIX_*/PMI_* job variables at import (OMPI_COMM_WORLD_*,
+  OMPI_UNIVERSE_SIZE, PMIX_RANK/NAMESPACE/SERVER_*, PMI_RANK/SIZE/FD, OMPI_MCA_orte_*, ORTE_*) and
+  defers the tensorrt_llm import (for multi-instance `gpu_device_ids`). No stored 1.2-line version
+  has either (a cherry-pick into release/1.2.1 is unconfirmed but not seen), so neither do we: rank 0
+  passes `MpiCommSession(comm=COMM_WORLD, n_workers=COMM_WORLD.Get_size())` as `_mpi_session`, the
+  other ranks wait in `MPICommExecutor(COMM_WORLD)`.
+
+Pure data and small functions: imported by the tests and, copied beside model.py, by the llmapi
+model in Triton's Python backend.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+TAG = "v1.2.1"
+
+# ---- the llmapi Triton model's tensors (config.pbtxt c8c6df08) ------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Tensor:
+    """One input or output of upstream's llmapi `tensorrt_llm` model, as its config.pbtxt declares it."""
+
+    name: str
+    datatype: str  # config.pbtxt's: TYPE_STRING, TYPE_BOOL, ...
+    dims: tuple[int, ...]
+    optional: bool = True
+
+
+INPUTS: tuple[Tensor, ...] = (
+    Tensor("text_input", "TYPE_STRING", (-1,), optional=False),
+    Tensor("streaming", "TYPE_BOOL", (1,)),
+    Tensor("sampling_param_best_of", "TYPE_INT32", (1,)),
+    Tensor("sampling_param_temperature", "TYPE_FP32", (1,)),
+    Tensor("sampling_param_top_k", "TYPE_INT32", (1,)),
+    Tensor("sampling_param_top_p", "TYPE_FP32", (1,)),
+    Tensor("sampling_param_frequency_penalty", "TYPE_FP32", (1,)),
+    Tensor("sampling_param_presence_penalty", "TYPE_FP32", (1,)),
+    Tensor("sampling_param_max_tokens", "TYPE_INT32", (1,)),
+    Tensor("sampling_param_stop", "TYPE_STRING", (-1,)),
+    Tensor("sampling_param_seed", "TYPE_UINT64", (1,)),
+    Tensor("sampling_param_exclude_input_from_output", "TYPE_BOOL", (1,)),
+    Tensor("sampling_param_return_perf_metrics", "TYPE_BOOL", (1,)),
+    Tensor("return_finish_reason", "TYPE_BOOL", (1,)),
+    Tensor("return_stop_reason", "TYPE_BOOL", (1,)),
+    Tensor("return_cumulative_logprob", "TYPE_BOOL", (1,)),
+    Tensor("stop", "TYPE_BOOL", (1,)),
+)
+"""Upstream's inputs, in its order. `text_input` is required there; ours makes it optional (a prompt
+may come as our `input_ids` instead)."""
+
+OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("text_output", "TYPE_STRING", (-1,)),
+    Tensor("finish_reason", "TYPE_STRING", (-1,)),
+    Tensor("stop_reason", "TYPE_STRING", (-1,)),
+    Tensor("cumulative_logprob", "TYPE_FP32", (-1,)),
+    Tensor("kv_cache_reused_block", "TYPE_INT32", (-1,)),
+    Tensor("kv_cache_missed_block", "TYPE_INT32", (-1,)),
+    Tensor("kv_cache_alloc_new_blocks", "TYPE_INT32", (-1,)),
+    Tensor("kv_cache_alloc_total_blocks", "TYPE_INT32", (-1,)),
+    Tensor("kv_cache_hit_rate", "TYPE_FP32", (-1,)),
+    Tensor("arrival_time_ns", "TYPE_INT64", (1,)),
+    Tensor("first_scheduled_time_ns", "TYPE_INT64", (1,)),
+    Tensor("first_token_time_ns", "TYPE_INT64", (1,)),
+    Tensor("last_token_time_ns", "TYPE_INT64", (1,)),
+    Tensor("acceptance_rate", "TYPE_FP32", (1,)),
+    Tensor("total_accepted_draft_tokens", "TYPE_INT32", (1,)),
+    Tensor("total_draft_tokens", "TYPE_INT32", (1,)),
+)
+"""Upstream's outputs. It sends all but text_output as strings (np.object_) whatever their declared
+type; the perf outputs only with `sampling_param_return_perf_metrics`, which our model refuses (it
+has no perf metrics to return)."""
+
+SAMPLING_INPUTS: dict[str, str] = {
+    f"sampling_param_{name}": name
+    for name in (
+        "best_of",
+        "temperature",
+        "top_k",
+        "top_p",
+        "frequency_penalty",
+        "presence_penalty",
+        "max_tokens",
+        "seed",
+        "exclude_input_from_output",
+        "return_perf_metrics",
+    )
+}
+"""Upstream's helpers.py: input -> the SamplingParams keyword it fills (absent: left out), plus
+`sampling_param_stop` -> `stop`."""
+
+SAMPLING_INPUT_DEFAULTS: dict[str, object] = {
+    "sampling_param_best_of": 1,
+    "sampling_param_exclude_input_from_output": False,
+    "sampling_param_return_perf_metrics": False,
+}
+"""What upstream's helpers send when these inputs are absent."""
+
+OUTPUT_SWITCHES: dict[str, str] = {
+    "return_finish_reason": "finish_reason",
+    "return_stop_reason": "stop_reason",
+    "return_cumulative_logprob": "cumulative_logprob",
+}
+"""Switch input -> the output it adds (text_output always comes)."""
+
+# Messages of upstream's model (model.py / helpers.py); each error response carries
+# GENERATE_ERROR + the exception's text (TritonError's default code), except the stop replies.
+GENERATE_ERROR = "Error generating request: "
+NOT_SCALAR = "Expected a scalar tensor for tensor {name}"
+TEXT_INPUT_MISSING = "text_input is missing from the request"
+TEXT_INPUT_NOT_1D = "The current implementation only supports text_input being a 1D tensor."
+STREAMING_NOT_DECOUPLED = "Streaming is only supported in decoupled mode."
+CANCELLED = "Request cancelled by client"  # TritonError.CANCELLED: a cancelled or stopped request
+STOP_WITHOUT_ID = "A request id must be provided for request cancellation"
+CANCELLATION_CHECK_PERIOD_MS = 100
+"""triton_config.cancellation_check_period_ms when model.yaml leaves it out."""
+
+
+def input_tensor(name: str) -> Tensor:
+    """Upstream's input `name`; KeyError for a name it does not declare."""
+    for tensor in INPUTS:
+        if tensor.name == name:
+            return tensor
+    raise KeyError(f"{name!r} is not an input of NVIDIA's llmapi model at {TAG}")
+
+
+# ---- tensorrt_llm.LLM arguments: TorchLlmArgs and the nested configs we fill ---------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One field of an LLM API pydantic model.
+
+    `kind` is a small type vocabulary (see `_annotation`): int, float, bool, str, path, any, list[int],
+    list[str], dict[str,str], or `a|b|c` for a Literal; `optional` admits None; `nested` names the
+    table of a nested strict model; `certain`: in both stored versions around 1.2.1 (else estimated).
+    """
+
+    name: str
+    kind: str
+    default: Any = None
+    optional: bool = True
+    certain: bool = True
+    nested: str | None = None
+    ge: float | None = None
+    le: float | None = None
+    alias: str | None = None
+
+
+def _f(name: str, kind: str, default: Any = None, **more: Any) -> Field:
+    return Field(name, kind, default, **more)
+
+
+KV_CACHE_CONFIG: tuple[Field, ...] = (
+    _f("enable_block_reuse", "bool", True, optional=False),
+    _f("max_tokens", "int"),
+    _f("max_attention_window", "list[int]"),
+    _f("sink_token_length", "int"),
+    # 6cbd8328 checks 0..1 with its own message ("kv_cache_config.free_gpu_memory_fraction must be a
+    # float between 0 and 1"), 2026 with ge/le; which wording 1.2.1 has is estimated.
+    _f("free_gpu_memory_fraction", "float", 0.9, ge=0.0, le=1.0),
+    _f("host_cache_size", "int"),
+    _f("onboard_blocks", "bool", True, optional=False),
+    _f("cross_kv_cache_fraction", "float"),
+    _f("secondary_offload_min_priority", "int"),
+    _f("event_buffer_max_size", "int", 0, optional=False),
+    _f("attention_dp_events_gather_period_ms", "int", 5, optional=False),
+    _f("enable_partial_reuse", "bool", True, optional=False),
+    _f("copy_on_partial_reuse", "bool", True, optional=False),
+    _f("use_uvm", "bool", False, optional=False),
+    _f("max_gpu_total_bytes", "int", 0, optional=False, ge=0),
+    _f("dtype", "str", "auto", optional=False),
+    _f("mamba_ssm_cache_dtype", "auto|float16|bfloat16|float32", "auto", optional=False),
+    _f("tokens_per_block", "int", 32, optional=False),
+    _f("use_kv_cache_manager_v2", "bool", False, optional=False, certain=False),
+    _f("max_util_for_resume", "float", 0.95, optional=False, certain=False),
+)
+"""KvCacheConfig (a StrictBaseModel: unknown keys refused)."""
+
+LORA_CONFIG: tuple[Field, ...] = (
+    _f("lora_dir", "list[str]", (), optional=False),
+    _f("lora_ckpt_source", "hf|nemo", "hf", optional=False),
+    _f("max_lora_rank", "int", 64, optional=False),
+    _f("lora_target_modules", "list[str]", (), optional=False),
+    _f("trtllm_modules_to_hf_modules", "dict[str,str]", (), optional=False),
+    _f("max_loras", "int"),
+    _f("max_cpu_loras", "int"),
+    _f("swap_gate_up_proj_lora_b_weight", "bool", True, optional=False),
+)
+"""LoraConfig (tensorrt_llm.lora_helper). Its fields are the same in every stored version; its class
+is not: a pydantic BaseModel (unknown keys IGNORED) in late 2025, a StrictBaseModel (refused) on 2026
+main. Which one 1.2.1 ships is unconfirmed; we refuse unknown keys either way (a key that would be
+ignored is a mistake in what we wrote)."""
+
+TORCH_LLM_ARGS: tuple[Field, ...] = (
+    _f("model", "path", optional=False),
+    _f("tokenizer", "any"),
+    _f("tokenizer_mode", "auto|slow", "auto", optional=False),
+    _f("custom_tokenizer", "str", certain=False),
+    _f("skip_tokenizer_init", "bool", False, optional=False),
+    _f("trust_remote_code", "bool", False, optional=False),
+    _f("tensor_parallel_size", "int", 1, optional=False),
+    _f("dtype", "str", "auto", optional=False),
+    _f("revision", "str"),
+    _f("tokenizer_revision", "str"),
+    _f("model_kwargs", "any", certain=False),
+    _f("pipeline_parallel_size", "int", 1, optional=False),
+    _f("context_parallel_size", "int", 1, optional=False),
+    _f("gpus_per_node", "int"),
+    _f("moe_cluster_parallel_size", "int"),
+    _f("moe_tensor_parallel_size", "int"),
+    _f("moe_expert_parallel_size", "int"),
+    _f("enable_attention_dp", "bool", False, optional=False),
+    _f("enable_lm_head_tp_in_adp", "bool", False, optional=False),
+    _f("pp_partition", "list[int]", certain=False),
+    _f("cp_config", "any"),
+    _f("load_format", "any", "auto", optional=False),
+    _f("fail_fast_on_attention_window_too_large", "bool", False, optional=False, certain=False),
+    _f("enable_lora", "bool", False, optional=False),
+    _f("lora_config", "any", nested="lora_config"),
+    _f("kv_cache_config", "any", optional=False, nested="kv_cache_config"),
+    _f("enable_chunked_prefill", "bool", False, optional=False),
+    _f("guided_decoding_backend", "xgrammar|llguidance"),
+    _f("batched_logits_processor", "any"),
+    _f("iter_stats_max_iterations", "int"),
+    _f("request_stats_max_iterations", "int"),
+    _f("peft_cache_config", "any"),
+    _f("scheduler_config", "any"),
+    _f("cache_transceiver_config", "any"),
+    _f("sparse_attention_config", "any"),
+    _f("speculative_config", "any"),
+    # 2025-10: None (BuildConfig then says 2048 / 1024 / 1); 2026: the numbers themselves.
+    _f("max_batch_size", "int"),
+    _f("max_input_len", "int"),
+    _f("max_seq_len", "int"),
+    _f("max_beam_width", "int"),
+    _f("max_num_tokens", "int", 8192),
+    _f("gather_generation_logits", "bool", False, optional=False),
+    _f("num_postprocess_workers", "int", 0, optional=False),
+    _f("postprocess_tokenizer_dir", "str"),
+    _f("reasoning_parser", "str"),
+    _f("decoding_config", "any"),
+    _f("mpi_session", "any", alias="_mpi_session"),
+    _f("otlp_traces_endpoint", "str", certain=False),
+    # 2025-10: Optional[str], None -> "pytorch"; 2026: Literal["pytorch"]. Both take "pytorch".
+    _f("backend", "str"),
+    _f("return_perf_metrics", "bool", False, optional=False),
+    _f("perf_metrics_max_requests", "int", 0, optional=False),
+    _f("orchestrator_type", "rpc|ray"),
+    _f("env_overrides", "dict[str,str]", certain=False),
+    # TorchLlmArgs' own
+    _f("garbage_collection_gen0_threshold", "int", 20000, optional=False),
+    _f("cuda_graph_config", "any"),
+    _f("attention_dp_config", "any"),
+    _f("disable_overlap_scheduler", "bool", False, optional=False),
+    _f("moe_config", "any"),
+    _f("nvfp4_gemm_config", "any", certain=False),
+    _f("attn_backend", "str", "TRTLLM", optional=False),
+    _f("sampler_type", "any", "auto", optional=False),
+    _f("sampler_force_async_worker", "bool", False, optional=False, certain=False),
+    _f("enable_iter_perf_stats", "bool", False, optional=False),
+    _f("enable_iter_req_stats", "bool", False, optional=False),
+    _f("print_iter_log", "bool", False, optional=False),
+    _f("batch_wait_timeout_ms", "float", 0.0, optional=False),
+    _f("batch_wait_timeout_iters", "int", 0, optional=False),
+    _f("batch_wait_max_tokens_ratio", "float", 0.0, optional=False),
+    _f("torch_compile_config", "any"),
+    _f("enable_autotuner", "bool", True, optional=False),
+    _f("enable_layerwise_nvtx_marker", "bool", False, optional=False),
+    _f("enable_min_latency", "bool", False, optional=False),
+    _f("stream_interval", "int", 1, optional=False),
+    _f("force_dynamic_quantization", "bool", False, optional=False),
+    _f("allreduce_strategy", "any", "AUTO"),
+    _f("checkpoint_loader", "any"),
+    _f("checkpoint_format", "str"),
+    _f("kv_connector_config", "any"),
+    _f("mm_encoder_only", "bool", False, optional=False),
+    _f("ray_worker_extension_cls", "str"),
+    _f("ray_placement_config", "any", certain=False),
+    _f("enable_sleep", "bool", False, optional=False, certain=False),
+    _f("use_cute_dsl_blockscaling_mm", "bool", False, optional=False, certain=False),
+    _f("use_cute_dsl_blockscaling_bmm", "bool", False, optional=False, certain=False),
+    _f("disable_flashinfer_sampling", "bool", False, optional=False, certain=False),
+    _f("max_stats_len", "int", 1000, optional=False, certain=False),
+    _f("layer_wise_benchmarks_config", "any", certain=False),
+)
+"""TorchLlmArgs = BaseLlmArgs + the PyTorch backend's fields (`tensorrt_llm.LLM`'s arguments). Nested
+configs we never fill (cuda_graph_config, scheduler_config, ...) are typed `any` here: their own
+fields are not written down, so a wrong key inside them is not caught before the real image."""
+
+NESTED: dict[str, tuple[str, tuple[Field, ...]]] = {
+    "kv_cache_config": ("KvCacheConfig", KV_CACHE_CONFIG),
+    "lora_config": ("LoraConfig", LORA_CONFIG),
+}
+
+REFUSED_LLM_ARGS: dict[str, str] = {
+    "build_config": "build_config is specific to TensorRT backend and cannot be used with PyTorch backend",
+}
+"""Keys TorchLlmArgs refuses with a message of its own. build_config: a deprecated field in 2025-10,
+gone in 2026; a report from an installed 1.2.1 quotes this refusal (wording estimated). Other keys
+`update_llm_args_with_extra_dict` maps but TorchLlmArgs lacks (quant_config, calib_config, ...: a
+property or TrtLlmArgs' fields) fail as extra inputs."""
+
+EXTRA_DICT_CLASSES: dict[str, str] = {
+    "quant_config": "QuantConfig",
+    "calib_config": "CalibConfig",
+    "build_config": "BuildConfig",
+    "decoding_config": "DecodingConfig",
+    "enable_build_cache": "BuildCacheConfig",
+    "speculative_config": "DecodingBaseConfig",
+    "lora_config": "LoraConfig",
+    "moe_config": "MoeConfig",
+    "attention_dp_config": "AttentionDpConfig",
+    "sparse_attention_config": "BaseSparseAttentionConfig",
+}
+"""`update_llm_args_with_extra_dict`'s key -> class table (2025-10): each value given is built with
+`Cls(**value)` (speculative/build/sparse with `from_dict`), so a non-mapping fails there; the merged
+dict then goes to `LLM(**args)`. 2026 main also maps kv_cache_config (deep merge) and
+nvfp4_gemm_config, and drops speculative/sparse; 1.2.1's table is one of the two (estimated). It
+checks no keys itself: pydantic does, in LLM()."""
+
+UPDATE_LLM_ARGS = (
+    ("tensorrt_llm.llmapi.llm_utils", "update_llm_args_with_extra_dict"),  # upstream model.py's import
+    ("tensorrt_llm.llmapi.llm_args", "update_llm_args_with_extra_dict"),  # where it is defined
+)
+MPI_SESSION = ("tensorrt_llm.llmapi", "MpiCommSession")
+LORA_REQUEST = (("tensorrt_llm.executor.request", "LoRARequest"), ("tensorrt_llm.executor", "LoRARequest"))
+GUIDED_DECODING_PARAMS = ("tensorrt_llm.sampling_params", "GuidedDecodingParams")
+
+EXTRA_FORBIDDEN = "Extra inputs are not permitted"
+
+
+def fields_of(table: tuple[Field, ...]) -> dict[str, Field]:
+    return {f.alias or f.name: f for f in table}
+
+
+def drop_nulls(config: Mapping[str, Any]) -> dict[str, Any]:
+    """model.yaml with its `null` values left out, nested mappings too (null = the LLM API's default)."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        if value is None:
+            continue
+        out[key] = drop_nulls(value) if isinstance(value, Mapping) else value
+    return out
+
+
+def _annotation(field: Field) -> Any:
+    from pathlib import Path
+    from typing import Literal, Optional, Union
+
+    simple: dict[str, Any] = {
+        "int": int,
+        "float": float,
+        "bool": bool,
+        "str": str,
+        "path": Union[str, Path],  # noqa: UP007 (pydantic's own spelling of a union)
+        "any": Any,
+        "list[int]": list[int],
+        "list[str]": list[str],
+        "dict[str,str]": dict[str, str],
+    }
+    literal = Literal[tuple(field.kind.split("|"))]  # type: ignore[valid-type]
+    kind = simple.get(field.kind, literal)
+    return Optional[kind] if field.optional and kind is not Any else kind  # noqa: UP045
+
+
+@functools.lru_cache(maxsize=1)
+def llm_args_model() -> Any:
+    """TorchLlmArgs as a strict pydantic model built from these tables (its errors are pydantic's)."""
+    from pydantic import ConfigDict, create_model
+    from pydantic import Field as PydanticField
+
+    strict = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    def build(name: str, table: tuple[Field, ...]) -> Any:
+        fields: dict[str, Any] = {}
+        for field in table:
+            annotation = _annotation(field)
+            if field.nested is not None:
+                nested_name, nested_table = NESTED[field.nested]
+                model = build(nested_name, nested_table)
+                annotation = model | None if field.optional else model
+                default: Any = None if field.optional else PydanticField(default_factory=model)
+            elif field.default == ():  # an empty list or dict, made per instance
+                factory = dict if field.kind.startswith("dict") else list
+                default = PydanticField(default_factory=factory)
+            else:
+                default = PydanticField(
+                    default=... if field.name == "model" else field.default,
+                    alias=field.alias,
+                    ge=field.ge,
+                    le=field.le,
+                )
+            fields[field.name] = (annotation, default)
+        return create_model(name, __config__=strict, **fields)
+
+    return build("TorchLlmArgs", TORCH_LLM_ARGS)
+
+
+def validate_llm_args(args: Mapping[str, Any]) -> Any:
+    """The LLM arguments as TorchLlmArgs would validate them: the model instance, or pydantic's
+    ValidationError (unknown key: "Extra inputs are not permitted", naming the key), or ValueError
+    for a key TorchLlmArgs does not take at all (REFUSED_LLM_ARGS)."""
+    for key, message in REFUSED_LLM_ARGS.items():
+        if key in args:
+            raise ValueError(message)
+    return llm_args_model()(**args)
+
+
+def unknown_keys(config: Mapping[str, Any]) -> list[str]:
+    """Keys of a model.yaml LLM-argument block (triton_config stripped) that 1.2.1 does not take for
+    certain, dotted for nested ones: what a packer must never write."""
+    top = fields_of(TORCH_LLM_ARGS)
+    out = []
+    for key, value in config.items():
+        field = top.get(key)
+        if field is None or not field.certain or key in REFUSED_LLM_ARGS:
+            out.append(key)
+            continue
+        if field.nested is not None and isinstance(value, Mapping):
+            nested = fields_of(NESTED[field.nested][1])
+            out += [f"{key}.{k}" for k in value if k not in nested or not nested[k].certain]
+    return out
+
+
+# ---- SamplingParams, GuidedDecodingParams (sampling_params.py b35ac1b6) ----------------------------------
+
+SAMPLING_PARAMS: tuple[tuple[str, Any], ...] = (
+    ("end_id", None),
+    ("pad_id", None),
+    ("max_tokens", 32),
+    ("bad", None),
+    ("bad_token_ids", None),
+    ("stop", None),
+    ("stop_token_ids", None),
+    ("include_stop_str_in_output", False),
+    ("embedding_bias", None),
+    ("logits_processor", None),
+    ("apply_batched_logits_processor", False),
+    ("n", 1),
+    ("best_of", None),
+    ("use_beam_search", False),
+    ("top_k", None),
+    ("top_p", None),
+    ("top_p_min", None),
+    ("top_p_reset_ids", None),
+    ("top_p_decay", None),
+    ("seed", None),
+    ("temperature", None),
+    ("min_tokens", None),
+    ("beam_search_diversity_rate", None),
+    ("repetition_penalty", None),
+    ("presence_penalty", None),
+    ("frequency_penalty", None),
+    ("prompt_ignore_length", None),
+    ("length_penalty", None),
+    ("early_stopping", None),
+    ("no_repeat_ngram_size", None),
+    ("min_p", None),
+    ("beam_width_array", None),
+    ("logprobs", None),
+    ("prompt_logprobs", None),
+    ("return_context_logits", False),
+    ("return_generation_logits", False),
+    ("exclude_input_from_output", True),
+    ("return_encoder_output", False),
+    ("return_perf_metrics", False),
+    ("additional_model_outputs", None),
+    ("lookahead_config", None),
+    ("guided_decoding", None),
+    ("ignore_eos", False),
+    ("detokenize", True),
+    ("add_special_tokens", True),
+    ("truncate_prompt_tokens", None),
+    ("skip_special_tokens", True),
+    ("spaces_between_special_tokens", True),
+)
+"""SamplingParams' public init fields and defaults, in order: `@dataclass(slots=True, kw_only=True)`,
+so an unknown keyword is a TypeError (`__init__() got an unexpected keyword argument`) and a
+positional one too. Estimated for 1.2.1: `logprobs_mode` (PR #9675, merged on main around the
+release/1.2 split) may be there too, defaulting to raw log probs; the sampled token's entry and
+logprobs=0 meaning "the sampled token only" are 2026 main's. At 1.2.0rc2 the PyTorch backend returns
+log probs only when `bool(logprobs)`: logprobs=0 returns none."""
+
+SAMPLING_DEFAULTS = dict(SAMPLING_PARAMS)
+
+# SamplingParams._validate(), in its order (after __post_init__: pad_id = end_id, best_of = best_of or n)
+BAD_TOP_P = "require 0 <= top_p <= 1, got top_p={value}"
+BAD_TOP_K = "require top_k >= 0, got top_k={value}"
+BAD_TEMPERATURE = "require temperature >= 0, got temperature={value}"
+BEST_OF_BELOW_N = "best_of ({best_of}) cannot be less than n ({n})"
+GREEDY_BEST_OF = (
+    "Greedy decoding in the LLM API does not allow multiple returns. Please set to best_of=1, got "
+    "best_of={best_of}. Please set to best_of=1 or set an environment variable "
+    "TLLM_ALLOW_N_GREEDY_DECODING=1 to allow best_of > 1 under the greedy decoding."
+)
+ALLOW_N_GREEDY_ENV = "TLLM_ALLOW_N_GREEDY_DECODING"
+BAD_TRUNCATE = "truncate_prompt_tokens must be >= 1, got {value}"
+
+
+def greedy(temperature: float | None, top_p: float | None, top_k: int | None) -> bool:
+    """SamplingParams.params_imply_greedy_decoding: how the LLM API tells greedy from sampling."""
+    return (
+        (temperature is None and top_p is None and top_k is None)
+        or top_k == 1
+        or top_p == 0.0
+        or temperature == 0
+    )
+
+
+def sampling_errors(params: Any) -> str | None:
+    """The first refusal of SamplingParams._validate() for `params` (any object with its fields)."""
+    import os
+
+    if params.top_p is not None and (params.top_p < 0 or params.top_p > 1):
+        return BAD_TOP_P.format(value=params.top_p)
+    if params.top_k is not None and params.top_k < 0:
+        return BAD_TOP_K.format(value=params.top_k)
+    if params.temperature is not None and params.temperature < 0:
+        return BAD_TEMPERATURE.format(value=params.temperature)
+    if params.best_of is not None and params.best_of < params.n:
+        return BEST_OF_BELOW_N.format(best_of=params.best_of, n=params.n)
+    if (
+        params.best_of is not None
+        and params.best_of > 1
+        and not params.use_beam_search
+        and greedy(params.temperature, params.top_p, params.top_k)
+        and not os.environ.get(ALLOW_N_GREEDY_ENV)
+    ):
+        return GREEDY_BEST_OF.format(best_of=params.best_of)
+    if params.truncate_prompt_tokens is not None and params.truncate_prompt_tokens < 1:
+        return BAD_TRUNCATE.format(value=params.truncate_prompt_tokens)
+    return None
+
+
+GUIDED_DECODING_FIELDS: tuple[tuple[str, Any], ...] = (
+    ("json", None),  # a JSON schema: str, dict or pydantic model
+    ("regex", None),
+    ("grammar", None),  # EBNF
+    ("json_object", False),
+    ("structural_tag", None),  # xgrammar only
+)
+"""GuidedDecodingParams (kw_only slots dataclass, unchanged since 0.21)."""
+ONE_GUIDE = "Only one guide can be used for a request, but got {count}."
+
+GUIDE_FIELDS: dict[str, str] = {
+    "json": "json_object",
+    "json_schema": "json",
+    "regex": "regex",
+    "ebnf_grammar": "grammar",
+}
+"""The C++ backend's guide types (our guided_decoding_guide_type input) -> the GuidedDecodingParams
+field that carries the same guide (`json`: json_object=True, no text)."""
+
+# ---- outputs (executor/result.py) ---------------------------------------------------------------------
+
+COMPLETION_OUTPUT_FIELDS: tuple[str, ...] = (
+    "index",
+    "text",
+    "token_ids",
+    "cumulative_logprob",
+    "logprobs",
+    "prompt_logprobs",
+    "finish_reason",
+    "stop_reason",
+    "generation_logits",
+    "disaggregated_params",
+    "request_perf_metrics",
+)
+"""CompletionOutput's fields we model (1.2 also has additional_context_outputs /
+additional_generation_outputs). `text` and `token_ids` are cumulative; `logprobs` is
+list[dict[token id, Logprob]], one dict per token of token_ids (streamed incrementally by the
+PyTorch backend from 1.2); `cumulative_logprob` is None unless log probs were computed. Properties:
+length, text_diff, token_ids_diff, logprobs_diff."""
+
+LOGPROB_FIELDS = ("logprob", "rank")
+"""Logprob(logprob: float, rank: Optional[int] = None), a slots dataclass; rank 1 = most likely."""
+
+FINISH_REASONS = ("stop", "length", "timeout", "cancelled")
+"""CompletionOutput.finish_reason when finished. END_ID -> "stop" with stop_reason None;
+STOP_WORDS -> "stop" with stop_reason = the stop string or token id, whose tokens are cut from
+token_ids (unless include_stop_str_in_output)."""
+
+REQUEST_OUTPUT_FIELDS = ("request_id", "prompt", "prompt_token_ids", "outputs", "context_logits", "finished")
+"""RequestOutput (what generate_async returns: an async iterable of itself, one step per response;
+`abort()` cancels the request, whose last response then says finish_reason "cancelled")."""
+
+GENERATE_ASYNC_PARAMETERS = (
+    "inputs",
+    "sampling_params",
+    "lora_request",
+    "prompt_adapter_request",
+    "streaming",
+    "kv_cache_retention_config",
+    "disaggregated_params",
+    "_postproc_params",
+    "scheduling_params",
+    "cache_salt",
+)
+"""LLM.generate_async's parameters in order (1.x llm.py): the third positional one is lora_request."""
+
+LORA_REQUEST_FIELDS = ("lora_name", "lora_int_id", "lora_path", "lora_ckpt_source")
+"""LoRARequest(lora_name, lora_int_id, lora_path="", lora_ckpt_source="hf") (executor/request.py)."""
