@@ -49,7 +49,7 @@ ensure_system_packages() {
 case "${1:-}" in
   serve)
     setup
-    if ! "$PY" -c "from trtllm_service.runtime import default_model_tag; import os; default_model_tag(os.environ.get('TRTLLM_MODEL'))" 2>/dev/null; then
+    if ! "$PY" -c "from trtllm_service.relay.runtime import default_model_tag; import os; default_model_tag(os.environ.get('TRTLLM_MODEL'))" 2>/dev/null; then
       "$PY" pack_model.py --demo
     fi
     exec "$VENV/bin/bentoml" serve . --port "${PORT:-3000}"

@@ -2,7 +2,7 @@
 """Pack a TensorRT-LLM engine (or a Hugging Face checkpoint) into the BentoML model store.
 
 The model holds the engine, the tokenizer and a filled Triton model repository, and nothing else. The
-logic lives in ``trtllm_service.packing``; this file is the command line.
+logic lives in ``trtllm_service.packing.packer``; this file is the command line.
 
 Examples::
 
@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from trtllm_service import packing
-from trtllm_service.packing import PackError, RuntimeOptions
+from trtllm_service.packing import packer as packing
+from trtllm_service.packing.packer import PackError, RuntimeOptions
 
 PROG = "pack_model"
 
@@ -388,7 +388,7 @@ def run(args: argparse.Namespace) -> packing.PackResult:
             raise PackError("--build-engine packs an engine for the ensemble flavour, not --flavor llmapi")
         if options.trust_remote_code:
             raise PackError("--trust-remote-code is an LLM API option: it goes with --flavor llmapi")
-        from trtllm_service.engine_build import build_engine
+        from trtllm_service.packing.engine_build import build_engine
 
         source = packing.read_hf_checkpoint(args.hf_model)
         with tempfile.TemporaryDirectory(prefix="pack-build-") as tmp:
@@ -423,7 +423,7 @@ def run(args: argparse.Namespace) -> packing.PackResult:
         return pack(source, source.directory, option="--hf-model")
     if args.tokenizer is not None:
         raise PackError("--tokenizer does not go with --demo (the demo model has its own)")
-    from trtllm_service.demo_model import build_demo_model
+    from trtllm_service.packing.demo_model import build_demo_model
 
     with tempfile.TemporaryDirectory(prefix="pack-demo-") as tmp:
         source = packing.read_hf_checkpoint(build_demo_model(Path(tmp) / "model"), mode="demo")

@@ -14,19 +14,19 @@ from annotated_types import Ge, Le
 from starlette.responses import JSONResponse
 
 from tensorrtllm_backend.stop_strings import StopStringError, check_stop
-from trtllm_service.auth import APIKeyMiddleware, APIKeys
-from trtllm_service.bentoml_patches import cancel_request_timers
+from trtllm_service.api.auth import APIKeyMiddleware, APIKeys
+from trtllm_service.api.bentoml_patches import cancel_request_timers
+from trtllm_service.api.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
+from trtllm_service.api.metrics import RequestMetrics, append_triton_metrics
+from trtllm_service.api.openai import routes as openai_routes
+from trtllm_service.api.shutdown import Drain
+from trtllm_service.api.streaming import StreamBody, first_text, text_chunks
+from trtllm_service.api.tracing import exclude_message_spans
 from trtllm_service.errors import APIError
-from trtllm_service.guided import GuideRequestError, checked, json_schema_guide
-from trtllm_service.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
-from trtllm_service.metrics import RequestMetrics, append_triton_metrics
-from trtllm_service.openai import routes as openai_routes
-from trtllm_service.request import SamplingParams
-from trtllm_service.runtime import Runtime, default_model_tag, run_dir
+from trtllm_service.relay.guided import GuideRequestError, checked, json_schema_guide
+from trtllm_service.relay.request import SamplingParams
+from trtllm_service.relay.runtime import Runtime, default_model_tag, run_dir
 from trtllm_service.settings import get_settings
-from trtllm_service.shutdown import Drain
-from trtllm_service.streaming import StreamBody, first_text, text_chunks
-from trtllm_service.tracing import exclude_message_spans
 
 logger = logging.getLogger("trtllm_service")
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from tensorrtllm_backend import LAUNCHER  # noqa: E402
 from tensorrtllm_backend.repository import build_repository, repository_values  # noqa: E402
-from trtllm_service.demo_model import build_demo_model  # noqa: E402
+from trtllm_service.packing.demo_model import build_demo_model  # noqa: E402
 
 
 def free_port() -> int:

@@ -23,8 +23,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trtllm_service.grpc_http2 import GrpcConnection
-from trtllm_service.request import GenerationRequest, ensemble_message, llmapi_message
+from trtllm_service.relay.grpc_http2 import GrpcConnection
+from trtllm_service.relay.request import GenerationRequest, ensemble_message, llmapi_message
 
 PROMPT_WORDS = [
     "the",

@@ -31,7 +31,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from trtllm_service.demo_model import build_demo_model
+    from trtllm_service.packing.demo_model import build_demo_model
 
     return build_demo_model(tmp_path_factory.mktemp("demo") / "model")
 

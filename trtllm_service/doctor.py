@@ -24,7 +24,7 @@ from typing import Any
 
 from tensorrtllm_backend import pinned
 from trtllm_service.errors import APIError
-from trtllm_service.request import SamplingParams
+from trtllm_service.relay.request import SamplingParams
 from trtllm_service.versions import installed_tensorrt_llm, triton_version
 
 PROG = "trtllm_service.doctor"
@@ -245,7 +245,7 @@ async def diagnose(tag: str | None) -> tuple[dict[str, Any], list[Check]]:
     """Starts the model's Triton as the service does, checks it, stops it."""
     import bentoml
 
-    from trtllm_service.runtime import Runtime, default_model_tag
+    from trtllm_service.relay.runtime import Runtime, default_model_tag
     from trtllm_service.settings import get_settings
 
     settings = get_settings()

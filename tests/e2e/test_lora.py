@@ -25,7 +25,7 @@ from tests.e2e.conftest import BentoService, pack_demo
 from tests.lora_support import make_adapter, merge_into
 from tests.openai_support import Reference
 from tests.support import prometheus_metric
-from trtllm_service.demo_model import build_demo_model
+from trtllm_service.packing.demo_model import build_demo_model
 
 MESSAGES = [{"role": "user", "content": "Write about rivers."}]
 MAX_TOKENS = 24

@@ -17,7 +17,7 @@ import grpc
 import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
-from trtllm_service.grpc_http2 import CANCELLED, OK, UNAVAILABLE, GrpcConnection
+from trtllm_service.relay.grpc_http2 import CANCELLED, OK, UNAVAILABLE, GrpcConnection
 
 PATH = "/inference.GRPCInferenceService/ModelStreamInfer"
 

@@ -23,9 +23,9 @@ from bentoml._internal.models import ModelStore
 from tensorrtllm_backend.repository import FLAVORS, LLMAPI_SHARED_MODULES, SHARED_MODULES
 from tensorrtllm_backend.scripts.launch_triton_server import LauncherError, find_tritonserver
 from tests.support import engine_config
-from trtllm_service import packing
 from trtllm_service.packed_model import XGRAMMAR_TOKENIZER_INFO, layout_runtime_repository, read_pack_info
-from trtllm_service.packing import TOKENIZER_FILES
+from trtllm_service.packing import packer as packing
+from trtllm_service.packing.packer import TOKENIZER_FILES
 
 pytestmark = pytest.mark.integration
 
@@ -416,7 +416,7 @@ def test_failure_midway_saves_nothing(store: Store, engine_dir: Path, demo_model
         """
         import sys
         import pack_model
-        from trtllm_service import packing
+        from trtllm_service.packing import packer as packing
 
         real = packing._copy_one
         calls = []

@@ -13,7 +13,7 @@ import psutil
 import pytest
 
 from tensorrtllm_backend.repository import build_repository, repository_values
-from trtllm_service.triton_process import TritonPorts, TritonStartupError, TritonSupervisor
+from trtllm_service.triton.process import TritonPorts, TritonStartupError, TritonSupervisor
 
 
 def _tree(pid: int) -> list[psutil.Process]:

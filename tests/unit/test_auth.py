@@ -10,7 +10,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from trtllm_service.auth import APIKeyMiddleware, APIKeys, bearer_token, is_open
+from trtllm_service.api.auth import APIKeyMiddleware, APIKeys, bearer_token, is_open
 
 
 def app_with_keys(*keys: str) -> APIKeyMiddleware:

@@ -15,8 +15,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 
-from trtllm_service import demo_model
-from trtllm_service.demo_model import DEMO_SEED, build_demo_model
+from trtllm_service.packing import demo_model
+from trtllm_service.packing.demo_model import DEMO_SEED, build_demo_model
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXPECTED_FILES = {
@@ -256,7 +256,7 @@ def test_greedy_generate_is_deterministic(model: Any, tokenizer: Any) -> None:
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "HF_HUB_OFFLINE": "1"}
     return subprocess.run(
-        [sys.executable, "-m", "trtllm_service.demo_model", *args],
+        [sys.executable, "-m", "trtllm_service.packing.demo_model", *args],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,

@@ -13,8 +13,8 @@ import pytest
 
 import pack_model
 from tests.support import engine_config
-from trtllm_service.engine_build import build_limits, trtllm_build_command
-from trtllm_service.packing import ModelSource, PackError, RuntimeOptions, read_engine_dir
+from trtllm_service.packing.engine_build import build_limits, trtllm_build_command
+from trtllm_service.packing.packer import ModelSource, PackError, RuntimeOptions, read_engine_dir
 
 pytestmark = pytest.mark.unit
 

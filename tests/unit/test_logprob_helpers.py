@@ -9,7 +9,7 @@ import torch
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from tests.support import load_tokenizer
-from trtllm_service.logprobs import (
+from trtllm_service.relay.logprobs import (
     TokenLogprob,
     TokenTexts,
     chat_logprobs,

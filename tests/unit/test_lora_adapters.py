@@ -10,8 +10,8 @@ import pytest
 
 from tensorrtllm_backend.lora import CACHE_MISS, LoraCache, LoraError, from_rows, read_peft, to_rows
 from tests.lora_support import make_adapter
-from trtllm_service import packing
-from trtllm_service.packing import PackError
+from trtllm_service.packing import packer as packing
+from trtllm_service.packing.packer import PackError
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 import tensorrtllm_backend
 from tensorrtllm_backend import TEMPLATES_DIR, nvidia_backend
 from tensorrtllm_backend.repository import fill_model_config, repository_values
-from trtllm_service.request import ENGINE_INPUTS, ENSEMBLE_INPUTS, GenerationRequest, engine_message
+from trtllm_service.relay.request import ENGINE_INPUTS, ENSEMBLE_INPUTS, GenerationRequest, engine_message
 
 pytestmark = pytest.mark.unit
 

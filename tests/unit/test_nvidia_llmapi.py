@@ -30,7 +30,7 @@ import tensorrtllm_backend
 from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR
 from tensorrtllm_backend.lora import Adapter
 from tensorrtllm_backend.repository import TEMPLATES_DIR, fill_model_config, repository_values
-from trtllm_service import packing
+from trtllm_service.packing import packer as packing
 
 # As the llmapi model sees them: its own modules, the ensemble stand-in's and the shared ones beside it.
 sys.path.insert(0, str(TEMPLATES_DIR / "tensorrt_llm" / "1"))

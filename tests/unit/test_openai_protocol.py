@@ -8,9 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from trtllm_service.errors import APIError
-from trtllm_service.openai.errors import from_validation_error
-from trtllm_service.openai.protocol import (
+from trtllm_service.api.openai.errors import from_validation_error
+from trtllm_service.api.openai.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -22,14 +21,15 @@ from trtllm_service.openai.protocol import (
     ModelList,
     parse_request,
 )
-from trtllm_service.openai.sse import (
+from trtllm_service.api.openai.sse import (
     SSE_DONE,
     ChatChunkEncoder,
     CompletionChunkEncoder,
     error_frame,
     sse_frame,
 )
-from trtllm_service.request import SamplingParams
+from trtllm_service.errors import APIError
+from trtllm_service.relay.request import SamplingParams
 
 USER = [{"role": "user", "content": "hi"}]
 

@@ -16,19 +16,19 @@ import httpx
 import pytest
 
 from tests.support import engine_response
-from trtllm_service.errors import APIError
-from trtllm_service.openai import routes
-from trtllm_service.openai.protocol import (
+from trtllm_service.api.openai import routes
+from trtllm_service.api.openai.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     CompletionChunk,
     CompletionRequest,
     parse_request,
 )
-from trtllm_service.openai.serving import OpenAIServing
-from trtllm_service.prompting import PromptFormatter, RequestPreparer
-from trtllm_service.request import EngineLimits, GenerationRequest, SamplingParams
-from trtllm_service.triton_client import EngineStream
+from trtllm_service.api.openai.serving import OpenAIServing
+from trtllm_service.errors import APIError
+from trtllm_service.relay.client import EngineStream
+from trtllm_service.relay.prompting import PromptFormatter, RequestPreparer
+from trtllm_service.relay.request import EngineLimits, GenerationRequest, SamplingParams
 
 
 class WordDecoder:

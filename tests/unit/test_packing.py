@@ -1,4 +1,4 @@
-"""trtllm_service.packing: engine/checkpoint reading, options, names, pack.json and relocation."""
+"""trtllm_service.packing.packer: engine/checkpoint reading, options, names, pack.json and relocation."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ import pytest
 
 from tensorrtllm_backend.repository import MODELS, build_repository, repository_values
 from tests.support import engine_config
-from trtllm_service import packing
 from trtllm_service.packed_model import (
     XGRAMMAR_TOKENIZER_INFO,
     guided_decoding_unsupported,
     layout_runtime_repository,
     read_pack_info,
 )
-from trtllm_service.packing import (
+from trtllm_service.packing import packer as packing
+from trtllm_service.packing.packer import (
     ModelSource,
     PackError,
     PackInfo,
@@ -645,7 +645,7 @@ _INFO: dict[str, Any] = {
 )
 def test_guided_request_refused_when_packed_without(path: str, body: dict[str, Any], param: str) -> None:
     from tests.unit.test_openai_serving import FakeRuntime, post
-    from trtllm_service.runtime import Runtime
+    from trtllm_service.relay.runtime import Runtime
 
     class Unguided(FakeRuntime):
         no_guides = guided_decoding_unsupported(PackInfo(**_INFO))

@@ -16,12 +16,12 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+from trtllm_service.api.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
+from trtllm_service.api.openai.routes import _openapi30
+from trtllm_service.api.shutdown import Drain
 from trtllm_service.errors import APIError
-from trtllm_service.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
-from trtllm_service.openai.routes import _openapi30
-from trtllm_service.prompting import PromptFormatter, RequestPreparer
-from trtllm_service.request import EngineLimits, SamplingParams, settle
-from trtllm_service.shutdown import Drain
+from trtllm_service.relay.prompting import PromptFormatter, RequestPreparer
+from trtllm_service.relay.request import EngineLimits, SamplingParams, settle
 
 pytestmark = pytest.mark.unit
 
@@ -216,8 +216,8 @@ def test_a_stop_string_ends_the_token_count_where_it_completes() -> None:
     from array import array
 
     from tests.support import engine_response
-    from trtllm_service.request import GenerationRequest
-    from trtllm_service.triton_client import EngineStream
+    from trtllm_service.relay.client import EngineStream
+    from trtllm_service.relay.request import GenerationRequest
 
     class Words:
         def push(self, ids: Any) -> str:

@@ -23,7 +23,7 @@ import tensorrtllm_backend
 from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR, TEMPLATES_DIR
 from tensorrtllm_backend.repository import fill_model_config, repository_values
 from trtllm_service.errors import APIError
-from trtllm_service.request import (
+from trtllm_service.relay.request import (
     ENGINE_FIXED,
     ENGINE_INPUTS,
     ENSEMBLE_INPUTS,

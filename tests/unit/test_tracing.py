@@ -10,7 +10,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from trtllm_service.tracing import exclude_message_spans
+from trtllm_service.api.tracing import exclude_message_spans
 
 
 async def streaming_app(scope: Any, receive: Any, send: Any) -> None:

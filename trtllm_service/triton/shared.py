@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tensorrtllm_backend.scripts.launch_triton_server import pid_alive
-from trtllm_service.triton_process import TritonSupervisor, kill_group
+from trtllm_service.triton.process import TritonSupervisor, kill_group
 
 logger = logging.getLogger("trtllm_service.triton")
 

@@ -18,9 +18,9 @@ from collections.abc import AsyncGenerator, Mapping
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
+from trtllm_service.api.metrics import RequestMetrics
 from trtllm_service.errors import APIError
-from trtllm_service.metrics import RequestMetrics
-from trtllm_service.triton_client import EngineStream
+from trtllm_service.relay.client import EngineStream
 
 
 async def _until_disconnect(receive: Receive) -> None:

@@ -446,7 +446,7 @@ class _OneLineErrorParser(argparse.ArgumentParser):
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: build the demo model into OUT_DIR and print its path."""
     parser = _OneLineErrorParser(
-        prog="python -m trtllm_service.demo_model",
+        prog="python -m trtllm_service.packing.demo_model",
         description="Build the offline demo Llama checkpoint (random weights, Llama-3 style tokenizer).",
     )
     parser.add_argument(

@@ -19,8 +19,8 @@ from collections.abc import Iterable
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from trtllm_service.api.metrics import count_rejected
 from trtllm_service.errors import APIError
-from trtllm_service.metrics import count_rejected
 
 OPEN_PATHS = frozenset({"/", "/livez", "/readyz", "/healthz", "/metrics", "/docs.json", "/schema.json"})
 """Paths answered without a key: health probes, metrics, and the API documentation."""

@@ -17,7 +17,7 @@ import time
 import httpx
 from prometheus_client import Counter, Gauge, Histogram
 
-logger = logging.getLogger("trtllm_service.metrics")
+logger = logging.getLogger("trtllm_service.api.metrics")
 
 _LATENCY_BUCKETS = (
     0.001,

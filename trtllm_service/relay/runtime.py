@@ -22,9 +22,8 @@ from typing import Any
 from tensorrtllm_backend import pinned
 from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
 from tensorrtllm_backend.lora import ROWS_CONFIG, ROWS_WEIGHTS
+from trtllm_service.api.metrics import TRITON_RESTARTS, served_engine
 from trtllm_service.errors import APIError
-from trtllm_service.logprobs import TokenTexts
-from trtllm_service.metrics import TRITON_RESTARTS, served_engine
 from trtllm_service.packed_model import (
     LORA_DIR,
     end_ids,
@@ -33,12 +32,13 @@ from trtllm_service.packed_model import (
     read_pack_info,
     top_logprobs_unsupported,
 )
-from trtllm_service.prompting import PromptFormatter, RequestPreparer
-from trtllm_service.request import EngineLimits, GenerationRequest, SamplingParams
+from trtllm_service.relay.client import EngineStream, TritonRelay
+from trtllm_service.relay.logprobs import TokenTexts
+from trtllm_service.relay.prompting import PromptFormatter, RequestPreparer
+from trtllm_service.relay.request import EngineLimits, GenerationRequest, SamplingParams
 from trtllm_service.settings import Settings
-from trtllm_service.shared_triton import SharedTriton
-from trtllm_service.triton_client import EngineStream, TritonRelay
-from trtllm_service.triton_process import EXIT_TIMEOUT_S, TritonPorts, TritonStartupError, TritonSupervisor
+from trtllm_service.triton.process import EXIT_TIMEOUT_S, TritonPorts, TritonStartupError, TritonSupervisor
+from trtllm_service.triton.shared import SharedTriton
 from trtllm_service.versions import installed_tensorrt_llm, triton_version
 
 logger = logging.getLogger("trtllm_service")

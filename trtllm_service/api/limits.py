@@ -22,10 +22,10 @@ from pathlib import Path
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from trtllm_service.auth import is_open
+from trtllm_service.api.auth import is_open
+from trtllm_service.api.metrics import count_rejected
+from trtllm_service.api.shutdown import Drain
 from trtllm_service.errors import APIError
-from trtllm_service.metrics import count_rejected
-from trtllm_service.shutdown import Drain
 
 _SLOT = struct.Struct("<qq")  # pid, requests in flight
 

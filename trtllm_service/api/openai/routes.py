@@ -19,9 +19,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from trtllm_service.errors import APIError
-from trtllm_service.metrics import count_rejected
-from trtllm_service.openai.protocol import (
+from trtllm_service.api.metrics import count_rejected
+from trtllm_service.api.openai.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -33,12 +32,13 @@ from trtllm_service.openai.protocol import (
     ModelList,
     parse_request,
 )
-from trtllm_service.openai.serving import CHAT_ROUTE, COMPLETIONS_ROUTE, OpenAIServing, error_response
+from trtllm_service.api.openai.serving import CHAT_ROUTE, COMPLETIONS_ROUTE, OpenAIServing, error_response
+from trtllm_service.errors import APIError
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from trtllm_service.runtime import Runtime
+    from trtllm_service.relay.runtime import Runtime
 
 app = FastAPI(
     title="OpenAI-compatible API",

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_service.packed_model import PackError
-from trtllm_service.packing import ModelSource, RuntimeOptions
+from trtllm_service.packing.packer import ModelSource, RuntimeOptions
 
 TRTLLM_BUILD = "trtllm-build"
 

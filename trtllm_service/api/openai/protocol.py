@@ -40,11 +40,11 @@ from pydantic import (
 )
 
 from tensorrtllm_backend.stop_strings import MAX_STOP_STRINGS, StopStringError, check_stop
-from trtllm_service import tool_calls
+from trtllm_service.api.openai.errors import from_validation_error, request_error
 from trtllm_service.errors import APIError
-from trtllm_service.guided import Guide, GuideRequestError, checked, choice_guide, json_schema_guide
-from trtllm_service.openai.errors import from_validation_error, request_error
-from trtllm_service.request import SamplingParams
+from trtllm_service.relay import tool_calls
+from trtllm_service.relay.guided import Guide, GuideRequestError, checked, choice_guide, json_schema_guide
+from trtllm_service.relay.request import SamplingParams
 
 MAX_N = 8
 MAX_PROMPTS = 64

@@ -32,12 +32,8 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from trtllm_service import tool_calls
-from trtllm_service.errors import APIError
-from trtllm_service.guided import guide_field
-from trtllm_service.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
-from trtllm_service.metrics import RequestMetrics
-from trtllm_service.openai.protocol import (
+from trtllm_service.api.metrics import RequestMetrics
+from trtllm_service.api.openai.protocol import (
     ChatCompletionChoice,
     ChatCompletionMessage,
     ChatCompletionRequest,
@@ -52,15 +48,19 @@ from trtllm_service.openai.protocol import (
     UsageInfo,
     new_id,
 )
-from trtllm_service.openai.sse import SSE_DONE, ChatChunkEncoder, CompletionChunkEncoder, error_frame
-from trtllm_service.request import GenerationRequest, SamplingParams
-from trtllm_service.streaming import StreamBody
-from trtllm_service.triton_client import EngineStream
+from trtllm_service.api.openai.sse import SSE_DONE, ChatChunkEncoder, CompletionChunkEncoder, error_frame
+from trtllm_service.api.streaming import StreamBody
+from trtllm_service.errors import APIError
+from trtllm_service.relay import tool_calls
+from trtllm_service.relay.client import EngineStream
+from trtllm_service.relay.guided import guide_field
+from trtllm_service.relay.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
+from trtllm_service.relay.request import GenerationRequest, SamplingParams
 
 if TYPE_CHECKING:
-    from trtllm_service.runtime import Runtime
+    from trtllm_service.relay.runtime import Runtime
 
-logger = logging.getLogger("trtllm_service.openai")
+logger = logging.getLogger("trtllm_service.api.openai")
 
 _UINT64_MASK = (1 << 64) - 1
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

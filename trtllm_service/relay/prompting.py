@@ -14,9 +14,9 @@ from typing import Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from trtllm_service import tool_calls
 from trtllm_service.errors import APIError
-from trtllm_service.request import EngineLimits, GenerationRequest, SamplingParams, settle
+from trtllm_service.relay import tool_calls
+from trtllm_service.relay.request import EngineLimits, GenerationRequest, SamplingParams, settle
 
 LLAMA3_CHAT_TEMPLATE: str = (
     "{{- '<|begin_of_text|>' -}}"

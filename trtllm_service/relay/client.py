@@ -37,9 +37,9 @@ from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
 from tensorrtllm_backend.lora import CACHE_MISS
 from tensorrtllm_backend.stop_strings import StopStringMatcher
 from trtllm_service.errors import APIError
-from trtllm_service.grpc_http2 import CANCELLED, OK, UNAVAILABLE, GrpcConnection
-from trtllm_service.logprobs import TokenLogprob, top_from_logits
-from trtllm_service.request import ENGINE_OUTPUT, GenerationRequest, engine_message, llmapi_message
+from trtllm_service.relay.grpc_http2 import CANCELLED, OK, UNAVAILABLE, GrpcConnection
+from trtllm_service.relay.logprobs import TokenLogprob, top_from_logits
+from trtllm_service.relay.request import ENGINE_OUTPUT, GenerationRequest, engine_message, llmapi_message
 
 logger = logging.getLogger("trtllm_service.relay")
 
