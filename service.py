@@ -17,7 +17,7 @@ from tensorrtllm_backend.stop_strings import StopStringError, check_stop
 from trtllm_service.api.auth import APIKeyMiddleware, APIKeys
 from trtllm_service.api.bentoml_patches import cancel_request_timers
 from trtllm_service.api.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
-from trtllm_service.api.metrics import RequestMetrics, append_triton_metrics
+from trtllm_service.api.metrics import RequestMetrics
 from trtllm_service.api.openai import routes as openai_routes
 from trtllm_service.api.shutdown import Drain
 from trtllm_service.api.streaming import StreamBody, first_text, text_chunks
@@ -27,6 +27,7 @@ from trtllm_service.relay.guided import GuideRequestError, checked, json_schema_
 from trtllm_service.relay.request import SamplingParams
 from trtllm_service.relay.runtime import Runtime, default_model_tag, run_dir
 from trtllm_service.settings import get_settings
+from trtllm_service.triton.metrics import append_triton_metrics
 
 logger = logging.getLogger("trtllm_service")
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-import pack_model
 from tests.support import engine_config
+from trtllm_service.packing import cli as pack_model
 from trtllm_service.packing.engine_build import build_limits, trtllm_build_command
 from trtllm_service.packing.packer import ModelSource, PackError, RuntimeOptions, read_engine_dir
 

@@ -25,9 +25,10 @@ from trtllm_service.api.openai.protocol import (
     parse_request,
 )
 from trtllm_service.api.openai.serving import OpenAIServing
+from trtllm_service.chat.template import PromptFormatter
 from trtllm_service.errors import APIError
 from trtllm_service.relay.client import EngineStream
-from trtllm_service.relay.prompting import PromptFormatter, RequestPreparer
+from trtllm_service.relay.prompting import RequestPreparer
 from trtllm_service.relay.request import EngineLimits, GenerationRequest, SamplingParams
 
 

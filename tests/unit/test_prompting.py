@@ -6,7 +6,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from trtllm_service.relay.prompting import LLAMA3_CHAT_TEMPLATE, PromptFormatter
+from trtllm_service.chat.template import LLAMA3_CHAT_TEMPLATE, PromptFormatter
 
 BOS = "<|begin_of_text|>"
 SPECIALS = [BOS, "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]

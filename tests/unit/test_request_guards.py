@@ -19,8 +19,9 @@ from starlette.routing import Route
 from trtllm_service.api.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
 from trtllm_service.api.openai.routes import _openapi30
 from trtllm_service.api.shutdown import Drain
+from trtllm_service.chat.template import PromptFormatter
 from trtllm_service.errors import APIError
-from trtllm_service.relay.prompting import PromptFormatter, RequestPreparer
+from trtllm_service.relay.prompting import RequestPreparer
 from trtllm_service.relay.request import EngineLimits, SamplingParams, settle
 
 pytestmark = pytest.mark.unit

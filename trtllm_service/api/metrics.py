@@ -1,4 +1,4 @@
-"""The service's Prometheus metrics, and Triton's appended to the same `/metrics` scrape.
+"""The service's own Prometheus metrics (Triton's are appended to the same scrape: triton/metrics.py).
 
 Names, units and buckets follow vLLM's (`vllm:time_to_first_token_seconds` -> here
 `trtllm:time_to_first_token_seconds`), labelled by `model_name`. BentoML runs prometheus_client in
@@ -11,13 +11,11 @@ tokens after the first.
 from __future__ import annotations
 
 import logging
-import re
 import time
 
-import httpx
 from prometheus_client import Counter, Gauge, Histogram
 
-logger = logging.getLogger("trtllm_service.api.metrics")
+logger = logging.getLogger("trtllm_service.metrics")
 
 _LATENCY_BUCKETS = (
     0.001,
@@ -126,11 +124,6 @@ RUNNING = Gauge(
     ["model_name"],
     multiprocess_mode="livesum",
 )
-TRITON_RESTARTS = Counter(
-    "trtllm:triton_restarts",
-    "Times the supervisor restarted Triton after it died or hung.",
-    ["model_name"],
-)
 
 
 class RequestMetrics:
@@ -181,35 +174,3 @@ def count_rejected(model: str, path: str, status: int) -> None:
     """A request refused before its handler ran (401, 429). Unknown paths count as "other", so that
     clients cannot grow the metric's label set."""
     REQUESTS.labels(model, path if path in GENERATION_ROUTES else "other", str(status), "").inc()
-
-
-async def append_triton_metrics(text: str, metrics_url: str | None, timeout_s: float = 2.0) -> str:
-    """`text` followed by Triton's exposition, or `text` alone when Triton does not answer."""
-    if not metrics_url:
-        return text
-    try:
-        async with httpx.AsyncClient(timeout=timeout_s) as client:
-            response = await client.get(metrics_url)
-            response.raise_for_status()
-    except httpx.HTTPError as exc:
-        logger.debug("Triton metrics unavailable: %s", exc)
-        return text
-    separator = "" if not text or text.endswith("\n") else "\n"
-    return f"{text}{separator}{response.text}"
-
-
-_ENGINE_INFO = re.compile(r'^trtllm_engine_info\{[^}]*engine="([^"]+)"[^}]*\}\s+1(\.0)?\s*$', re.MULTILINE)
-
-
-async def served_engine(metrics_url: str | None, timeout_s: float = 2.0) -> str | None:
-    """The engine Triton's `tensorrt_llm` model says it runs (its trtllm_engine_info gauge), if any."""
-    if not metrics_url:
-        return None
-    try:
-        async with httpx.AsyncClient(timeout=timeout_s) as client:
-            response = await client.get(metrics_url)
-            response.raise_for_status()
-    except httpx.HTTPError:
-        return None
-    match = _ENGINE_INFO.search(response.text)
-    return match.group(1) if match else None

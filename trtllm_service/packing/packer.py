@@ -397,7 +397,7 @@ def check_tokenizer(tokenizer_dir: Path, chat_template: str | None = None) -> An
     Raises:
         PackError: The tokenizer does not load, or the template does not parse or render.
     """
-    from trtllm_service.relay.prompting import PromptFormatter
+    from trtllm_service.chat.template import PromptFormatter
 
     tokenizer = _load_tokenizer(tokenizer_dir)
     if chat_template is None and not getattr(tokenizer, "chat_template", None):

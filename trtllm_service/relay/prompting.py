@@ -1,145 +1,17 @@
-"""Prompt building: chat messages or a plain prompt -> the exact token ids the engine gets.
+"""Prompt building: chat messages or a plain prompt -> the settled engine request.
 
-Chat formatting uses the tokenizer's own Jinja chat template (or a Llama-3 Instruct default). The
-prompt is tokenized as the Triton preprocessing model tokenizes it (special tokens added, except a
-BOS that the rendered text already starts with), so the engine sees the same ids either way.
+The text and its token ids come from the chat template (trtllm_service.chat.template); here they are
+checked against the engine's limits and settled once (request.settle).
 """
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import jinja2
-from jinja2.sandbox import ImmutableSandboxedEnvironment
-
+from trtllm_service.chat.template import PromptFormatter
 from trtllm_service.errors import APIError
-from trtllm_service.relay import tool_calls
 from trtllm_service.relay.request import EngineLimits, GenerationRequest, SamplingParams, settle
-
-LLAMA3_CHAT_TEMPLATE: str = (
-    "{{- '<|begin_of_text|>' -}}"
-    "{%- for message in messages -%}"
-    "{%- if message['role'] not in ['system', 'user', 'assistant', 'ipython'] -%}"
-    "{{- raise_exception(\"Unsupported role '\" ~ message['role'] ~ \"': this template accepts system, user, assistant and ipython (tool results)\") -}}"
-    "{%- endif -%}"
-    "{{- '<|start_header_id|>' ~ message['role'] ~ '<|end_header_id|>\\n\\n' ~ (message['content'] | trim) ~ '<|eot_id|>' -}}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}"
-    "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}"
-    "{%- endif -%}"
-)
-"""Llama-3 Instruct chat format, used when the tokenizer carries no chat template of its own."""
-
-
-class PromptFormatter:
-    """Turns chat messages or a plain prompt into the exact text sent to Triton, and counts its tokens.
-
-    Args:
-        tokenizer: A Hugging Face tokenizer (the same files the Triton preprocessing model loads).
-        chat_template: A Jinja template that overrides the tokenizer's; when neither exists,
-            ``LLAMA3_CHAT_TEMPLATE`` is used.
-
-    Raises:
-        ValueError: The template is not valid Jinja (found at startup rather than on the first request).
-    """
-
-    def __init__(self, tokenizer: Any, chat_template: str | None = None) -> None:
-        self._tokenizer = tokenizer
-        if chat_template is not None:
-            template = chat_template
-        elif getattr(tokenizer, "chat_template", None):
-            template = tokenizer.get_chat_template()
-        else:
-            template = LLAMA3_CHAT_TEMPLATE
-        try:
-            ImmutableSandboxedEnvironment().parse(template)
-        except jinja2.TemplateSyntaxError as exc:
-            raise ValueError(f"Invalid chat template (line {exc.lineno}): {exc.message}") from exc
-        self.chat_template: str = template
-        self._bos: str | None = getattr(tokenizer, "bos_token", None) or None
-        self.bos_token = self._bos
-        self._rust = getattr(tokenizer, "backend_tokenizer", None)
-        self._max_token_chars: int | None = None
-
-    @property
-    def max_token_chars(self) -> int:
-        """The most characters one token can stand for: its longest vocabulary entry (a byte-level
-        entry is at least as long as the text it covers), times 2 for normalizers that compose
-        characters. A text of n characters is at least n / max_token_chars tokens."""
-        if self._max_token_chars is None:
-            vocab = getattr(self._tokenizer, "get_vocab", None)
-            if vocab is None:  # no vocabulary to measure: no bound (every prompt is tokenized)
-                self._max_token_chars = sys.maxsize
-            else:
-                self._max_token_chars = 2 * max(1, max((len(token) for token in vocab()), default=1))
-        return self._max_token_chars
-
-    @property
-    def renders_tools(self) -> bool:
-        """Whether the chat template renders tool definitions itself (it reads `tools`)."""
-        return "tools" in self.chat_template
-
-    def render(
-        self,
-        messages: list[dict[str, Any]],
-        *,
-        add_generation_prompt: bool = True,
-        tools: list[dict[str, Any]] | None = None,
-    ) -> str:
-        """Render messages (and the functions a request offers) with the chat template (no
-        tokenization). A template that renders no tools gets them in Llama-3.1's JSON format
-        (`tool_calls`).
-
-        Raises:
-            ValueError: No messages, or the template rejected them (e.g. an unsupported role).
-        """
-        if not messages:
-            raise ValueError("At least one message is required")
-        extra: dict[str, Any] = {}
-        if any(m.get("tool_calls") or m["role"] == "tool" for m in messages) or tools:
-            if self.renders_tools:
-                messages = tool_calls.template_messages(messages)
-                if tools:
-                    extra["tools"] = [{"type": "function", "function": f} for f in tools]
-            else:
-                messages = tool_calls.fallback_messages(messages, tools or [])
-        try:
-            text = self._tokenizer.apply_chat_template(
-                messages,
-                chat_template=self.chat_template,
-                add_generation_prompt=add_generation_prompt,
-                tokenize=False,
-                **extra,
-            )
-        except jinja2.TemplateError as exc:
-            raise ValueError(f"The chat template could not format these messages: {exc}") from exc
-        if not isinstance(text, str):  # defensive: tokenize=False must give text
-            raise ValueError(f"The chat template produced {type(text).__name__}, expected text")
-        return text
-
-    @staticmethod
-    def messages_from_prompt(prompt: str, system_prompt: str | None = None) -> list[dict[str, str]]:
-        """A plain prompt (and optional system prompt) as a one-turn chat.
-
-        An empty system prompt is left out: an empty system turn only adds noise tokens.
-        """
-        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-        messages.append({"role": "user", "content": prompt})
-        return messages
-
-    def encode(self, text: str) -> list[int]:
-        """The token ids of ``text``, exactly as the Triton preprocessing model tokenizes it.
-
-        Special tokens (BOS) are added only when the text does not already start with BOS, so a rendered
-        chat that begins with ``<|begin_of_text|>`` is not given a second one. Fast tokenizers are called
-        directly (the Rust tokenizer), skipping the Python wrapper's per-call overhead.
-        """
-        add_special = not (self._bos is not None and text.startswith(self._bos))
-        if self._rust is not None:
-            return self._rust.encode(text, add_special_tokens=add_special).ids
-        return self._tokenizer.encode(text, add_special_tokens=add_special)
 
 
 class RequestPreparer:

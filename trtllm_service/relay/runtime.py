@@ -22,7 +22,7 @@ from typing import Any
 from tensorrtllm_backend import pinned
 from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
 from tensorrtllm_backend.lora import ROWS_CONFIG, ROWS_WEIGHTS
-from trtllm_service.api.metrics import TRITON_RESTARTS, served_engine
+from trtllm_service.chat.template import PromptFormatter
 from trtllm_service.errors import APIError
 from trtllm_service.packed_model import (
     LORA_DIR,
@@ -34,9 +34,10 @@ from trtllm_service.packed_model import (
 )
 from trtllm_service.relay.client import EngineStream, TritonRelay
 from trtllm_service.relay.logprobs import TokenTexts
-from trtllm_service.relay.prompting import PromptFormatter, RequestPreparer
+from trtllm_service.relay.prompting import RequestPreparer
 from trtllm_service.relay.request import EngineLimits, GenerationRequest, SamplingParams
 from trtllm_service.settings import Settings
+from trtllm_service.triton.metrics import TRITON_RESTARTS, served_engine
 from trtllm_service.triton.process import EXIT_TIMEOUT_S, TritonPorts, TritonStartupError, TritonSupervisor
 from trtllm_service.triton.shared import SharedTriton
 from trtllm_service.versions import installed_tensorrt_llm, triton_version

@@ -41,8 +41,8 @@ from pydantic import (
 
 from tensorrtllm_backend.stop_strings import MAX_STOP_STRINGS, StopStringError, check_stop
 from trtllm_service.api.openai.errors import from_validation_error, request_error
+from trtllm_service.chat import tool_calls
 from trtllm_service.errors import APIError
-from trtllm_service.relay import tool_calls
 from trtllm_service.relay.guided import Guide, GuideRequestError, checked, choice_guide, json_schema_guide
 from trtllm_service.relay.request import SamplingParams
 

@@ -50,8 +50,8 @@ from trtllm_service.api.openai.protocol import (
 )
 from trtllm_service.api.openai.sse import SSE_DONE, ChatChunkEncoder, CompletionChunkEncoder, error_frame
 from trtllm_service.api.streaming import StreamBody
+from trtllm_service.chat import tool_calls
 from trtllm_service.errors import APIError
-from trtllm_service.relay import tool_calls
 from trtllm_service.relay.client import EngineStream
 from trtllm_service.relay.guided import guide_field
 from trtllm_service.relay.logprobs import TokenLogprob, chat_logprobs, completion_logprobs

@@ -1,0 +1,441 @@
+"""The `pack_model.py` command line: arguments -> `packer.pack`, and one-line errors.
+
+Bad input is reported as one line on stderr (exit status 1; bad arguments 2), and nothing is saved.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from trtllm_service.packing import packer as packing
+from trtllm_service.packing.packer import PackError, RuntimeOptions
+
+PROG = "pack_model"
+
+
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """Reports bad arguments as one line (no usage dump), exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    defaults = RuntimeOptions()
+    parser = _OneLineErrorParser(
+        prog=PROG,
+        description=(
+            "Import ONE BentoML model holding a filled Triton model repository (repository/), the engine "
+            "(engine/), the tokenizer files (tokenizer/) and pack.json, and nothing else: no source trees, "
+            "no optimizer states, no original weights beside an engine. Bad input saves nothing."
+        ),
+        epilog=(
+            "Runtime options are written into the packed config.pbtxt files; to change one, pack again. "
+            "The model's repository uses absolute paths inside the model directory, so "
+            "'tritonserver --model-repository <model>/repository' works where the model lies; the service "
+            "relocates it at start-up (trtllm_service.packed_model.layout_runtime_repository)."
+        ),
+    )
+
+    source = parser.add_argument_group("source (exactly one of --engine-dir, --hf-model, --demo)")
+    mode = source.add_mutually_exclusive_group(required=True)
+    mode.add_argument(
+        "--engine-dir",
+        type=Path,
+        metavar="DIR",
+        help="prebuilt TensorRT-LLM engine (trtllm-build's output: config.json + rank<N>.engine per rank); "
+        "served by Triton's tensorrtllm backend; needs --tokenizer",
+    )
+    mode.add_argument(
+        "--hf-model",
+        type=Path,
+        metavar="DIR",
+        help="local Hugging Face checkpoint, served by TensorRT-LLM's LLM API (PyTorch backend, no engine "
+        "build; our reference engine where tensorrt_llm is missing); only config.json, "
+        "generation_config.json and the weights from_pretrained loads are packed",
+    )
+    mode.add_argument(
+        "--demo",
+        action="store_true",
+        help="build the offline demo model (tiny Llama, Llama-3 style tokenizer) and pack it like --hf-model",
+    )
+    source.add_argument(
+        "--flavor",
+        choices=packing.FLAVORS,
+        help="Triton model repository: llmapi (one LLM API model configured by model.yaml; default for "
+        "--hf-model and --demo) or ensemble (the classic inflight_batcher_llm ensemble; the only one for "
+        "--engine-dir, where it is the default)",
+    )
+    source.add_argument(
+        "--build-engine",
+        action="store_true",
+        help="with --hf-model: convert the checkpoint and build a TensorRT engine with trtllm-build "
+        "(needs TensorRT-LLM installed), then pack that engine as --engine-dir does. The engine is built "
+        "for what the API offers: prompts up to the model's context (--max-input-len), generation logits "
+        "for top_logprobs; see 'engine build'",
+    )
+    source.add_argument(
+        "--tokenizer",
+        type=Path,
+        metavar="DIR",
+        help="directory with the tokenizer files (usually the HF checkpoint the engine was built from; "
+        "only tokenizer files, config.json and generation_config.json are copied). Required with "
+        "--engine-dir; defaults to the --hf-model directory",
+    )
+
+    model = parser.add_argument_group("model")
+    model.add_argument(
+        "--name",
+        metavar="NAME",
+        help="BentoML model name (lowercase letters, digits, '-', '_', '.'; at most 63). "
+        "Default: trtllm-<engine or checkpoint dir name>, or trtllm-demo",
+    )
+    model.add_argument(
+        "--chat-template",
+        type=Path,
+        metavar="FILE",
+        help="Jinja chat template that replaces the tokenizer's: stored as chat_template in the packed "
+        "tokenizer/tokenizer_config.json (your files are never modified); checked to parse and to render "
+        "a two-message conversation",
+    )
+
+    engine = parser.add_argument_group("engine (--hf-model, --demo)")
+    engine.add_argument(
+        "--engine",
+        choices=packing.LLMAPI_ENGINES,
+        default=defaults.engine,
+        help="what serves the model: tensorrt_llm (llmapi flavour only, its default: TensorRT-LLM's LLM API, "
+        "falling back to reference where tensorrt_llm cannot be imported unless "
+        "TRTLLM_REQUIRE_TENSORRT_LLM=1); reference runs the checkpoint with PyTorch (the ensemble "
+        "flavour's default); synthetic emits tokens as fast as Triton relays them, no model (for load "
+        "tests and benchmarks of everything around the engine)",
+    )
+    engine.add_argument(
+        "--step-delay-ms",
+        type=float,
+        default=defaults.step_delay_ms,
+        metavar="MS",
+        help="--engine synthetic: time per decoding step (every active request gets one token per "
+        "step), to stand in for an engine of that speed; 0 = as fast as possible (default %(default)s)",
+    )
+
+    build = parser.add_argument_group(
+        "engine build (--build-engine only)",
+        "trtllm-build's limits, chosen for what the API offers. A prebuilt --engine-dir has its own (its "
+        "config.json build_config), and --hf-model without --build-engine builds nothing: both refuse them.",
+    )
+    build.add_argument(
+        "--max-input-len",
+        type=int,
+        metavar="N",
+        help="longest prompt in tokens (trtllm-build --max_input_len). Default: the max sequence length "
+        "minus 1 (--max-seq-len, else the checkpoint's max_position_embeddings), so any prompt that fits "
+        "the context is accepted; trtllm-build's own default would refuse prompts over 1024 tokens. "
+        "Without --enable-chunked-context, TensorRT-LLM takes prompts only up to --max-num-tokens "
+        "(trtllm-build's default 8192), and so does the service",
+    )
+    build.add_argument(
+        "--max-beam-width",
+        type=int,
+        metavar="N",
+        help="most beams of beam search the engine can run (trtllm-build --max_beam_width; default 1: no "
+        "beam search)",
+    )
+    build.add_argument(
+        "--gather-generation-logits",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="build the engine to return generation logits (trtllm-build --gather_generation_logits), "
+        "from which top_logprobs / completions logprobs > 0 are computed; default: on (off, such "
+        "requests are refused with a 400)",
+    )
+    build.add_argument(
+        "--gather-context-logits",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="build the engine to return the prompt's logits (trtllm-build --gather_context_logits), "
+        "needed for prompt log probabilities (echo with logprobs); default: off (it costs GPU memory "
+        "for every prompt token)",
+    )
+
+    llm = parser.add_argument_group("LLM API (filled into model.yaml; --hf-model, --demo)")
+    llm.add_argument(
+        "--tp-size",
+        type=int,
+        metavar="N",
+        help="tensor parallel size: GPUs one model is split across (default 1)",
+    )
+    llm.add_argument("--pp-size", type=int, metavar="N", help="pipeline parallel size (default 1)")
+    llm.add_argument(
+        "--max-num-tokens",
+        type=int,
+        metavar="N",
+        help="most tokens (prompt + generated) the engine schedules in one iteration (default: the LLM API's)",
+    )
+    llm.add_argument(
+        "--max-seq-len",
+        type=int,
+        metavar="N",
+        help="most tokens per sequence, prompt included (default: the checkpoint's max_position_embeddings)",
+    )
+    llm.add_argument(
+        "--dtype",
+        choices=packing.DTYPES,
+        default=defaults.dtype,
+        help="weights and activations dtype (default %(default)s: the checkpoint's)",
+    )
+    llm.add_argument(
+        "--trust-remote-code",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.trust_remote_code,
+        help="let the checkpoint run its own Python code (custom architectures); off by default",
+    )
+
+    runtime = parser.add_argument_group("runtime (filled into the Triton model configs)")
+    runtime.add_argument(
+        "--max-batch-size",
+        type=int,
+        metavar="N",
+        help="most requests in flight in one batch. Ensemble: Triton's max_batch_size, default the engine's "
+        "build_config.max_batch_size (it cannot be exceeded), 8 for a checkpoint; llmapi: the LLM's "
+        "max_batch_size (default: the LLM API's). The reference engine: its batch slots (default 8)",
+    )
+    runtime.add_argument(
+        "--kv-cache-free-gpu-mem-fraction",
+        type=float,
+        default=defaults.kv_cache_free_gpu_mem_fraction,
+        metavar="F",
+        help="share of the GPU memory left free after loading the engine that the paged KV cache takes, "
+        "in (0, 1]; lower it if something else shares the GPU (default %(default)s). TRT-LLM only",
+    )
+    runtime.add_argument(
+        "--max-tokens-in-paged-kv-cache",
+        type=int,
+        metavar="N",
+        help="hard cap on the tokens the KV cache holds; the smaller of this and the fraction wins "
+        "(default: unset, the fraction alone decides). TRT-LLM engines only",
+    )
+    runtime.add_argument(
+        "--batch-scheduler-policy",
+        choices=packing.SCHEDULER_POLICIES,
+        default=defaults.batch_scheduler_policy,
+        help="max_utilization: admit as many requests as fit now, pausing some if the KV cache runs out "
+        "(best throughput); guaranteed_no_evict: admit a request only when its whole KV cache is "
+        "guaranteed (steadier latency) (default %(default)s)",
+    )
+    runtime.add_argument(
+        "--enable-kv-cache-reuse",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.enable_kv_cache_reuse,
+        help="reuse the KV cache of shared prompt prefixes (system prompts, chat history) across requests "
+        "(llmapi: kv_cache_config.enable_block_reuse); an engine needs --use_paged_context_fmha enable "
+        "(default: off)",
+    )
+    runtime.add_argument(
+        "--enable-chunked-context",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.enable_chunked_context,
+        help="split long prompts into chunks scheduled alongside generation steps, so one long prompt "
+        "does not stall other requests (llmapi: enable_chunked_prefill); an engine needs paged context "
+        "FMHA (default: off)",
+    )
+    runtime.add_argument(
+        "--max-queue-delay-microseconds",
+        type=int,
+        default=defaults.max_queue_delay_microseconds,
+        metavar="US",
+        help="how long Triton may hold a request to form a larger batch; 0 sends it on at once, "
+        "in-flight batching does the rest (default %(default)s)",
+    )
+    runtime.add_argument(
+        "--max-queue-size",
+        type=int,
+        default=defaults.max_queue_size,
+        metavar="N",
+        help="requests Triton queues for the engine before rejecting new ones; 0 = unbounded "
+        "(default %(default)s)",
+    )
+    runtime.add_argument(
+        "--preprocessing-instances",
+        type=int,
+        default=defaults.preprocessing_instances,
+        metavar="N",
+        help="parallel instances of the tokenizing preprocessing model (default %(default)s). There is no "
+        "such option for postprocessing: it is one instance by design, because its incremental "
+        "detokenizer keeps per-request state keyed by request id and must see each request's tokens in "
+        "order",
+    )
+    runtime.add_argument(
+        "--guided-decoding",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="structured output (response_format, guided_json/regex/choice/grammar, forced tool calls, "
+        "generate's json_schema). Ensemble flavour: writes tokenizer/xgrammar_tokenizer_info.json (the "
+        "vocabulary NVIDIA's C++ backend guides with, xgrammar) and sets guided_decoding_backend and "
+        "xgrammar_tokenizer_info_path in config.pbtxt; it needs a fast tokenizer (tokenizer.json). "
+        "--no-guided-decoding leaves them empty, and the service answers guided requests with a 400. "
+        "The LLM API (llmapi) always guides, with llguidance (default: on)",
+    )
+    runtime.add_argument(
+        "--exclude-input-in-output",
+        action=argparse.BooleanOptionalAction,
+        default=defaults.exclude_input_in_output,
+        help="return only generated tokens, never echo the prompt (default: on)",
+    )
+
+    adapters = parser.add_argument_group("LoRA adapters")
+    adapters.add_argument(
+        "--lora",
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="a Hugging Face PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors) to "
+        "pack with the model; clients select it with model=NAME. Repeatable",
+    )
+    adapters.add_argument(
+        "--lora-cache-adapters",
+        type=int,
+        default=defaults.lora_cache_adapters,
+        metavar="N",
+        help="adapters the engine holds at once; others are loaded again on use (default: %(default)s)",
+    )
+
+    output = parser.add_argument_group("output")
+    output.add_argument(
+        "--quiet", action="store_true", help="no progress bar (it only shows when stderr is a terminal)"
+    )
+    return parser
+
+
+def _options(args: argparse.Namespace) -> RuntimeOptions:
+    options = RuntimeOptions(
+        max_batch_size=args.max_batch_size,
+        kv_cache_free_gpu_mem_fraction=args.kv_cache_free_gpu_mem_fraction,
+        max_tokens_in_paged_kv_cache=args.max_tokens_in_paged_kv_cache,
+        batch_scheduler_policy=args.batch_scheduler_policy,
+        enable_kv_cache_reuse=args.enable_kv_cache_reuse,
+        enable_chunked_context=args.enable_chunked_context,
+        max_queue_delay_microseconds=args.max_queue_delay_microseconds,
+        max_queue_size=args.max_queue_size,
+        preprocessing_instances=args.preprocessing_instances,
+        exclude_input_in_output=args.exclude_input_in_output,
+        engine=args.engine,
+        step_delay_ms=args.step_delay_ms,
+        flavor=args.flavor,
+        tp_size=args.tp_size,
+        pp_size=args.pp_size,
+        max_num_tokens=args.max_num_tokens,
+        max_seq_len=args.max_seq_len,
+        dtype=args.dtype,
+        trust_remote_code=args.trust_remote_code,
+        lora_cache_adapters=args.lora_cache_adapters,
+        guided_decoding=args.guided_decoding,
+        max_input_len=args.max_input_len,
+        max_beam_width=args.max_beam_width,
+        gather_generation_logits=args.gather_generation_logits,
+        gather_context_logits=args.gather_context_logits,
+    )
+    options.validate()
+    return options
+
+
+def _lora_arg(value: str) -> tuple[str, Path]:
+    name, sep, directory = value.partition("=")
+    if not sep or not name or not directory:
+        raise PackError(f"--lora takes NAME=DIR, got {value!r}")
+    return name, Path(directory)
+
+
+def run(args: argparse.Namespace) -> packing.PackResult:
+    """Validates the arguments and packs; raises PackError for bad input."""
+    options = _options(args)
+    if args.name is not None:
+        packing.validate_name(args.name)
+    chat_template = packing.read_chat_template(args.chat_template) if args.chat_template else None
+    loras = [_lora_arg(value) for value in args.lora]
+
+    def pack(source: packing.ModelSource, tokenizer: Path, option: str = "--tokenizer") -> packing.PackResult:
+        return packing.pack(
+            source,
+            tokenizer,
+            options,
+            name=args.name,
+            chat_template=chat_template,
+            progress=not args.quiet,
+            tokenizer_option=option,
+            loras=loras,
+        )
+
+    if args.build_engine:
+        if args.hf_model is None:
+            raise PackError("--build-engine goes with --hf-model (the checkpoint to build an engine from)")
+        if options.flavor == "llmapi":
+            raise PackError("--build-engine packs an engine for the ensemble flavour, not --flavor llmapi")
+        if options.trust_remote_code:
+            raise PackError("--trust-remote-code is an LLM API option: it goes with --flavor llmapi")
+        from trtllm_service.packing.engine_build import build_engine
+
+        source = packing.read_hf_checkpoint(args.hf_model)
+        with tempfile.TemporaryDirectory(prefix="pack-build-") as tmp:
+            engine_dir = build_engine(source, options, Path(tmp))
+            # what trtllm-build took is now the engine's (its config.json); the rest is packed as usual
+            build_options = dataclasses.replace(
+                options.without_build_options(),
+                tp_size=None,
+                pp_size=None,
+                max_seq_len=None,
+                max_num_tokens=None,
+                dtype="auto",
+            )
+            return packing.pack(
+                packing.read_engine_dir(engine_dir),
+                args.tokenizer or source.directory,
+                build_options,
+                name=args.name or packing.default_name(source),
+                chat_template=chat_template,
+                progress=not args.quiet,
+                tokenizer_option="--tokenizer" if args.tokenizer else "--hf-model",
+                loras=loras,
+            )
+    if args.engine_dir is not None:
+        if args.tokenizer is None:
+            raise PackError("--engine-dir needs --tokenizer DIR (the engine does not carry its tokenizer)")
+        return pack(packing.read_engine_dir(args.engine_dir), args.tokenizer)
+    if args.hf_model is not None:
+        source = packing.read_hf_checkpoint(args.hf_model)
+        if args.tokenizer is not None:
+            return pack(source, args.tokenizer)
+        return pack(source, source.directory, option="--hf-model")
+    if args.tokenizer is not None:
+        raise PackError("--tokenizer does not go with --demo (the demo model has its own)")
+    from trtllm_service.packing.demo_model import build_demo_model
+
+    with tempfile.TemporaryDirectory(prefix="pack-demo-") as tmp:
+        source = packing.read_hf_checkpoint(build_demo_model(Path(tmp) / "model"), mode="demo")
+        return pack(source, source.directory)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        result = run(args)
+    except PackError as exc:
+        print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: error: interrupted, nothing was saved", file=sys.stderr)
+        return 130
+    info = result.info
+    print(f"tag: {result.tag}")
+    print(f"size: {result.human_size}")
+    print(f"path: {result.path}")
+    print(f"flavor: {info.flavor}")
+    print(f"backend: {info.backend} (world_size {info.world_size}, max_batch_size {info.max_batch_size})")
+    print(f"launch_command: {info.launch_command}")
+    return 0
