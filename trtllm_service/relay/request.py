@@ -42,6 +42,11 @@ class SamplingParams:
         guide: What the answer must look like: (guided decoding type, its text), checked.
         logprobs: Return each token's log prob and its N most likely alternatives (None: off).
         lora: The LoRA adapter to apply (its name; None: the base model).
+        logit_bias: Token id -> bias added to its logit at every step (OpenAI's logit_bias).
+        stop_token_ids: Token ids that end the answer, besides the model's end ids (vLLM's).
+        prompt_logprobs: Return each prompt token's log prob and its N most likely (None: off).
+        beam_width: Beam search over this many beams (None or 1: no beam search).
+        length_penalty, early_stopping: Beam search's length penalty and stopping rule.
     """
 
     max_tokens: int | None = None
@@ -58,6 +63,12 @@ class SamplingParams:
     guide: tuple[str, str] | None = None
     logprobs: int | None = None
     lora: str | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    prompt_logprobs: int | None = None
+    beam_width: int | None = None
+    length_penalty: float | None = None
+    early_stopping: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
