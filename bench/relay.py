@@ -76,6 +76,7 @@ class Service:
                 sys.executable,
                 "pack_model.py",
                 "--demo",
+                "tiny",
                 "--flavor",
                 flavor,
                 "--engine",

@@ -53,6 +53,10 @@ class IncrementalDetokenizer:
         self.read = 0
         self.last_used = time.monotonic()
 
+    def decode(self, ids: Any) -> str:
+        """The text of `ids` decoded whole (this stream's state untouched): a beam, say."""
+        return self._decode(list(ids))
+
     def push(self, new_ids: Any) -> str:
         """The text that `new_ids` complete ("" while they end inside a character)."""
         self.last_used = time.monotonic()

@@ -199,6 +199,12 @@ IGNORED_INPUTS: dict[str, str] = {
 }
 """Inputs the config declares that the backend accepts and never honours."""
 
+MISREAD_INPUTS: dict[str, str] = {
+    "early_stopping": "config.pbtxt declares it TYPE_BOOL (one byte) and utils.cc reads it as int32_t, four "
+    "bytes from a one-byte buffer: the value the executor gets is not the one sent",
+}
+"""Inputs the backend reads, but not as the config declares them: what arrives is not what was sent."""
+
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 """guided_decoding_guide_type values the backend maps; any other is ignored without a word."""
 

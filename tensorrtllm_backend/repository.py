@@ -77,6 +77,7 @@ DEFAULTS: dict[str, str] = {
     "llm_max_batch_size": "null",
     "max_num_tokens": "null",
     "llm_max_seq_len": "null",
+    "llm_max_beam_width": "null",  # null: max_beam_width when > 1, else the LLM API's default (1)
     "dtype": "auto",
     "trust_remote_code": "false",
     "kv_cache_free_gpu_mem_fraction": "0.9",
@@ -147,6 +148,12 @@ def repository_values(
         tokenizer_dir=str(Path(tokenizer_dir).resolve()),
     )
     values.update({key: str(value) for key, value in (overrides or {}).items()})
+    if (
+        values["llm_max_beam_width"] == "null"
+        and values["max_beam_width"].isdigit()
+        and int(values["max_beam_width"]) > 1
+    ):
+        values["llm_max_beam_width"] = values["max_beam_width"]
     if "end_ids" not in values:
         values["end_ids"] = ",".join(str(i) for i in end_ids(values["tokenizer_dir"]))
     return values

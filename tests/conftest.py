@@ -40,7 +40,10 @@ def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def triton(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     """One tritonserver with our repository on the demo model, shared by the integration tests."""
     server = TritonServer(
-        tmp_path_factory.mktemp("triton"), engine_dir=demo_model_dir, tokenizer_dir=demo_model_dir
+        tmp_path_factory.mktemp("triton"),
+        engine_dir=demo_model_dir,
+        tokenizer_dir=demo_model_dir,
+        overrides={"max_beam_width": "4"},  # beam search (tests/integration/test_engine_features.py)
     )
     with server:
         yield server

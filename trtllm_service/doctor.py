@@ -212,10 +212,28 @@ class FeatureProbe:
         return Check("lora", OK, f"adapter {adapters[0]!r}: {answer.tokens} tokens")
 
     async def beams(self) -> Check:
-        width = int(self.runtime.info.max_beam_width)
-        return Check(
-            "beams", UNSUPPORTED, f"the service offers no beam search yet (engine max_beam_width {width})"
+        """Beam search where the engine can: its beams (the LLM API: exactly its max_beam_width),
+        the best two returned, in one response."""
+        limit, exact = getattr(
+            self.runtime, "beam_limit", (int(self.runtime.info.max_beam_width or 1), False)
         )
+        if limit < 2:
+            return Check(
+                "beams",
+                UNSUPPORTED,
+                f"max_beam_width {limit}: pack the model with --max-beam-width N (a C++ engine: built with it)",
+            )
+        width = limit if exact else 2
+        params = SamplingParams(temperature=0.0, max_tokens=self.max_tokens, beam_width=width)
+        request = (await self.runtime.prepare_prompts([PROMPT], params))[0]
+        stream = await self.runtime.generate(replace(request, num_return=2))
+        try:
+            beams = await stream.beams()
+        finally:
+            stream.close()
+        if len(beams) != 2 or not all(tokens for _, tokens, _ in beams):
+            return Check("beams", FAILED, f"beam width {width}: got {[(t, n) for t, n, _ in beams]}")
+        return Check("beams", OK, f"beam width {width}: 2 beams of {beams[0][1]} and {beams[1][1]} tokens")
 
     def probes(self) -> list[tuple[str, Callable[[], Awaitable[Check]]]]:
         return [

@@ -55,7 +55,7 @@ def pack_demo(home: Path, flavor: str, *options: str) -> Path:
     """Packs the demo model into the model store under `home` with pack_model.py, as a user does."""
     env = {**os.environ, "BENTOML_HOME": str(home), "BENTOML_DO_NOT_TRACK": "true"}
     subprocess.run(
-        [sys.executable, "pack_model.py", "--demo", "--flavor", flavor, "--quiet", *options],
+        [sys.executable, "pack_model.py", "--demo", "tiny", "--flavor", flavor, "--quiet", *options],
         cwd=REPO_ROOT,
         env=env,
         check=True,

@@ -29,7 +29,7 @@ def two_rank_home(flavor: str, tmp_path_factory: pytest.TempPathFactory) -> Path
     home = tmp_path_factory.mktemp(f"bentoml_home_tp2_{flavor}")
     env = {**os.environ, "BENTOML_HOME": str(home), "BENTOML_DO_NOT_TRACK": "true"}
     subprocess.run(
-        [sys.executable, "pack_model.py", "--demo", "--flavor", flavor, "--tp-size", "2", "--quiet"],
+        [sys.executable, "pack_model.py", "--demo", "tiny", "--flavor", flavor, "--tp-size", "2", "--quiet"],
         cwd=REPO_ROOT,
         env=env,
         check=True,

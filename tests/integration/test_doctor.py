@@ -38,7 +38,7 @@ def home(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
         ("no-guides", ["--no-guided-decoding"]),
     ):
         packed = run(
-            home, "pack_model.py", "--demo", "--flavor", "ensemble", "--quiet", "--name", name, *extra
+            home, "pack_model.py", "--demo", "tiny", "--flavor", "ensemble", "--quiet", "--name", name, *extra
         )
         assert packed.returncode == 0, packed.stderr
     return home

@@ -297,44 +297,59 @@ BAD_INPUTS: dict[str, tuple[Callable[[Inputs], list[Any]], str]] = {
     ),
     "hf-without-weights": (lambda i: ["--hf-model", _no_weights(i)], "has no weights"),
     "hf-missing": (lambda i: ["--hf-model", i.tmp / "absent"], "does not exist"),
-    "invalid-name": (lambda i: ["--demo", "--name", "Not A Name!"], "not a valid BentoML model name"),
-    "name-too-long": (lambda i: ["--demo", "--name", "x" * 64], "not a valid BentoML model name"),
-    "two-modes": (lambda i: ["--demo", "--hf-model", i.tokenizer], "not allowed with"),
+    "invalid-name": (lambda i: ["--demo", "tiny", "--name", "Not A Name!"], "not a valid BentoML model name"),
+    "name-too-long": (lambda i: ["--demo", "tiny", "--name", "x" * 64], "not a valid BentoML model name"),
+    "two-modes": (lambda i: ["--demo", "tiny", "--hf-model", i.tokenizer], "not allowed with"),
     "no-mode": (lambda i: [], "required"),
-    "demo-with-tokenizer": (lambda i: ["--demo", "--tokenizer", i.tokenizer], "does not go with --demo"),
-    "fraction-zero": (lambda i: ["--demo", "--kv-cache-free-gpu-mem-fraction", "0"], "(0, 1]"),
-    "fraction-above-one": (lambda i: ["--demo", "--kv-cache-free-gpu-mem-fraction", "1.01"], "(0, 1]"),
+    "demo-with-tokenizer": (
+        lambda i: ["--demo", "tiny", "--tokenizer", i.tokenizer],
+        "does not go with --demo",
+    ),
+    "fraction-zero": (lambda i: ["--demo", "tiny", "--kv-cache-free-gpu-mem-fraction", "0"], "(0, 1]"),
+    "fraction-above-one": (
+        lambda i: ["--demo", "tiny", "--kv-cache-free-gpu-mem-fraction", "1.01"],
+        "(0, 1]",
+    ),
     "fraction-not-number": (
-        lambda i: ["--demo", "--kv-cache-free-gpu-mem-fraction", "most"],
+        lambda i: ["--demo", "tiny", "--kv-cache-free-gpu-mem-fraction", "most"],
         "invalid float",
     ),
-    "negative-batch": (lambda i: ["--demo", "--max-batch-size", "-1"], "--max-batch-size must be >= 1"),
+    "negative-batch": (
+        lambda i: ["--demo", "tiny", "--max-batch-size", "-1"],
+        "--max-batch-size must be >= 1",
+    ),
     "batch-above-engine": (
         lambda i: ["--engine-dir", i.engine, "--tokenizer", i.tokenizer, "--max-batch-size", "17"],
         "exceeds the engine's build_config.max_batch_size 16",
     ),
-    "negative-kv-tokens": (lambda i: ["--demo", "--max-tokens-in-paged-kv-cache", "-8"], ">= 1"),
-    "negative-queue-size": (lambda i: ["--demo", "--max-queue-size", "-1"], "--max-queue-size must be >= 0"),
-    "negative-queue-delay": (lambda i: ["--demo", "--max-queue-delay-microseconds", "-5"], ">= 0"),
-    "zero-preprocessing": (lambda i: ["--demo", "--preprocessing-instances", "0"], ">= 1"),
-    "bad-policy": (lambda i: ["--demo", "--batch-scheduler-policy", "fifo"], "invalid choice"),
-    "bad-flavor": (lambda i: ["--demo", "--flavor", "bls"], "invalid choice"),
+    "negative-kv-tokens": (lambda i: ["--demo", "tiny", "--max-tokens-in-paged-kv-cache", "-8"], ">= 1"),
+    "negative-queue-size": (
+        lambda i: ["--demo", "tiny", "--max-queue-size", "-1"],
+        "--max-queue-size must be >= 0",
+    ),
+    "negative-queue-delay": (lambda i: ["--demo", "tiny", "--max-queue-delay-microseconds", "-5"], ">= 0"),
+    "zero-preprocessing": (lambda i: ["--demo", "tiny", "--preprocessing-instances", "0"], ">= 1"),
+    "bad-policy": (lambda i: ["--demo", "tiny", "--batch-scheduler-policy", "fifo"], "invalid choice"),
+    "bad-flavor": (lambda i: ["--demo", "tiny", "--flavor", "bls"], "invalid choice"),
     "engine-dir-llmapi": (
         lambda i: ["--engine-dir", i.engine, "--tokenizer", i.tokenizer, "--flavor", "llmapi"],
         "goes with --flavor ensemble",
     ),
     "tensorrt-llm-in-ensemble": (
-        lambda i: ["--demo", "--flavor", "ensemble", "--engine", "tensorrt_llm"],
+        lambda i: ["--demo", "tiny", "--flavor", "ensemble", "--engine", "tensorrt_llm"],
         "--engine tensorrt_llm goes with --flavor llmapi",
     ),
-    "zero-tp": (lambda i: ["--demo", "--tp-size", "0"], "--tp-size must be >= 1"),
-    "negative-pp": (lambda i: ["--demo", "--pp-size", "-2"], "--pp-size must be >= 1"),
-    "zero-num-tokens": (lambda i: ["--demo", "--max-num-tokens", "0"], "--max-num-tokens must be >= 1"),
-    "seq-len-one": (lambda i: ["--demo", "--max-seq-len", "1"], "--max-seq-len must be >= 2"),
-    "seq-len-above-model": (lambda i: ["--demo", "--max-seq-len", "4096"], "exceeds what the model"),
-    "bad-dtype": (lambda i: ["--demo", "--dtype", "int3"], "invalid choice"),
+    "zero-tp": (lambda i: ["--demo", "tiny", "--tp-size", "0"], "--tp-size must be >= 1"),
+    "negative-pp": (lambda i: ["--demo", "tiny", "--pp-size", "-2"], "--pp-size must be >= 1"),
+    "zero-num-tokens": (
+        lambda i: ["--demo", "tiny", "--max-num-tokens", "0"],
+        "--max-num-tokens must be >= 1",
+    ),
+    "seq-len-one": (lambda i: ["--demo", "tiny", "--max-seq-len", "1"], "--max-seq-len must be >= 2"),
+    "seq-len-above-model": (lambda i: ["--demo", "tiny", "--max-seq-len", "4096"], "exceeds what the model"),
+    "bad-dtype": (lambda i: ["--demo", "tiny", "--dtype", "int3"], "invalid choice"),
     "dtype-in-ensemble": (
-        lambda i: ["--demo", "--flavor", "ensemble", "--dtype", "float16"],
+        lambda i: ["--demo", "tiny", "--flavor", "ensemble", "--dtype", "float16"],
         "--dtype is an LLM API option",
     ),
     "tp-with-engine": (
@@ -345,7 +360,10 @@ BAD_INPUTS: dict[str, tuple[Callable[[Inputs], list[Any]], str]] = {
         lambda i: ["--hf-model", i.tokenizer, "--build-engine"],
         "--build-engine needs TensorRT-LLM, which cannot be imported here",
     ),
-    "build-engine-with-demo": (lambda i: ["--demo", "--build-engine"], "--build-engine goes with --hf-model"),
+    "build-engine-with-demo": (
+        lambda i: ["--demo", "tiny", "--build-engine"],
+        "--build-engine goes with --hf-model",
+    ),
     "beam-width-with-engine": (
         lambda i: ["--engine-dir", i.engine, "--tokenizer", i.tokenizer, "--max-beam-width", "4"],
         "--max-beam-width is fixed when an engine is built: this engine has max_beam_width = 1",
@@ -359,12 +377,15 @@ BAD_INPUTS: dict[str, tuple[Callable[[Inputs], list[Any]], str]] = {
         "--gather-context-logits is an engine build option: it goes with --hf-model DIR --build-engine",
     ),
     "input-len-with-demo": (
-        lambda i: ["--demo", "--flavor", "ensemble", "--max-input-len", "100"],
+        lambda i: ["--demo", "tiny", "--flavor", "ensemble", "--max-input-len", "100"],
         "--max-input-len is an engine build option",
     ),
-    "zero-beam-width": (lambda i: ["--demo", "--max-beam-width", "0"], "--max-beam-width must be >= 1"),
+    "zero-beam-width": (
+        lambda i: ["--demo", "tiny", "--max-beam-width", "0"],
+        "--max-beam-width must be >= 1",
+    ),
     "no-guided-decoding-llmapi": (
-        lambda i: ["--demo", "--no-guided-decoding"],
+        lambda i: ["--demo", "tiny", "--no-guided-decoding"],
         "--no-guided-decoding goes with the ensemble flavour",
     ),
     "build-engine-llmapi": (
@@ -372,12 +393,13 @@ BAD_INPUTS: dict[str, tuple[Callable[[Inputs], list[Any]], str]] = {
         "not --flavor llmapi",
     ),
     "chat-template-missing": (
-        lambda i: ["--demo", "--chat-template", i.tmp / "absent.jinja"],
+        lambda i: ["--demo", "tiny", "--chat-template", i.tmp / "absent.jinja"],
         "is not a file",
     ),
     "chat-template-syntax": (
         lambda i: [
             "--demo",
+            "tiny",
             "--chat-template",
             i.file("bad.jinja", "{% for m in messages %}{{ m.content }}"),
         ],
@@ -529,7 +551,7 @@ def test_packs_tp2_engine(store: Store, engine_dir: Path, demo_model_dir: Path) 
 
 
 def test_packs_without_guided_decoding(store: Store) -> None:
-    result = store.run("--demo", "--quiet", "--flavor", "ensemble", "--no-guided-decoding")
+    result = store.run("--demo", "tiny", "--quiet", "--flavor", "ensemble", "--no-guided-decoding")
     assert result.returncode == 0, result.stderr
     path = Path(store.only_model().path).resolve()
     assert not (path / "tokenizer" / XGRAMMAR_TOKENIZER_INFO).exists()
@@ -541,7 +563,7 @@ def test_packs_without_guided_decoding(store: Store) -> None:
 
 @pytest.mark.parametrize("flavor", ["llmapi", "ensemble"])
 def test_packs_demo_into_its_own_dir(store: Store, flavor: str) -> None:
-    result = store.run("--demo", "--quiet", *(["--flavor", flavor] if flavor == "ensemble" else []))
+    result = store.run("--demo", "tiny", "--quiet", *(["--flavor", flavor] if flavor == "ensemble" else []))
     assert result.returncode == 0, result.stderr
     assert f"flavor: {flavor}" in result.stdout  # llmapi is the default
     model = store.only_model()
@@ -584,7 +606,7 @@ def test_packs_hf_model_without_clutter(store: Store, demo_model_dir: Path, tmp_
 
 @pytest.mark.parametrize("flavor", ["llmapi", "ensemble"])
 def test_layout_after_moving_the_store(store: Store, tmp_path: Path, flavor: str) -> None:
-    assert store.run("--demo", "--flavor", flavor).returncode == 0
+    assert store.run("--demo", "tiny", "--flavor", flavor).returncode == 0
     old_path = Path(store.only_model().path).resolve()
     moved_home = tmp_path / "moved" / "bentoml"
     shutil.copytree(store.home, moved_home)
@@ -653,6 +675,7 @@ def test_help_mentions_every_knob(store: Store) -> None:
         "--engine-dir",
         "--hf-model",
         "--demo",
+        "tiny",
         "--tokenizer",
         "--name",
         "--chat-template",
@@ -709,7 +732,7 @@ def test_packed_demo_serves_after_relocation(store: Store, tmp_path: Path) -> No
     """The relocated repository of a packed model loads in a real tritonserver and generates."""
     from tests.support import TritonServer, run_stream, text_inputs
 
-    assert store.run("--demo", "--flavor", "ensemble").returncode == 0
+    assert store.run("--demo", "tiny", "--flavor", "ensemble").returncode == 0
     moved_home = tmp_path / "elsewhere"
     shutil.move(store.home, moved_home)
     model_path = Path(bentoml.models.list(_model_store=ModelStore(moved_home / "models"))[0].path)

@@ -307,3 +307,44 @@ def test_perf_metrics_come_with_the_final_response() -> None:
     arrays = standin.response_arrays(parsed, [1, 2], perf=perf)
     assert int(arrays["kv_cache_reused_blocks"][0, 0]) == 0 and arrays["arrival_time_ns"].dtype == np.int64
     assert "kv_cache_reused_blocks" not in standin.response_arrays(parsed, [1])
+
+
+def test_beams_logit_bias_context_logits_and_perf_outputs_as_the_contract_takes_them() -> None:
+    """Beam search up to the engine's max_beam_width (never streamed here), NVIDIA's refusal of
+    context logits an engine does not gather, a vocabulary-sized embedding_bias, early_stopping
+    refused under the contract check (NVIDIA reads the BOOL as int32), and the perf outputs sent
+    with return_perf_metrics whether asked for by name or not (as fillTritonResponse does)."""
+    wide = standin.EngineLimits(vocab_size=100, max_seq_len=64, max_beam_width=4)
+    beams = parse(
+        request(beam_width=np.array([[4]], np.int32), num_return_sequences=np.array([[2]], np.int32)),
+        limits=wide,
+    )
+    assert (beams.beam_width, beams.num_return, beams.length_penalty, beams.early_stopping) == (4, 2, 0.0, 1)
+    for inputs, message in (
+        ({"beam_width": np.array([[5]], np.int32)}, "exceeds the engine's max_beam_width 4"),
+        ({"beam_width": np.array([[2]], np.int32), "streaming": np.array([[True]])}, "streaming beam search"),
+        (
+            {"beam_width": np.array([[2]], np.int32), "num_return_sequences": np.array([[3]], np.int32)},
+            "exceeds beam_width 2",
+        ),
+        ({"num_return_sequences": np.array([[2]], np.int32)}, "without beam search"),
+        (
+            {"beam_width": np.array([[2]], np.int32), "repetition_penalty": np.array([[1.2]], np.float32)},
+            "repetition_penalty with beam search",
+        ),
+        ({"early_stopping": np.array([[False]])}, "early_stopping would not arrive as sent"),
+        ({"embedding_bias": np.zeros((1, 99), np.float32)}, "has 99 values; the engine's vocabulary has 100"),
+    ):
+        with pytest.raises(standin.RequestError, match=message):
+            parse(request(**inputs), limits=wide)
+    bias = parse(request(embedding_bias=np.arange(100, dtype=np.float32).reshape(1, 100)))
+    assert bias.embedding_bias.shape == (100,) and bias.embedding_bias[7] == 7.0
+    blind = standin.EngineLimits(vocab_size=100, max_seq_len=64, gather_context_logits=False)
+    assert refusal(request(return_context_logits=np.array([[True]])), limits=blind).endswith(
+        "Assertion failed: Return context logit need to build engine with gather_context_logits"
+    )
+    perf = parse(request(return_perf_metrics=np.array([[True]])))
+    assert set(nvidia_backend.PERF_OUTPUTS) <= perf.outputs
+    arrays = standin.beam_arrays(beams, [([1, 2, 3], -1.5, [-0.5] * 3), ([4], -2.0, [-2.0])])
+    assert arrays["output_ids"].tolist() == [[[1, 2, 3], [4, -1, -1]]]
+    assert arrays["sequence_length"].tolist() == [[3, 1]]

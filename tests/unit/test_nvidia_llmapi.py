@@ -368,15 +368,19 @@ def test_finding_standin_refuses_what_it_cannot_serve(llm: Any, loop: Any) -> No
         llm.generate_async([1, 2, 3], sampling_params=llm_standin.SamplingParams(temperature=1.0, **kwargs))
 
     for kwargs, message in (
-        ({"n": 2}, "SamplingParams.n is not modelled"),
-        ({"use_beam_search": True, "best_of": 2}, "use_beam_search is not modelled"),
+        ({"n": 2}, "best_of 2, n 2: the stand-in engine samples one sequence"),
         ({"return_generation_logits": True}, "return_generation_logits is not modelled"),
-        ({"prompt_logprobs": 2}, "prompt_logprobs is not modelled"),
+        ({"min_p": 0.5}, "min_p is not modelled"),
     ):
         with pytest.raises(RequestError, match=message):
             loop.run_until_complete(call(**kwargs))
     with pytest.raises(ValueError, match="guided_decoding_backend"):  # model.yaml sets llguidance
         loop.run_until_complete(call(guided_decoding=llm_standin.GuidedDecodingParams(regex="a+")))
+    # beam search runs exactly the LLM's max_beam_width (unset: 1), as NVIDIA documents it
+    with pytest.raises(ValueError, match=r"best_of \(2\) must equal the LLM's max_beam_width \(1\)"):
+        loop.run_until_complete(call(use_beam_search=True, best_of=2))
+    with pytest.raises(RequestError, match="embedding_bias has 3 values"):
+        loop.run_until_complete(call(embedding_bias=[0.0, 1.0, 2.0]))
 
 
 # ---- llm_engine.LLMEngine, the production path --------------------------------------------------------

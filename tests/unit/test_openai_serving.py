@@ -168,7 +168,12 @@ def test_chat_answer_usage_and_finish_reason(runtime: FakeRuntime) -> None:
         }
     ]
     # "<user> hi there <assistant>": 4 prompt tokens
-    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}
+    assert body["usage"] == {
+        "prompt_tokens": 4,
+        "completion_tokens": 3,
+        "total_tokens": 7,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     assert runtime.open == 0 and runtime.closed_early == 0
 
 
@@ -227,7 +232,12 @@ def test_completions_prompts_times_n_and_echo(runtime: FakeRuntime) -> None:
         (2, "c d e w0 w1"),
         (3, "c d e w0 w1"),
     ]
-    assert response["usage"] == {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13}
+    assert response["usage"] == {
+        "prompt_tokens": 5,
+        "completion_tokens": 8,
+        "total_tokens": 13,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
 
     streamed = post(runtime, "/completions", {**body, "stream": True})
     chunks = [CompletionChunk.model_validate_json(c) for c in events(streamed)[:-1]]
@@ -352,12 +362,12 @@ def test_models_and_model_check(runtime: FakeRuntime) -> None:
 
 
 def test_invalid_bodies_never_reach_the_runtime(runtime: FakeRuntime) -> None:
-    response = post(runtime, "/chat/completions", {**CHAT, "logit_bias": {"1": 1}})
+    response = post(runtime, "/chat/completions", {**CHAT, "audio": {"voice": "alloy"}})
     assert response.status_code == 400
     assert response.json()["error"] == {
-        "message": "Unsupported parameter: 'logit_bias': logit_bias is not supported by this server.",
+        "message": "Unsupported parameter: 'audio': audio output is not supported.",
         "type": "invalid_request_error",
-        "param": "logit_bias",
+        "param": "audio",
         "code": "unsupported_parameter",
     }
     assert runtime.requests == []

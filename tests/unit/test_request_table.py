@@ -11,6 +11,7 @@ import importlib.util
 import struct
 import sys
 from array import array
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 import tensorrtllm_backend
-from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR, TEMPLATES_DIR
+from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR, TEMPLATES_DIR, nvidia_backend
 from tensorrtllm_backend.repository import fill_model_config, repository_values
 from trtllm_service.errors import APIError
 from trtllm_service.relay.request import (
@@ -121,7 +122,7 @@ def test_the_engine_reads_back_every_field_the_relay_sends() -> None:
     assert (message.model_name, message.id, [o.name for o in message.outputs]) == (
         "tensorrt_llm",
         "req-1",
-        ["output_ids", "sequence_length"],
+        ["output_ids", "sequence_length", "kv_cache_reused_blocks"],
     )
     assert arrays["input_ids"].shape == (1, 4) and arrays["stop_words_list"].shape == (1, 2, 2)
     assert all(
@@ -139,7 +140,9 @@ def test_the_engine_reads_back_every_field_the_relay_sends() -> None:
         True,
         True,
     )
-    assert parsed.outputs == frozenset({"output_ids", "sequence_length"})
+    # return_perf_metrics (every request: usage's cached_tokens) sends the perf outputs, named or not
+    assert parsed.outputs == frozenset({"output_ids", "sequence_length", *nvidia_backend.PERF_OUTPUTS})
+    assert parsed.return_perf_metrics
     assert parsed.guide == ("json_schema", '{"type": "integer"}')
 
 
@@ -152,8 +155,68 @@ def test_unset_fields_are_not_sent_so_the_engine_keeps_its_defaults() -> None:
         "end_id",
         "streaming",
         "exclude_input_in_output",
+        "return_perf_metrics",
     }
     assert int(arrays["end_id"][0, 0]) == -1
+
+
+def test_logit_bias_prompt_logprobs_and_beams_reach_both_engines_as_they_read_them() -> None:
+    """logit_bias -> a vocabulary-sized embedding bias; prompt log probs -> context logits (C++) or
+    prompt_logprobs (LLM API); beam search -> one unstreamed request for n beams; max_tokens 0 -> 1."""
+    limits = EngineLimits(max_seq_len=100, max_input_len=90, end_ids=(7, 8), vocab_size=50)
+    params = SamplingParams(
+        temperature=0.0, logit_bias=((3, 5.0), (9, -100.0)), stop_token_ids=(11, 8), prompt_logprobs=2
+    )
+    request = settle([1, 2, 3], params, limits)
+    assert request.embedding_bias.shape == (50,) and request.embedding_bias[3] == 5.0
+    assert request.stop_token_ids == (8, 11) and request.cut_token_ids == (11,)
+    _, arrays = _read_back(engine_message(request, "r"))
+    cpp = contract.parse_request(arrays.get, "r", contract.EngineLimits(vocab_size=50, max_seq_len=100))
+    assert cpp.embedding_bias[9] == -100.0 and cpp.stop_words == [[8], [11]]
+    assert cpp.return_context_logits and "context_logits" in cpp.outputs
+    text = _parse_llmapi(
+        _read_back_llmapi_any(llmapi_message(request, "r")),
+        llmapi_contract.TextLimits(50, 100, end_ids=(7, 8)),
+    )
+    assert text.sampling["embedding_bias"][3] == 5.0 and text.sampling["stop_token_ids"] == [8, 11]
+    assert text.sampling["prompt_logprobs"] == 2 and text.sampling["return_context_logits"]
+    assert text.prompt_logprobs == 2 and {"prompt_log_probs", "prompt_top_log_probs"} <= text.outputs
+    with pytest.raises(APIError, match="outside the vocabulary"):
+        settle([1], SamplingParams(logit_bias=((50, 1.0),)), limits)
+    only_prompt = settle([1, 2], SamplingParams(max_tokens=0), limits)
+    assert only_prompt.max_tokens == 1 and only_prompt.prompt_only
+
+    beams = replace(
+        settle([1, 2, 3], SamplingParams(beam_width=4, early_stopping=False), limits), num_return=2
+    )
+    assert (beams.beam_width, beams.length_penalty, beams.early_stopping) == (4, 1.0, 0)
+    _, arrays = _read_back(engine_message(beams, "b"))
+    assert bool(arrays["streaming"][0, 0]) is False and "early_stopping" not in arrays  # misread: not sent
+    cpp = contract.parse_request(
+        arrays.get, "b", contract.EngineLimits(vocab_size=50, max_seq_len=100, max_beam_width=4)
+    )
+    assert (cpp.beam_width, cpp.num_return, cpp.length_penalty, cpp.streaming) == (4, 2, 1.0, False)
+    with pytest.raises(contract.RequestError, match="exceeds the engine's max_beam_width 2"):
+        contract.parse_request(
+            arrays.get, "b", contract.EngineLimits(vocab_size=50, max_seq_len=100, max_beam_width=2)
+        )
+    text = _parse_llmapi(
+        _read_back_llmapi_any(llmapi_message(beams, "b")), llmapi_contract.TextLimits(50, 100)
+    )
+    assert not text.streaming
+    assert {
+        k: text.sampling[k] for k in ("use_beam_search", "best_of", "n", "length_penalty", "early_stopping")
+    } == {
+        "use_beam_search": True,
+        "best_of": 4,
+        "n": 2,
+        "length_penalty": 1.0,
+        "early_stopping": 0,
+    }
+
+
+def _read_back_llmapi_any(message: bytes) -> dict[str, np.ndarray]:
+    return _read_back(message)[1]
 
 
 def test_settle_openai_sampling_in_trtllm_terms() -> None:
@@ -266,9 +329,11 @@ def test_the_llmapi_model_reads_back_every_field_the_relay_sends() -> None:
         "best_of": 1,
         "end_id": 7,
         "stop_token_ids": [8, 9],  # the request's end ids replace the model's (1, 2)
+        "return_perf_metrics": True,  # every request: usage's cached_tokens
     }
     assert parsed.guide == ("json_schema", '{"type": "integer"}')
-    assert parsed.outputs == {"num_output_tokens"} and parsed.echo_prompt is None
+    assert parsed.outputs == {"num_output_tokens", *llmapi_contract.PERF_OUTPUTS}
+    assert parsed.echo_prompt is None
 
 
 def test_llmapi_defaults_are_the_models_end_ids_and_the_context_left() -> None:
@@ -288,7 +353,7 @@ def test_llmapi_defaults_are_the_models_end_ids_and_the_context_left() -> None:
         ({"sampling_param_max_tokens": np.array([46], np.int32)}, "exceeds the model's max_seq_len of 50"),
         ({"input_ids": np.array([1, 2], np.int32)}, "not both"),
         ({"text_input": np.array([b"\xff"], dtype=np.object_)}, "not valid UTF-8"),
-        ({"sampling_param_return_perf_metrics": np.array([True])}, "no perf metrics"),
+        ({"sampling_param_embedding_bias": np.zeros(3, np.float32)}, "has 3 values; the vocabulary has 100"),
     ):
         with pytest.raises(contract.RequestError, match=message):
             _parse_llmapi({**text, **bad}, limits, lambda s: [5] * len(s))

@@ -10,6 +10,7 @@ either way. Pack time checks a template with it; the relay renders every prompt 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import jinja2
@@ -139,3 +140,10 @@ class PromptFormatter:
         if self._rust is not None:
             return self._rust.encode(text, add_special_tokens=add_special).ids
         return self._tokenizer.encode(text, add_special_tokens=add_special)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of token ids as the tokenizer writes it, special tokens included and spaces as
+        they are (the echo of a token-id prompt, `/detokenize`): each token's text, joined."""
+        return self._tokenizer.decode(
+            list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
+        )

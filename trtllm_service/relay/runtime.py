@@ -26,11 +26,15 @@ from trtllm_service.chat.template import PromptFormatter
 from trtllm_service.errors import APIError
 from trtllm_service.packed_model import (
     LORA_DIR,
+    beam_width_limit,
+    context_logits_unsupported,
     end_ids,
     guided_decoding_unsupported,
     layout_runtime_repository,
     read_pack_info,
+    tokens_per_block,
     top_logprobs_unsupported,
+    vocab_size,
 )
 from trtllm_service.relay.client import EngineStream, TritonRelay
 from trtllm_service.relay.logprobs import TokenTexts
@@ -112,10 +116,13 @@ class Runtime:
             max_seq_len=max_seq_len,
             max_input_len=int(self.info.max_input_len or max_seq_len),
             end_ids=end_ids(self.info) or self._tokenizer_end_ids(),
+            vocab_size=vocab_size(self.model_path) or len(self.tokenizer),
         )
         self.preparer = RequestPreparer(self.formatter, self.limits)
         self.no_top_logprobs = top_logprobs_unsupported(self.model_path, self.info)
         self.no_guides = guided_decoding_unsupported(self.info)
+        self.no_prompt_logprobs = context_logits_unsupported(self.info)
+        self.beam_limit = beam_width_limit(self.model_path, self.info)  # (most beams, exactly that many)
         self.adapters: dict[str, dict[str, Any]] = dict(self.info.loras)  # LoRA name -> id, rank, ...
         self._lora_rows: dict[str, tuple[Any, Any]] = {}
         self._lora_sent: set[int] = set()  # task ids whose weights this worker sent to this Triton
@@ -131,6 +138,7 @@ class Runtime:
             stream_timeout_s=settings.stream_timeout_s,
             idle_timeout_s=settings.stream_idle_timeout_s,
             flavor=self.flavor,
+            tokens_per_block=tokens_per_block(self.model_path, self.info),
         )
 
     @property
@@ -144,6 +152,48 @@ class Runtime:
         """A 400 when the request asks for top log probs this engine cannot return."""
         if params.logprobs and self.no_top_logprobs:
             raise APIError.bad_request(self.no_top_logprobs, param=param)
+
+    def check_engine_features(self, params: SamplingParams, *, stream: bool = False, n: int = 1) -> None:
+        """400s for what this engine cannot do with these parameters: prompt log probs without the
+        context logits, beam search beyond the engine's beams, or with what beam search is not
+        served with here (streaming, log probs, a guide, prompt log probs; NVIDIA's executor itself
+        refuses a guide with beams)."""
+        if params.prompt_logprobs is not None and self.no_prompt_logprobs:
+            raise APIError.bad_request(self.no_prompt_logprobs, param="echo")
+        width = params.beam_width or 1
+        if width <= 1:
+            return
+        limit, exact = self.beam_limit
+        if width > limit or (exact and width != limit):
+            if limit < 2:
+                how = "was packed without beam search (max_beam_width 1)"
+            elif exact:
+                how = f"searches exactly {limit} beams (the LLM API's max_beam_width)"
+            else:
+                how = f"searches at most {limit} beams (the engine's max_beam_width)"
+            raise APIError.bad_request(
+                f"beam search over {width} beams: this model {how}; pack it with the beam width you "
+                "need (pack_model.py --max-beam-width)",
+                param="use_beam_search",
+            )
+        if n > width:
+            raise APIError.bad_request(f"n ({n}) cannot exceed the beam width ({width})", param="n")
+        for used, param, what in (
+            (stream, "stream", "streaming"),
+            (params.logprobs is not None, "logprobs", "log probabilities"),
+            (params.prompt_logprobs is not None, "echo", "prompt log probabilities"),
+            (params.guide is not None, "response_format", "structured output"),
+        ):
+            if used:
+                raise APIError.bad_request(f"beam search is not served with {what}", param=param)
+        if self.flavor != "llmapi" and params.early_stopping not in (None, True):
+            # NVIDIA's backend declares early_stopping BOOL and reads it as int32 (nvidia_backend.
+            # MISREAD_INPUTS): only the executor's default (early_stopping true) is sure to hold.
+            raise APIError.bad_request(
+                "early_stopping other than true is not available with NVIDIA's C++ backend (it misreads "
+                "the input); this engine stops a beam search once the beams have finished",
+                param="early_stopping",
+            )
 
     def check_guide(self, param: str) -> None:
         """A 400 naming `param` (the field that asked for a guide) when the model cannot guide."""

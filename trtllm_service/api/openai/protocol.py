@@ -3,18 +3,24 @@
 Request policy (what happens to each parameter a client sends):
 
 * Supported parameters are validated (types strictly, ranges as OpenAI documents them) and reduced to
-  ``SamplingParams`` by ``sampling_params()``.
-* Parameters we cannot honour (logit_bias, best_of > 1,
-  suffix, audio, ...) are rejected with a 400 whose ``param`` names them and whose code is
-  ``unsupported_parameter``. Their "off" values (``null``, ``false``, ``{}``, ``[]``, ``{"type": "text"}``,
-  ``best_of: 1``, ...) are accepted, since clients often send defaults explicitly.
+  ``SamplingParams`` by ``SamplingFields.sampling_params()``: the sampling fields are defined once, in
+  ``SamplingFields``, which chat, completions and responses (``responses.py``) all extend.
+* Parameters we cannot honour (``suffix``, audio, ...) are rejected with a 400 whose ``param`` names
+  them and whose code is ``unsupported_parameter``. Their "off" values (``null``, ``false``, ``{}``,
+  ``[]``, ``{"type": "text"}``, ...) are accepted, since clients often send defaults explicitly.
 * A few parameters that do not change the generated text are accepted and ignored: ``metadata``,
   ``store``, ``service_tier``, ``prompt_cache_key``, ``safety_identifier``, ``user``, and
   ``stream_options`` on a non-streaming request.
 * Every other unknown parameter is rejected (code ``unknown_parameter``), as OpenAI does: an unknown
-  field may be a sampling knob from another server (``min_p``, ``use_beam_search``), and silently
-  ignoring it would change the output without telling the caller.
+  field may be a sampling knob from another server (``min_p``), and silently ignoring it would change
+  the output without telling the caller.
 * ``null`` means "not set" for every parameter.
+
+vLLM's extensions are accepted under vLLM's names: ``top_k``, ``repetition_penalty``, ``min_tokens``,
+``ignore_eos``, ``stop_token_ids``, ``guided_*``, and beam search (``use_beam_search``, ``best_of``,
+``length_penalty``, ``early_stopping``) with vLLM's meaning: a search over ``best_of`` (else ``n``)
+beams that returns the ``n`` best. ``best_of`` without beam search samples ``best_of`` answers per
+prompt and returns the ``n`` with the highest cumulative log probability (not streamed).
 
 All request errors surface as one pydantic ``ValidationError``; ``errors.from_validation_error`` turns it
 into an OpenAI error body whose ``param`` is a path like ``messages[1].content[0].type``. ``parse_request``
@@ -46,8 +52,11 @@ from trtllm_service.errors import APIError
 from trtllm_service.relay.guided import Guide, GuideRequestError, checked, choice_guide, json_schema_guide
 from trtllm_service.relay.request import SamplingParams
 
-MAX_N = 8
+MAX_N = 8  # n and best_of: choices (or candidates, or beams) per prompt
 MAX_PROMPTS = 64
+MAX_LOGIT_BIAS = 300  # entries of logit_bias, as OpenAI
+MAX_STOP_TOKEN_IDS = 256
+_INT32_MAX = (1 << 31) - 1  # token ids travel as INT32
 _UINT64_MASK = (1 << 64) - 1
 
 FinishReason = Literal["stop", "length", "tool_calls"]
@@ -67,7 +76,6 @@ MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs, as OpenAI
 # name -> (value is acceptable?, why we cannot honour it)
 _Rule = tuple[Callable[[Any], bool], str]
 _CHAT_UNSUPPORTED: dict[str, _Rule] = {
-    "logit_bias": (_unset, "logit_bias is not supported by this server"),
     "functions": (_unset, _NO_TOOLS),
     "function_call": (lambda v: v in (None, "none", "auto"), _NO_TOOLS),
     "audio": (_unset, "audio output is not supported"),
@@ -78,8 +86,6 @@ _CHAT_UNSUPPORTED: dict[str, _Rule] = {
     "web_search_options": (_unset, "web search is not supported"),
 }
 _COMPLETION_UNSUPPORTED: dict[str, _Rule] = {
-    "logit_bias": (_unset, "logit_bias is not supported by this server"),
-    "best_of": (lambda v: v in (None, 1), "best_of > 1 is not supported"),
     "suffix": (_unset, "suffix (insertion) is not supported"),
 }
 # Keys of a chat message that only matter with features we lack; accepted when "off".
@@ -269,39 +275,17 @@ class ResponseFormat(BaseModel):
 _GUIDE_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
 
-class _RequestBase(BaseModel):
-    """Fields and checks shared by chat and text completions."""
+class OpenAIRequest(BaseModel):
+    """What every generation request shares: the model, streaming, and the parameter policy of the
+    module docstring (unsupported parameters named in a 400, harmless ones dropped)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
     _unsupported: ClassVar[dict[str, _Rule]] = {}
-    _guide: Guide | None = None  # set by _check_guide: what the answer must look like
 
     model: str | None = Field(None, description="Model id; omitted means the served model")
-    max_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1, description="Extension: >= 1, or -1/0 for unset")
-    repetition_penalty: float | None = Field(None, gt=0, description="Extension: 1.0 is off")
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    seed: int | None = Field(None, ge=-(1 << 63), le=_UINT64_MASK)
-    stop: str | list[str] | None = Field(None, description=f"Up to {MAX_STOP_STRINGS} non-empty stop strings")
-    n: int = Field(1, ge=1, le=MAX_N)
     stream: bool = False
-    stream_options: StreamOptions | None = None
     user: str | None = Field(None, description="Accepted and ignored")
-    min_tokens: int | None = Field(None, ge=0, description="Extension")
-    ignore_eos: bool = Field(False, description="Extension: generate past end-of-sequence")
-    response_format: ResponseFormat | None = Field(
-        None, description="{'type': 'json_object'} or {'type': 'json_schema', 'json_schema': {...}}"
-    )
-    guided_json: dict[str, Any] | str | None = Field(None, description="Extension (vLLM): a JSON schema")
-    guided_regex: str | None = Field(None, description="Extension (vLLM): a regular expression")
-    guided_choice: list[str] | None = Field(None, description="Extension (vLLM): one of these strings")
-    guided_grammar: str | None = Field(
-        None, description="Extension (vLLM): a GBNF grammar (root rule `root`)"
-    )
 
     @model_validator(mode="before")
     @classmethod
@@ -320,6 +304,58 @@ class _RequestBase(BaseModel):
             data.pop(name, None)
         return data
 
+
+class SamplingFields(OpenAIRequest):
+    """The sampling fields of chat, completions and responses, defined once, and their one
+    reduction to `SamplingParams` (`sampling_params()`).
+
+    Endpoints add their token limit (`max_new_tokens`), log probs (`logprob_count`,
+    `prompt_logprob_count`) and structured output (`_guide`).
+    """
+
+    _guide: Guide | None = None  # what the answer must look like (set by the endpoint's checks)
+
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1, description="Extension: >= 1, or -1/0 for unset")
+    repetition_penalty: float | None = Field(None, gt=0, description="Extension: 1.0 is off")
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    seed: int | None = Field(None, ge=-(1 << 63), le=_UINT64_MASK)
+    stop: str | list[str] | None = Field(None, description=f"Up to {MAX_STOP_STRINGS} non-empty stop strings")
+    stop_token_ids: list[int] | None = Field(
+        None,
+        max_length=MAX_STOP_TOKEN_IDS,
+        description="Extension (vLLM): token ids that end the answer (not part of it), besides the model's",
+    )
+    min_tokens: int | None = Field(None, ge=0, description="Extension")
+    ignore_eos: bool = Field(False, description="Extension: generate past end-of-sequence")
+    logit_bias: dict[str, float] | None = Field(
+        None,
+        description=f"Token id (a string) -> bias in [-100, 100] added to its logit; up to {MAX_LOGIT_BIAS}",
+    )
+    n: int = Field(1, ge=1, le=MAX_N, description="Choices per prompt")
+    best_of: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_N,
+        description="With beam search the beam width; without, candidates sampled per prompt, of which "
+        "the n with the highest cumulative log probability are returned (not streamed)",
+    )
+    use_beam_search: bool = Field(
+        False,
+        description="Extension (vLLM): beam search over best_of (else n) beams; the n best are returned",
+    )
+    length_penalty: float | None = Field(
+        None,
+        ge=-1e6,
+        le=1e6,
+        description="Extension (vLLM), beam search: exponent of the length normalization",
+    )
+    early_stopping: bool | None = Field(
+        None, description="Extension (vLLM), beam search: stop once best_of beams have finished"
+    )
+
     @field_validator("stop", mode="before")
     @classmethod
     def _check_stop(cls, value: Any) -> Any:
@@ -331,6 +367,187 @@ class _RequestBase(BaseModel):
             where = () if exc.index is None or isinstance(value, str) else (exc.index,)
             raise request_error(exc.code, str(exc), *where) from None
         return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_one_is_off(cls, value: int | None) -> int | None:
+        return None if value == 1 else value  # clients send best_of 1 as a default, with any n
+
+    @field_validator("stop_token_ids", mode="before")
+    @classmethod
+    def _check_stop_token_ids(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            raise request_error("invalid_type", "'stop_token_ids' must be a list of token ids.")
+        for i, token in enumerate(value):
+            if not _is_token_id(token):
+                raise request_error(
+                    "invalid_value", f"stop_token_ids[{i}] must be a token id (an integer >= 0).", i
+                )
+        return value
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _check_logit_bias(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise request_error(
+                "invalid_type", "'logit_bias' must be an object of token ids (strings) to biases."
+            )
+        if len(value) > MAX_LOGIT_BIAS:
+            raise request_error(
+                "invalid_value", f"'logit_bias' may set at most {MAX_LOGIT_BIAS} tokens (got {len(value)})."
+            )
+        out: dict[str, float] = {}
+        for key, bias in value.items():
+            if not (isinstance(key, str) and key.isascii() and key.isdigit() and int(key) <= _INT32_MAX):
+                raise request_error(
+                    "invalid_value",
+                    f"Invalid 'logit_bias' key {str(key)[:40]!r}: keys are token ids, like \"1234\".",
+                )
+            if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not -100 <= bias <= 100:
+                raise request_error(
+                    "invalid_value",
+                    f"Invalid 'logit_bias' value for token {key}: a number from -100 to 100 (got {bias!r}).",
+                )
+            out[key] = float(bias)
+        return out
+
+    @model_validator(mode="after")
+    def _check_sampling(self) -> SamplingFields:
+        """Token limits, then the rules of best_of and beam search (vLLM's)."""
+        limit = self.max_new_tokens
+        if self.min_tokens is not None and limit is not None and self.min_tokens > limit:
+            raise request_error(
+                "invalid_value",
+                f"min_tokens ({self.min_tokens}) must not exceed the token limit ({limit}).",
+                "min_tokens",
+            )
+        if self.best_of is not None and self.best_of < self.n:
+            raise request_error(
+                "invalid_value", f"best_of ({self.best_of}) must not be less than n ({self.n}).", "best_of"
+            )
+        if self.use_beam_search:
+            if (self.best_of or self.n) < 2:
+                raise request_error(
+                    "invalid_value",
+                    "Beam search needs at least 2 beams: set best_of (the beam width) or n to 2 or more.",
+                    "best_of",
+                )
+            for name, off in (("temperature", (0, 1)), ("top_p", (1,)), ("top_k", (-1, 0))):
+                if getattr(self, name) not in (None, *off):
+                    raise request_error(
+                        "invalid_value",
+                        f"'{name}' does not apply to beam search, which scores the model's own log "
+                        f"probabilities (leave it unset{' or 0/1' if name == 'temperature' else ''}).",
+                        name,
+                    )
+        else:
+            for name, off in (("length_penalty", 1.0), ("early_stopping", False)):
+                if getattr(self, name) not in (None, off):
+                    raise request_error(
+                        "invalid_value",
+                        f"'{name}' applies to beam search only (use_beam_search: true).",
+                        name,
+                    )
+            if self.ranks_best_of and self.stream:
+                raise request_error(
+                    "invalid_value",
+                    f"best_of ({self.best_of}) > n ({self.n}) cannot be streamed: the best are known when "
+                    "every candidate has finished. Send stream: false, or best_of equal to n.",
+                    "stream",
+                )
+        return self
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        """The completion token limit the caller asked for (None: up to the context length)."""
+        return None
+
+    @property
+    def logprob_count(self) -> int | None:
+        """None: no log probs; N: each generated token's, with the N most likely."""
+        return None
+
+    @property
+    def prompt_logprob_count(self) -> int | None:
+        """None: no prompt log probs; N: each prompt token's, with the N most likely."""
+        return None
+
+    @property
+    def beam_width(self) -> int | None:
+        """Beam search's width: best_of, else n (None: no beam search)."""
+        return (self.best_of or self.n) if self.use_beam_search else None
+
+    @property
+    def ranks_best_of(self) -> bool:
+        """Whether best_of candidates are sampled per prompt and the n best returned (no beam search)."""
+        return not self.use_beam_search and self.best_of is not None and self.best_of > self.n
+
+    @property
+    def samples_per_prompt(self) -> int:
+        """The engine requests started per prompt: best_of candidates, else n (beam search: one
+        request returns the n best beams)."""
+        return self.best_of if self.ranks_best_of else self.n  # type: ignore[return-value]
+
+    def stop_strings(self) -> tuple[str, ...]:
+        """Stop strings as a tuple, duplicates removed, order kept."""
+        if self.stop is None:
+            return ()
+        return check_stop([self.stop] if isinstance(self.stop, str) else self.stop)
+
+    def sampling_params(self) -> SamplingParams:
+        """The engine-neutral sampling parameters of this request: the one reduction.
+
+        Beam search scores the model's own log probabilities (temperature unset), and ranking
+        best_of candidates needs each token's log prob (asked for even when the caller did not:
+        the response shows them only when asked).
+        """
+        beams = self.beam_width
+        logprobs = self.logprob_count
+        if logprobs is None and self.ranks_best_of:
+            logprobs = 0
+        return SamplingParams(
+            max_tokens=self.max_new_tokens,
+            temperature=None if beams else self.temperature,
+            top_p=self.top_p,
+            top_k=None if self.top_k in (None, -1, 0) else self.top_k,
+            repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            # The engine's seed is unsigned 64-bit; negative seeds map to their two's complement.
+            seed=None if self.seed is None else self.seed & _UINT64_MASK,
+            min_tokens=self.min_tokens,
+            stop=self.stop_strings(),
+            ignore_eos=self.ignore_eos,
+            guide=self._guide,
+            logprobs=logprobs,
+            logit_bias=tuple((int(token), bias) for token, bias in (self.logit_bias or {}).items()),
+            stop_token_ids=tuple(dict.fromkeys(self.stop_token_ids or ())),
+            prompt_logprobs=self.prompt_logprob_count,
+            beam_width=beams,
+            length_penalty=self.length_penalty if beams else None,
+            early_stopping=self.early_stopping if beams else None,
+        )
+
+
+def _is_token_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _INT32_MAX
+
+
+class _RequestBase(SamplingFields):
+    """Fields and checks shared by chat and text completions: the token limit, streaming options and
+    structured output."""
+
+    max_tokens: int | None = Field(None, ge=1)
+    stream_options: StreamOptions | None = None
+    response_format: ResponseFormat | None = Field(
+        None, description="{'type': 'json_object'} or {'type': 'json_schema', 'json_schema': {...}}"
+    )
+    guided_json: dict[str, Any] | str | None = Field(None, description="Extension (vLLM): a JSON schema")
+    guided_regex: str | None = Field(None, description="Extension (vLLM): a regular expression")
+    guided_choice: list[str] | None = Field(None, description="Extension (vLLM): one of these strings")
+    guided_grammar: str | None = Field(
+        None, description="Extension (vLLM): a GBNF grammar (root rule `root`)"
+    )
 
     @model_validator(mode="after")
     def _check_guide(self) -> _RequestBase:
@@ -374,17 +591,6 @@ class _RequestBase(BaseModel):
             return choice_guide(self.guided_choice or [], name), name
         return ("ebnf_grammar", str(self.guided_grammar)), name
 
-    @model_validator(mode="after")
-    def _check_lengths(self) -> _RequestBase:
-        limit = self.max_new_tokens
-        if self.min_tokens is not None and limit is not None and self.min_tokens > limit:
-            raise request_error(
-                "invalid_value",
-                f"min_tokens ({self.min_tokens}) must not exceed the token limit ({limit}).",
-                "min_tokens",
-            )
-        return self
-
     @property
     def max_new_tokens(self) -> int | None:
         """The completion token limit the caller asked for (None: up to the context length)."""
@@ -395,37 +601,8 @@ class _RequestBase(BaseModel):
         """Whether a streaming response ends with a usage chunk."""
         return self.stream and self.stream_options is not None and self.stream_options.include_usage
 
-    def stop_strings(self) -> tuple[str, ...]:
-        """Stop strings as a tuple, duplicates removed, order kept."""
-        if self.stop is None:
-            return ()
-        return check_stop([self.stop] if isinstance(self.stop, str) else self.stop)
 
-    def sampling_params(self) -> SamplingParams:
-        """The engine-neutral sampling parameters of this request."""
-        return SamplingParams(
-            max_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=None if self.top_k in (None, -1, 0) else self.top_k,
-            repetition_penalty=self.repetition_penalty,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            # The engine's seed is unsigned 64-bit; negative seeds map to their two's complement.
-            seed=None if self.seed is None else self.seed & _UINT64_MASK,
-            min_tokens=self.min_tokens,
-            stop=self.stop_strings(),
-            ignore_eos=self.ignore_eos,
-            guide=self._guide,
-            logprobs=self.logprob_count,
-        )
-
-    @property
-    def logprob_count(self) -> int | None:
-        return None
-
-
-_RequestT = TypeVar("_RequestT", bound=_RequestBase)
+_RequestT = TypeVar("_RequestT", bound=BaseModel)
 
 
 class ChatCompletionRequest(_RequestBase):
@@ -523,47 +700,92 @@ class ChatCompletionRequest(_RequestBase):
         return out
 
 
+TokenIds = list[int]
+Prompt = str | TokenIds
+
+
 class CompletionRequest(_RequestBase):
-    """``POST /v1/completions`` (text in, text out; no chat template)."""
+    """``POST /v1/completions`` (text or token ids in, text out; no chat template)."""
 
     _unsupported: ClassVar[dict[str, _Rule]] = _COMPLETION_UNSUPPORTED
 
-    prompt: str | list[str] = Field(
-        description=f"A string or up to {MAX_PROMPTS} strings; token ids are not accepted"
+    prompt: str | list[str] | TokenIds | list[TokenIds] = Field(
+        description=f"A string, a list of token ids, or a list of up to {MAX_PROMPTS} of either; token "
+        "ids are sent as they are (no BOS added)"
     )
+    max_tokens: int | None = Field(None, ge=0, description="0 with echo: the prompt's log probs only")
     echo: bool = Field(False, description="Prepend the prompt to the completion")
     logprobs: int | None = Field(
         None,
         ge=0,
         le=MAX_COMPLETION_LOGPROBS,
-        description="Return each token's log probability and this many most likely tokens",
+        description="Return each token's log probability and this many most likely tokens (with echo, "
+        "the prompt's tokens too)",
     )
 
     @property
     def logprob_count(self) -> int | None:
         return self.logprobs
 
+    @property
+    def prompt_logprob_count(self) -> int | None:
+        """echo with logprobs: the prompt's tokens get their log probs too."""
+        return self.logprobs if self.echo else None
+
+    @model_validator(mode="after")
+    def _check_zero_tokens(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise request_error(
+                "invalid_value",
+                "max_tokens 0 returns nothing without echo: set echo (with logprobs, the prompt's log "
+                "probabilities), or max_tokens >= 1.",
+                "max_tokens",
+            )
+        return self
+
     @field_validator("prompt", mode="before")
     @classmethod
     def _check_prompt(cls, value: Any) -> Any:
         if isinstance(value, str):
             return value
+        kinds = "'prompt' must be a string, a list of strings, a list of token ids or a list of lists of token ids."
         if not isinstance(value, list):
-            raise request_error("invalid_type", "'prompt' must be a string or a list of strings.")
+            raise request_error("invalid_type", kinds)
         if not value:
             raise request_error("invalid_value", "'prompt' must not be an empty list.")
+        if all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+            _check_token_ids(value)
+            return value
         if len(value) > MAX_PROMPTS:
             raise request_error("invalid_value", f"At most {MAX_PROMPTS} prompts are allowed per request.")
-        if all(isinstance(x, int) for x in value) or any(isinstance(x, list) for x in value):
-            raise request_error("unsupported_value", "Token-id prompts are not supported; send text.")
+        if isinstance(value[0], list):
+            for i, ids in enumerate(value):
+                if not isinstance(ids, list) or not ids:
+                    raise request_error("invalid_value", "Each token-id prompt must be a non-empty list.", i)
+                _check_token_ids(ids, i)
+            return value
         for i, item in enumerate(value):
             if not isinstance(item, str):
-                raise request_error("invalid_type", "Each prompt must be a string.", i)
+                raise request_error("invalid_type", kinds, i)
         return value
 
-    def prompts(self) -> list[str]:
-        """The prompts as a list (a single string becomes one prompt)."""
-        return [self.prompt] if isinstance(self.prompt, str) else list(self.prompt)
+    def prompts(self) -> list[Prompt]:
+        """The prompts as a list: each a string or a list of token ids (one prompt alone becomes a
+        list of one)."""
+        prompt = self.prompt
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            return [prompt]  # type: ignore[list-item]
+        return list(prompt)  # type: ignore[arg-type]
+
+
+def _check_token_ids(ids: list[Any], *where: int) -> None:
+    """A 400 naming `prompt[...]` for an element that is not a token id (the vocabulary is checked
+    where the model is known)."""
+    for j, token in enumerate(ids):
+        if not _is_token_id(token):
+            raise request_error(
+                "invalid_value", "A token-id prompt holds integers from 0 (its token ids).", *where, j
+            )
 
 
 def parse_request(model: type[_RequestT], body: bytes | str | Mapping[str, Any]) -> _RequestT:

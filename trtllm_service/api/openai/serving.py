@@ -56,6 +56,7 @@ from trtllm_service.relay.client import EngineStream
 from trtllm_service.relay.guided import guide_field
 from trtllm_service.relay.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
 from trtllm_service.relay.request import GenerationRequest, SamplingParams
+from trtllm_service.request_ids import engine_request_id
 
 if TYPE_CHECKING:
     from trtllm_service.relay.runtime import Runtime
@@ -160,10 +161,11 @@ class OpenAIServing:
         try:
             params = replace(request.sampling_params(), lora=self.check_model(request.model))
             self.runtime.check_logprobs(params, "top_logprobs")
+            _check_engine_features(self.runtime, params, request)
             if params.guide is not None:
                 self.runtime.check_guide(guide_field(request))
             prepared = await self.runtime.prepare_chat(request.chat_messages(), params, tools=offered)
-            choices = await self._start([prepared], params, request.n)
+            choices = await self._start([prepared], params, request.samples_per_prompt)
         except APIError as exc:
             metrics.done(exc.status)
             return error_response(exc)
@@ -228,23 +230,31 @@ class OpenAIServing:
         try:
             params = replace(request.sampling_params(), lora=self.check_model(request.model))
             self.runtime.check_logprobs(params, "logprobs")
+            _check_engine_features(self.runtime, params, request)
             if params.guide is not None:
                 self.runtime.check_guide(guide_field(request))
             prompts = request.prompts()
             prepared = await self.runtime.prepare_prompts(prompts, params)
-            choices = await self._start(prepared, params, request.n)
+            choices = await self._start(prepared, params, request.samples_per_prompt)
         except APIError as exc:
             metrics.done(exc.status)
             return error_response(exc)
         metrics.first_token()
-        if request.echo:
+        if request.echo:  # a token-id prompt echoes as its text (special tokens included)
+            echoes = [p if isinstance(p, str) else self.runtime.formatter.decode(p) for p in prompts]
             for choice in choices:
-                choice.echo = prompts[choice.index // request.n]
+                choice.echo = echoes[choice.index // request.samples_per_prompt]
         prompt_tokens = sum(p.prompt_tokens for p in prepared)
         encoder = CompletionChunkEncoder(new_id("cmpl"), served, include_usage=request.include_usage)
 
         top = request.logprob_count
         texts = self.runtime.token_texts if top is not None else None
+
+        def prompt_entries(choice: _Choice) -> list[TokenLogprob] | None:
+            """echo with logprobs: the prompt's tokens come first (the engine's prompt log probs)."""
+            return (
+                choice.stream.prompt_logprobs if choice.echo or params.prompt_logprobs is not None else None
+            )
 
         def build(results: list[_Result]) -> CompletionResponse:
             return CompletionResponse(
@@ -254,7 +264,9 @@ class OpenAIServing:
                         index=choice.index,
                         text=choice.echo + result.text,
                         finish_reason=result.finish_reason,  # type: ignore[arg-type]
-                        logprobs=completion_logprobs(result.logprobs, texts, top, len(choice.echo))[0]  # type: ignore[arg-type]
+                        logprobs=completion_logprobs(
+                            result.logprobs, texts, top, len(choice.echo), prompt_entries(choice)
+                        )[0]  # type: ignore[arg-type]
                         if texts is not None
                         else None,
                     )
@@ -271,7 +283,13 @@ class OpenAIServing:
             body, offsets[index] = completion_logprobs(entries, texts, top, offsets[index])  # type: ignore[arg-type]
             return encoder.text_logprobs(text, index, body)
 
-        opening = [encoder.text(c.echo, c.index) for c in choices if c.echo]
+        opening = [
+            encoder.text_logprobs(c.echo, c.index, completion_logprobs([], texts, top, 0, prompt)[0])  # type: ignore[arg-type]
+            if texts is not None and (prompt := prompt_entries(c))
+            else encoder.text(c.echo, c.index)
+            for c in choices
+            if c.echo
+        ]
         return await self._respond(
             request, choices, http_request, encoder, opening, delta, prompt_tokens, build, metrics
         )
@@ -292,7 +310,11 @@ class OpenAIServing:
     ) -> Response:
         """An SSE stream of chunks, or one JSON body built from all results, for either endpoint."""
         if request.stream:
-            usage = (lambda tokens: encoder.usage(prompt_tokens, tokens)) if request.include_usage else None
+            usage = (
+                (lambda tokens: encoder.usage(prompt_tokens, tokens, _cached_tokens(choices, request.n)))
+                if request.include_usage
+                else None
+            )
             frames = _sse_frames(choices, opening, delta, encoder.finish, usage, metrics, prompt_tokens)
             return StreamBody(frames, "text/event-stream", SSE_HEADERS)  # type: ignore[return-value]
         try:
@@ -305,7 +327,11 @@ class OpenAIServing:
             return Response(status_code=499)  # the client is gone: nobody reads the answer
         tokens = sum(r.completion_tokens for r in results)
         metrics.done(200, _finish_reason(results), prompt_tokens, tokens)
-        return JSONResponse(build(results).model_dump(mode="json"))
+        if request.ranks_best_of:  # best_of candidates per prompt: the n best are the choices
+            results = _keep_best(choices, results, request.n, request.samples_per_prompt)
+        body = build(results).model_dump(mode="json")
+        body["usage"]["prompt_tokens_details"] = {"cached_tokens": _cached_tokens(choices, request.n)}
+        return JSONResponse(body)
 
     @staticmethod
     def _seeded(prepared: GenerationRequest, params: SamplingParams, i: int) -> GenerationRequest:
@@ -320,11 +346,17 @@ class OpenAIServing:
         self, prepared: Sequence[GenerationRequest], params: SamplingParams, n: int
     ) -> list[_Choice]:
         """Starts every engine request and waits for each first text; on any failure closes them all."""
+        if any(request.beam_width for request in prepared):
+            return await self._start_beams(prepared, n)
         streams: list[tuple[int, EngineStream]] = []
+        count = len(prepared) * n  # Triton's ids: the request's X-Request-Id, "<id>-<index>" for several
         try:
             for p, request in enumerate(prepared):
                 for i in range(n):
-                    streams.append((p * n + i, await self.runtime.generate(self._seeded(request, params, i))))
+                    engine = replace(
+                        self._seeded(request, params, i), request_id=engine_request_id(p * n + i, count)
+                    )
+                    streams.append((p * n + i, await self.runtime.generate(engine)))
             firsts = await asyncio.gather(*(stream.read() for _, stream in streams))
         except BaseException as exc:
             for _, stream in streams:
@@ -333,6 +365,84 @@ class OpenAIServing:
                 raise
             raise _api_error(exc) from None
         return [_Choice(index, stream, first) for (index, stream), first in zip(streams, firsts, strict=True)]
+
+    async def _start_beams(self, prepared: Sequence[GenerationRequest], n: int) -> list[_Choice]:
+        """Beam search: one engine request per prompt returns its `n` best beams, which become that
+        prompt's choices (best first). Never streamed: the engine sends every beam at once."""
+        streams: list[EngineStream] = []
+        try:
+            for p, request in enumerate(prepared):
+                engine = replace(request, num_return=n, request_id=engine_request_id(p, len(prepared)))
+                streams.append(await self.runtime.generate(engine))
+            found = await asyncio.gather(*(stream.beams() for stream in streams))  # type: ignore[attr-defined]
+        except BaseException as exc:
+            for stream in streams:
+                stream.close()
+            if isinstance(exc, APIError | asyncio.CancelledError):
+                raise
+            raise _api_error(exc) from None
+        choices = []
+        for p, (stream, beams) in enumerate(zip(streams, found, strict=True)):
+            for i, (text, tokens, reason) in enumerate(beams[:n]):
+                choices.append(_Choice(p * n + i, _Beam(stream if i == 0 else None, tokens, reason), text))
+        return choices
+
+
+class _Beam:
+    """One finished beam, read like an EngineStream (its text is the choice's first and only text);
+    the first beam of a request holds the engine stream, for its cached_tokens and close()."""
+
+    __slots__ = ("cached_tokens", "completion_tokens", "finish_reason", "prompt_logprobs", "stream")
+
+    def __init__(self, stream: EngineStream | None, tokens: int, reason: str) -> None:
+        self.stream = stream
+        self.completion_tokens = tokens
+        self.finish_reason = reason
+        self.cached_tokens = stream.cached_tokens if stream is not None else 0
+        self.prompt_logprobs = None
+
+    async def read(self) -> str:
+        return ""
+
+    def take_logprobs(self) -> list[TokenLogprob]:
+        return []
+
+    def close(self) -> None:
+        if self.stream is not None:
+            self.stream.close()
+
+
+def _check_engine_features(runtime: Any, params: SamplingParams, request: Any) -> None:
+    """The runtime's 400s for what its engine cannot serve (prompt log probs, beam search)."""
+    check = getattr(runtime, "check_engine_features", None)
+    if check is not None:
+        check(params, stream=request.stream, n=request.n)
+
+
+def _cached_tokens(choices: Sequence[_Choice], n: int) -> int:
+    """usage.prompt_tokens_details.cached_tokens: per prompt, the most prompt tokens any of its
+    choices' engine requests found in the KV cache (each prompt counts once, as in prompt_tokens)."""
+    best: dict[int, int] = {}
+    for choice in choices:
+        prompt = choice.index // max(n, 1)
+        best[prompt] = max(best.get(prompt, 0), int(getattr(choice.stream, "cached_tokens", 0) or 0))
+    return sum(best.values())
+
+
+def _keep_best(choices: list[_Choice], results: list[_Result], n: int, sampled: int) -> list[_Result]:
+    """best_of without beam search: of each prompt's `sampled` candidates, the `n` with the highest
+    cumulative log prob (the sum of their tokens' log probs; ties: the first sampled) become its
+    choices, in that order and numbered `prompt * n + i`. `choices` is narrowed to them in place (the
+    response builders read it); returns their results."""
+    kept: list[tuple[_Choice, _Result]] = []
+    for start in range(0, len(choices), sampled):
+        group = list(zip(choices[start : start + sampled], results[start : start + sampled], strict=True))
+        group.sort(key=lambda pair: -sum(e.logprob or 0.0 for e in pair[1].logprobs))
+        for i, (choice, result) in enumerate(group[:n]):
+            choice.index = start // sampled * n + i
+            kept.append((choice, result))
+    choices[:] = [choice for choice, _ in kept]
+    return [result for _, result in kept]
 
 
 def _usage(prompt_tokens: int, results: Sequence[_Result]) -> UsageInfo:
@@ -501,7 +611,7 @@ async def _buffered_chat_frames(
             frames.append(encoder.finish(finish, choice.index))
         tokens = sum(r.completion_tokens for r in results)
         if include_usage:
-            frames.append(encoder.usage(prompt_tokens, tokens))
+            frames.append(encoder.usage(prompt_tokens, tokens, _cached_tokens(choices, len(choices))))
         yield ("".join(frames) + SSE_DONE).encode()
         status, reason = 200, _finish_reason(results)
     except Exception as exc:  # the 200 status is sent already: report in the stream, then end it

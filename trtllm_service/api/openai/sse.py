@@ -37,10 +37,11 @@ def error_frame(err: APIError) -> str:
     return sse_frame(_encode(err.body()))
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> str:
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> str:
     return (
         f'{{"prompt_tokens":{int(prompt_tokens)},"completion_tokens":{int(completion_tokens)},'
-        f'"total_tokens":{int(prompt_tokens) + int(completion_tokens)}}}'
+        f'"total_tokens":{int(prompt_tokens) + int(completion_tokens)},'
+        f'"prompt_tokens_details":{{"cached_tokens":{int(cached_tokens)}}}}}'
     )
 
 
@@ -65,9 +66,10 @@ class _ChunkEncoder:
         # OpenAI: with include_usage, every chunk but the last carries "usage": null.
         self._end = "}]" + (',"usage":null' if include_usage else "") + "}\n\n"
 
-    def usage(self, prompt_tokens: int, completion_tokens: int) -> str:
-        """The final usage chunk (empty ``choices``), sent when ``stream_options.include_usage`` is set."""
-        return f'{self._head},"choices":[],"usage":{_usage(prompt_tokens, completion_tokens)}}}\n\n'
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> str:
+        """The final usage chunk (empty ``choices``), sent when ``stream_options.include_usage`` is set;
+        ``prompt_tokens_details.cached_tokens``: the prompt tokens the engine found in its KV cache."""
+        return f'{self._head},"choices":[],"usage":{_usage(prompt_tokens, completion_tokens, cached_tokens)}}}\n\n'
 
 
 class ChatChunkEncoder(_ChunkEncoder):

@@ -40,7 +40,7 @@ SCALAR_DEFAULTS: dict[str, object] = {
     "temperature": 1.0,
     "runtime_top_k": 0,
     "runtime_top_p": 0.0,
-    "len_penalty": 1.0,
+    "len_penalty": 0.0,  # the executor's default (SamplingConfig lengthPenalty 0.f)
     "early_stopping": 1,
     "beam_search_diversity_rate": 0.0,
     "repetition_penalty": 1.0,
@@ -201,6 +201,8 @@ class EngineLimits:
     streaming_allowed: bool = True
     max_input_len: int = 0  # 0: max_seq_len - 1
     guided_decoding: bool = True  # config.pbtxt sets up NVIDIA's guided decoder (backend + tokenizer info)
+    max_beam_width: int = 1  # config.pbtxt's max_beam_width: the engine's most beams
+    gather_context_logits: bool = True  # whether the engine returns context logits (trtllm-build's flag)
 
     @property
     def input_limit(self) -> int:
@@ -240,6 +242,10 @@ class EngineRequest:
     lora_weights: np.ndarray | None = None  # its rows, sent on first use (TensorRT-LLM's layout)
     lora_config: np.ndarray | None = None
     return_perf_metrics: bool = False
+    beam_width: int = 1  # > 1: beam search over this many beams
+    num_return: int = 1  # the best beams to return (num_return_sequences; <= beam_width)
+    length_penalty: float = 0.0  # beam search: scores are cum_log_prob / length**length_penalty
+    early_stopping: int = 1  # beam search: 1 stop at beam_width finished; 0 heuristic; other: never
 
 
 def is_stop_request(get: GetInput) -> bool:
@@ -331,10 +337,25 @@ def parse_request(
     guide = parse_guide(get)
     if guide is not None and beam_width > 1:
         raise BackendError(nv.GUIDE_WITH_BEAMS)
-    if beam_width != 1:
-        raise RequestError(f"beam_width {beam_width}: this engine decodes one beam")
-    if int(scalar(get, "num_return_sequences")) != 1:
-        raise RequestError("num_return_sequences > 1: this engine returns one sequence per request")
+    num_return = int(scalar(get, "num_return_sequences"))
+    if num_return < 1:
+        raise RequestError(f"num_return_sequences must be >= 1, got {num_return}")
+    if beam_width > 1:
+        # Ours: NVIDIA's backend does not compare beam_width with max_beam_width (its executor holds
+        # a request of another width in its queue); the stand-in refuses what the engine lacks.
+        if beam_width > limits.max_beam_width:
+            raise RequestError(
+                f"beam_width {beam_width} exceeds the engine's max_beam_width {limits.max_beam_width}"
+            )
+        if streaming:
+            raise RequestError("streaming beam search is not served by this engine: send streaming false")
+        if num_return > beam_width:
+            raise RequestError(f"num_return_sequences {num_return} exceeds beam_width {beam_width}")
+    elif num_return != 1:
+        raise RequestError("num_return_sequences > 1 without beam search: this engine samples one sequence")
+    early = get("early_stopping")
+    if early is not None and early.size and contract_check():
+        raise RequestError(f"early_stopping would not arrive as sent: {nv.MISREAD_INPUTS['early_stopping']}")
     temperature = float(scalar(get, "temperature"))
     top_k = int(scalar(get, "runtime_top_k"))
     top_p = float(scalar(get, "runtime_top_p"))
@@ -371,15 +392,21 @@ def parse_request(
     exclude = scalar(get, "exclude_input_in_output")
     bias = get("embedding_bias")
     embedding_bias = None
-    if bias is not None and bias.size > 0:
-        flat_bias = bias.reshape(-1)[: limits.vocab_size].astype(np.float32)
-        embedding_bias = np.zeros(limits.vocab_size, dtype=np.float32)
-        embedding_bias[: flat_bias.shape[0]] = flat_bias
+    if bias is not None and bias.size > 0:  # NVIDIA squeezes it to 1-D; an empty one is no bias
+        if bias.size != limits.vocab_size:  # ours: NVIDIA's executor takes it as [vocab_size]
+            raise RequestError(
+                f"embedding_bias has {bias.size} values; the engine's vocabulary has {limits.vocab_size}"
+            )
+        embedding_bias = bias.reshape(-1).astype(np.float32)
+        if not np.isfinite(embedding_bias).all():
+            raise RequestError("embedding_bias must hold finite numbers")
 
     return_log_probs = bool(scalar(get, "return_log_probs"))
     return_context_logits = bool(scalar(get, "return_context_logits"))
     return_generation_logits = bool(scalar(get, "return_generation_logits"))
     return_perf_metrics = bool(scalar(get, "return_perf_metrics"))
+    if return_context_logits and not limits.gather_context_logits:
+        raise BackendError(nv.NO_CONTEXT_LOGITS, executor=True)
     asked = set(requested or OUTPUTS)
     for name in nv.REQUIRED_OUTPUTS:  # NVIDIA fails the request's first response without them
         if name not in asked:
@@ -396,8 +423,7 @@ def parse_request(
         enabled.add("num_input_tokens")
     if scalar(get, "return_num_output_tokens"):
         enabled.add("num_output_tokens")
-    if return_perf_metrics:
-        enabled.update(nv.PERF_OUTPUTS)
+    perf = frozenset(nv.PERF_OUTPUTS if return_perf_metrics else ())  # sent whether named or not
     lora_task_id = scalar_lora_task(get)
     lora_weights, lora_config = get("lora_weights"), get("lora_config")
     has_weights = lora_weights is not None and lora_weights.size > 0
@@ -405,7 +431,7 @@ def parse_request(
         raise RequestError("lora_weights and lora_config go together")
     if has_weights and lora_task_id is None:
         raise RequestError("lora_weights need a lora_task_id (the id the engine caches them under)")
-    return EngineRequest(
+    request = EngineRequest(
         request_id=request_id,
         input_ids=input_ids,
         max_new=max_new,
@@ -428,13 +454,37 @@ def parse_request(
         return_log_probs=return_log_probs,
         return_context_logits=return_context_logits,
         return_generation_logits=return_generation_logits,
-        outputs=frozenset(enabled & asked),
+        outputs=frozenset(enabled & asked) | perf,
         guide=guide,
         lora_task_id=lora_task_id,
         lora_weights=lora_weights if has_weights else None,
         lora_config=lora_config if has_weights else None,
         return_perf_metrics=return_perf_metrics,
+        beam_width=beam_width,
+        num_return=num_return if beam_width > 1 else 1,
+        length_penalty=float(scalar(get, "len_penalty")),
+        early_stopping=int(bool(early.reshape(-1)[0])) if early is not None and early.size else 1,
     )
+    if beam_width > 1:
+        _check_beam_request(request)
+    return request
+
+
+BEAM_UNSUPPORTED = (
+    ("repetition_penalty", lambda r: r.repetition_penalty != 1.0),
+    ("presence_penalty", lambda r: r.presence_penalty != 0.0),
+    ("frequency_penalty", lambda r: r.frequency_penalty != 0.0),
+    ("min_tokens", lambda r: r.min_tokens > 0),
+    ("bad_words_list", lambda r: bool(r.bad_words)),
+    ("return_generation_logits", lambda r: r.return_generation_logits),
+)
+"""What our engines do not combine with beam search (NVIDIA's does): refused, never ignored."""
+
+
+def _check_beam_request(request: EngineRequest) -> None:
+    for name, used in BEAM_UNSUPPORTED:
+        if used(request):
+            raise RequestError(f"{name} with beam search is not served by this engine")
 
 
 def scalar_lora_task(get: GetInput) -> int | None:
@@ -467,6 +517,52 @@ _PERF_TYPES = {
     "last_token_time_ns": np.int64,
     "acceptance_rate": np.float32,
 }
+
+
+def beam_arrays(
+    request: EngineRequest,
+    beams: list[tuple[list[int], float, list[float]]],
+    *,
+    perf: PerfMetrics | None = None,
+) -> dict[str, np.ndarray]:
+    """The output tensors of a beam search's one (final) response: `beams` are (token ids, cumulative
+    log prob, each token's log prob), best first. As NVIDIA's backend: output_ids [1, beams, longest]
+    padded with -1, sequence_length [1, beams], cum_log_probs [1, beams], output_log_probs [1, beams,
+    longest]."""
+    wanted = request.outputs
+    count = len(beams)
+    longest = max((len(ids) for ids, _, _ in beams), default=0)
+    out: dict[str, np.ndarray] = {}
+    if "output_ids" in wanted:
+        ids = np.full((1, count, longest), -1, dtype=np.int32)
+        for i, (tokens, _, _) in enumerate(beams):
+            ids[0, i, : len(tokens)] = tokens
+        out["output_ids"] = ids
+    if "sequence_length" in wanted:
+        out["sequence_length"] = np.array([[len(tokens) for tokens, _, _ in beams]], dtype=np.int32)
+    if "cum_log_probs" in wanted:
+        out["cum_log_probs"] = np.array([[cum for _, cum, _ in beams]], dtype=np.float32)
+    if "output_log_probs" in wanted:
+        values = np.zeros((1, count, longest), dtype=np.float32)
+        for i, (tokens, _, log_probs) in enumerate(beams):
+            tail = log_probs[-len(tokens) :] if tokens else []
+            values[0, i, len(tokens) - len(tail) : len(tokens)] = tail
+        out["output_log_probs"] = values
+    if "num_input_tokens" in wanted:
+        out["num_input_tokens"] = np.array([[len(request.input_ids)]], dtype=np.int32)
+    if "num_output_tokens" in wanted:
+        out["num_output_tokens"] = np.array([[sum(len(tokens) for tokens, _, _ in beams)]], dtype=np.int32)
+    _perf_arrays(request, perf, out)
+    return out
+
+
+def _perf_arrays(request: EngineRequest, perf: PerfMetrics | None, out: dict[str, np.ndarray]) -> None:
+    if perf is not None and request.return_perf_metrics:
+        values = {"acceptance_rate": 0.0, "total_accepted_draft_tokens": 0, "total_draft_tokens": 0}
+        values.update({name: getattr(perf, name) for name in PerfMetrics.__slots__})
+        for name in nv.PERF_OUTPUTS:
+            if name in request.outputs:
+                out[name] = np.array([[values[name]]], dtype=_PERF_TYPES.get(name, np.int32))
 
 
 def response_arrays(
@@ -514,10 +610,5 @@ def response_arrays(
         out["num_input_tokens"] = np.array([[len(request.input_ids)]], dtype=np.int32)
     if "num_output_tokens" in wanted:
         out["num_output_tokens"] = np.array([[count]], dtype=np.int32)
-    if perf is not None and request.return_perf_metrics:
-        values = {"acceptance_rate": 0.0, "total_accepted_draft_tokens": 0, "total_draft_tokens": 0}
-        values.update({name: getattr(perf, name) for name in PerfMetrics.__slots__})
-        for name in nv.PERF_OUTPUTS:
-            if name in wanted:
-                out[name] = np.array([[values[name]]], dtype=_PERF_TYPES.get(name, np.int32))
+    _perf_arrays(request, perf, out)
     return out

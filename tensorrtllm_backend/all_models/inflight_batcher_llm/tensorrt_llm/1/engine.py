@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-from contract import EngineRequest, PerfMetrics, response_arrays
+from contract import EngineRequest, PerfMetrics, beam_arrays, response_arrays
 
 STOP_TTL_S = 30.0
+"""How long a `stop` for a request id that is not (yet) running is remembered."""
 TOKENS_PER_BLOCK = 32
 """The KV cache block size the perf metrics count in (TensorRT-LLM's default tokens_per_block)."""
-"""How long a `stop` for a request id that is not (yet) running is remembered."""
 
 OUTCOMES = ("completed", "cancelled", "stopped", "error")
 
@@ -82,6 +82,20 @@ class Sequence:
     stop_reason: int | str | None = None  # the end id, stop token or stop string that ended it
     extra: Any = None  # what a subclass of EngineLoop keeps per request (e.g. text state)
     perf: PerfMetrics | None = None  # with return_perf_metrics: arrival, first token, ... (ns)
+
+
+class BeamResult:
+    """A beam search's outcome, from a source's `step`: the best beams, best first, each (token ids,
+    cumulative log prob, each token's log prob, finish reason: "stop" or "length")."""
+
+    __slots__ = ("beams",)
+
+    def __init__(self, beams: list[tuple[list[int], float, list[float], str]]) -> None:
+        self.beams = beams
+
+
+BEAM_STEP = object()
+"""A source's `step` result for a beam search that advanced and has not finished: nothing to send."""
 
 
 class TokenSource(Protocol):
@@ -203,6 +217,13 @@ class EngineLoop:
             results = self.source.step(live) if live else []
             tokens = 0
             for seq, result in zip(live, results, strict=True):
+                if result is BEAM_STEP:
+                    continue
+                if isinstance(result, BeamResult):
+                    self._finish_beams(seq, result)
+                    tokens += sum(len(beam[0]) for beam in result.beams)
+                    finished.add(id(seq))
+                    continue
                 if isinstance(result, BaseException):
                     self.responder.log(f"{self.name}: request {seq.request.request_id!r} failed: {result}")
                     self.counters.finished("error")
@@ -321,6 +342,29 @@ class EngineLoop:
             self._send(seq, self._response(seq, ids, log_probs=seq.log_probs, first=True, final=True), True)
         self.counters.finished(outcome)
 
+    def _finish_beams(self, seq: Sequence, result: BeamResult) -> None:
+        """The one final response of a beam search (it is never streamed): the best beams."""
+        request = seq.request
+        seq.finish_reason = result.beams[0][3] if result.beams else "length"
+        prefix = [] if request.exclude_input else request.input_ids
+        beams = [(prefix + ids, cum, log_probs) for ids, cum, log_probs, _ in result.beams]
+        perf = self._perf(seq, sum(len(ids) for ids, _, _, _ in result.beams))
+        self._send(seq, self.responder.response(beam_arrays(request, beams, perf=perf)), True)
+        self.counters.finished("completed")
+
+    def _perf(self, seq: Sequence, generated: int) -> PerfMetrics | None:
+        """The final response's perf metrics (with return_perf_metrics). KV cache reuse is 0: our
+        engines keep no blocks across requests (every prompt is prefilled whole, its cache freed with
+        the request), so every block is new and none is reused."""
+        perf = seq.perf
+        if perf is not None:
+            blocks = -(-(len(seq.request.input_ids) + generated) // TOKENS_PER_BLOCK)
+            perf.kv_cache_alloc_new_blocks = perf.kv_cache_alloc_total_blocks = blocks
+            perf.kv_cache_reused_blocks = 0
+            perf.last_token_time_ns = perf.last_token_time_ns or time.time_ns()
+            perf.first_token_time_ns = perf.first_token_time_ns or perf.last_token_time_ns
+        return perf
+
     def _send_new(self, seq: Sequence, final: bool) -> None:
         new = seq.generated[len(seq.generated) - seq.unsent :]
         new_log_probs = seq.log_probs[len(seq.log_probs) - seq.unsent :]
@@ -343,10 +387,7 @@ class EngineLoop:
         if request.return_generation_logits and seq.generation_logits:
             generation = np.stack(seq.generation_logits)
             seq.generation_logits = []
-        perf = seq.perf if final else None
-        if perf is not None:  # no prefix reuse and no paging here: every block is new
-            blocks = -(-(len(request.input_ids) + len(seq.generated)) // TOKENS_PER_BLOCK)
-            perf.kv_cache_alloc_new_blocks = perf.kv_cache_alloc_total_blocks = blocks
+        perf = self._perf(seq, len(seq.generated)) if final else None
         arrays = response_arrays(
             request,
             ids,

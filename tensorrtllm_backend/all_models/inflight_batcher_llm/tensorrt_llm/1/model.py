@@ -108,6 +108,8 @@ class TritonPythonModel:
             guided_decoding=bool(
                 param(config, "guided_decoding_backend") and param(config, "xgrammar_tokenizer_info_path")
             ),
+            # the beams the engine was "built" for (packing fills it; our engines could search more)
+            max_beam_width=int(param(config, "max_beam_width", "1") or 1),
         )
         self.executor_ids = itertools.count(1)  # the executor's request ids, in its error messages
         outputs = {output["name"]: output["data_type"] for output in config.get("output", [])}

@@ -2,7 +2,8 @@
 
 It samples as TensorRT-LLM does (embedding bias, repetition / presence / frequency penalties, bad
 words, min_tokens, then temperature, top-k, top-p). Greedy output equals `transformers` generate
-token for token.
+token for token; beam search (`beam_width` > 1) is transformers' beam search step for step (its
+candidates, length penalty and early-stopping rules), so its beams equal `generate(num_beams=...)`.
 
 Batching: a prompt is prefilled alone; then every sequence in generation advances in one forward
 pass per step over a fixed number of batch slots (`slots`), each with its own rows in a static KV
@@ -22,7 +23,7 @@ import secrets
 from typing import Any
 
 import torch
-from engine import Sequence
+from engine import BEAM_STEP, BeamResult, Sequence
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AutoModelForCausalLM, DynamicCache
 
@@ -212,11 +213,20 @@ class ReferenceSource:
             and not request.top_logprobs
             and request.lora is None
         )
-        if self.cache is not None:
+        if request.beam_width > 1:
+            state.plain = False
+            state.beam = _Beams(request, self._end_ids(request), self.device)
+        if self.cache is not None:  # a beam search holds a slot too: the loop counts it as one
             if not self._free:
                 raise RuntimeError("no free batch slot (the engine loop admitted too many requests)")
             state.slot = self._free.pop()
         seq.state = state
+
+    @staticmethod
+    def _end_ids(request: Any) -> list[int]:
+        """What ends a beam: the end id and the one-token stop words (the model's other end ids)."""
+        ends = [request.end_id] if request.end_id >= 0 else []
+        return ends + [word[0] for word in request.stop_words if len(word) == 1 and word[0] not in ends]
 
     def _guide(self, guide_type: str, guide: str) -> Any:
         """An llguidance matcher for one request's guide (GuideError when it does not compile)."""
@@ -255,6 +265,12 @@ class ReferenceSource:
         results: list[tuple[int, float] | BaseException | None] = [None] * len(seqs)
         decoding: list[int] = []
         for i, seq in enumerate(seqs):
+            if seq.state.beam is not None:
+                try:
+                    results[i] = self._beam_step(seq)
+                except Exception as exc:
+                    results[i] = exc
+                continue
             if seq.state.length and self.cache is not None:
                 if seq.state.length < self.max_len:
                     decoding.append(i)
@@ -365,6 +381,35 @@ class ReferenceSource:
         return results
 
     @torch.inference_mode()
+    def _beam_step(self, seq: Sequence) -> Any:
+        """One step of a beam search: a forward over its beams (the prompt, the first time: once per
+        beam, as transformers expands it), then transformers' beam update."""
+        beams: _Beams = seq.state.beam
+        request = seq.request
+        self._lora_groups = self._lora_rows([seq], batched=False)
+        try:
+            if beams.cache is None:
+                ids = torch.tensor([request.input_ids] * beams.width, device=self.device)
+                out = self.model(
+                    input_ids=ids, past_key_values=DynamicCache(config=self.model.config), use_cache=True
+                )
+            else:
+                out = self.model(
+                    input_ids=beams.next_ids[:, None], past_key_values=beams.cache, use_cache=True
+                )
+        finally:
+            self._lora_groups = []
+        beams.cache = out.past_key_values
+        logits = out.logits[:, -1, : self.vocab_size].float()
+        if seq.state.bias is not None:
+            logits = logits + seq.state.bias
+        order = beams.advance(torch.log_softmax(logits, -1))
+        if order is None:
+            return BeamResult(beams.result())
+        beams.cache.reorder_cache(order)
+        return BEAM_STEP
+
+    @torch.inference_mode()
     def _sample(self, seq: Sequence, logits: torch.Tensor) -> tuple[int, float]:
         state: _State = seq.state
         request = seq.request
@@ -427,11 +472,101 @@ class ReferenceSource:
         return token, log_prob
 
 
+class _Beams:
+    """One request's beam search, as transformers' `_beam_search` runs it for one prompt (batch 1):
+    the running beams, the pool of finished ones (scored with the length penalty), and its stopping
+    rules. `advance` takes the beams' next-token log probs and returns the beam each new running beam
+    continues (to reorder the cache), or None when the search is over."""
+
+    def __init__(self, request: Any, ends: list[int], device: torch.device) -> None:
+        width, limit = request.beam_width, request.max_new
+        self.width, self.limit, self.device = width, limit, device
+        self.num_return = request.num_return
+        self.end_id = request.end_id
+        self.ends = torch.tensor(ends, dtype=torch.long, device=device)
+        self.keep = max(2, 1 + len(ends)) * width  # candidates per step, as transformers takes them
+        self.length_penalty = float(request.length_penalty)
+        self.early = (
+            True if request.early_stopping == 1 else False if request.early_stopping == 0 else "never"
+        )
+        self.cache: Any = None
+        self.next_ids: torch.Tensor | None = None
+        self.step = 0  # tokens generated so far
+        self.running = torch.zeros((width, limit), dtype=torch.long, device=device)
+        self.running_lp = torch.zeros((width, limit), device=device)  # each token's own log prob
+        self.scores = torch.full((width,), -1.0e9, device=device)
+        self.scores[0] = 0.0  # one live beam at first: the others are its copies
+        self.done = torch.zeros((width, limit), dtype=torch.long, device=device)
+        self.done_lp = torch.zeros((width, limit), device=device)
+        self.done_scores = torch.full((width,), -1.0e9, device=device)
+        self.done_sums = torch.zeros(width, device=device)
+        self.done_len = torch.zeros(width, dtype=torch.long, device=device)
+        self.finished = torch.zeros(width, dtype=torch.bool, device=device)
+        self.improvable = True
+
+    def advance(self, log_probs: torch.Tensor) -> torch.Tensor | None:
+        width, step, vocab = self.width, self.step, log_probs.shape[-1]
+        total = (log_probs + self.scores[:, None]).reshape(-1)
+        top_lp, top_index = torch.topk(total, self.keep)
+        source, tokens = top_index // vocab, top_index % vocab
+        candidates = self.running[source].clone()
+        candidates[:, step] = tokens
+        candidates_lp = self.running_lp[source].clone()
+        candidates_lp[:, step] = log_probs[source, tokens]
+        hits = torch.isin(tokens, self.ends) | (step + 1 >= self.limit)
+        # the running beams of the next step: the best candidates that did not just finish
+        live = top_lp + hits.float() * -1.0e9
+        chosen = torch.topk(live, width).indices
+        self.running, self.running_lp, self.scores = candidates[chosen], candidates_lp[chosen], live[chosen]
+        self.next_ids = tokens[chosen]
+        # the finished pool: candidates among the top `width` that just finished, length-penalized
+        scored = top_lp / ((step + 1) ** self.length_penalty)
+        if bool(self.finished.all()) and self.early is True:
+            scored = scored - 1.0e9
+        if not self.improvable:
+            scored = scored - 1.0e9
+        just = hits & (torch.arange(self.keep, device=self.device) < width)
+        scored = scored + (~just).float() * -1.0e9
+        merged = torch.cat((self.done_scores, scored))
+        best = torch.topk(merged, width).indices
+        lengths = torch.full((self.keep,), step + 1, dtype=torch.long, device=self.device)
+        self.done = torch.cat((self.done, candidates))[best]
+        self.done_lp = torch.cat((self.done_lp, candidates_lp))[best]
+        self.done_sums = torch.cat((self.done_sums, top_lp))[best]
+        self.done_len = torch.cat((self.done_len, lengths))[best]
+        self.finished = torch.cat((self.finished, just))[best]
+        self.done_scores = merged[best]
+        self.step = step = step + 1
+        # transformers' stopping rules: can a running beam still beat the worst finished one?
+        best_length = self.limit if self.early == "never" and self.length_penalty > 0.0 else step
+        best_possible = self.scores[0] / (best_length**self.length_penalty)
+        worst = torch.where(self.finished, self.done_scores.min(), torch.tensor(-1.0e9, device=self.device))
+        self.improvable = self.improvable and bool((best_possible > worst).any())
+        open_beam = not (bool(self.finished.all()) and self.early is True)
+        if self.improvable and open_beam and not bool(hits.all()):
+            return source[chosen]
+        return None
+
+    def result(self) -> list[tuple[list[int], float, list[float], str]]:
+        """The best `num_return` finished beams, best first: (ids, cumulative log prob, each token's
+        log prob, finish reason). The end id that ended a beam is not part of it (as with one beam)."""
+        out = []
+        for i in range(self.num_return):
+            length = int(self.done_len[i])
+            ids = self.done[i, :length].tolist()
+            log_probs = self.done_lp[i, :length].tolist()
+            reason = "stop" if ids and ids[-1] in self.ends.tolist() else "length"
+            if ids and ids[-1] == self.end_id:
+                ids, log_probs = ids[:-1], log_probs[:-1]
+            out.append((ids, float(self.done_sums[i]), log_probs, reason))
+        return out
+
+
 class _State:
     """Per-request state of the reference source."""
 
     __slots__ = (
-        "bias", "counts", "generator", "guide", "length", "own_cache", "plain", "prompt_mask", "slot",
+        "beam", "bias", "counts", "generator", "guide", "length", "own_cache", "plain", "prompt_mask", "slot",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -444,3 +579,4 @@ class _State:
         self.generator: torch.Generator | None = None
         self.bias: torch.Tensor | None = None
         self.guide: Any = None  # an llguidance matcher: its grammar masks every step's logits
+        self.beam: _Beams | None = None  # a beam search's state (beam_width > 1)

@@ -54,6 +54,8 @@ class SyntheticSource:
 
     def start(self, seq: Sequence) -> None:
         request = seq.request
+        if request.beam_width > 1:
+            raise ValueError("the synthetic engine does not search beams (it has no model to score them)")
         state = zlib.crc32(array("i", request.input_ids).tobytes())
         if not request.greedy:
             seed = request.seed if request.seed is not None else secrets.randbits(63)

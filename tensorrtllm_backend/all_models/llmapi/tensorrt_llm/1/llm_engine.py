@@ -31,7 +31,7 @@ from typing import Any
 
 import nvidia_llmapi as nv
 from contract import RequestError
-from llmapi_contract import TextRequest, text_arrays
+from llmapi_contract import TextRequest, beam_arrays, text_arrays
 
 SHUTDOWN_DRAIN_S = 30.0
 MAX_QUEUED = 64
@@ -123,6 +123,38 @@ def token_log_probs(
         width = min(len(row[0]) for row in tops)
         tops = [(row[0][:width], row[1][:width]) for row in tops]
     return ids, log_probs, tops
+
+
+def prompt_log_probs(
+    request: TextRequest, output: Any
+) -> tuple[list[float], list[tuple[list[int], list[float]]]]:
+    """Each prompt token's log prob (NaN for the first: nothing predicts it) and, for positions 1..,
+    the N most likely tokens there, from a RequestOutput asked for prompt_logprobs and context logits.
+
+    The LLM API's `prompt_logprobs[i]` ranks the tokens that could follow prompt token i (1.2's
+    compute_logprobs: top N only, the prompt's own token not added); the prompt token's own value
+    comes from the context logits (row i - 1), else from that ranking when it is there (else NaN)."""
+    ids = list(output.prompt_token_ids)
+    ranked = list(output.outputs[0].prompt_logprobs or ())
+    logits = getattr(output, "context_logits", None)
+    table = None
+    if logits is not None:
+        import torch
+
+        table = torch.log_softmax(torch.as_tensor(logits).float().reshape(len(ids), -1)[:-1], -1).cpu()
+    values = [math.nan]
+    tops: list[tuple[list[int], list[float]]] = []
+    for i in range(1, len(ids)):
+        step = ranked[i - 1] if i - 1 < len(ranked) else {}
+        if table is not None:
+            values.append(float(table[i - 1, ids[i]]))
+        else:
+            entry = step.get(ids[i])
+            values.append(float(entry.logprob) if entry is not None else math.nan)
+        if request.prompt_logprobs:
+            best = sorted(step.items(), key=_rank_key)[: request.prompt_logprobs]
+            tops.append(([int(k) for k, _ in best], [float(v.logprob) for _, v in best]))
+    return values, tops
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -248,18 +280,30 @@ class LLMEngine:
                 return
             prefix = request.echo_prompt or ""
             streaming = request.streaming
+            beams = bool(request.sampling.get("use_beam_search"))
+            prompt = request.prompt_logprobs is not None  # prompt log probs: with the first response
             async for output in result:
                 if self._posted - sum(self._sent) > MAX_QUEUED:
                     await self._room()
                 finished = output.finished
                 if not streaming and not finished:
                     continue
+                if beams:  # one response: every beam (beam search is never streamed here)
+                    if finished:
+                        metrics = output.outputs[0].request_perf_metrics
+                        self._generated += sum(len(o.token_ids) for o in output.outputs)
+                        self._count_tokens()
+                        send(beam_arrays(request, output.outputs, perf=metrics), True)
+                        return
+                    continue
                 completion = output.outputs[0]
                 text = completion.text
                 delta, sent = prefix + text[sent:], len(text)
                 prefix = ""
                 count = len(completion.token_ids)
-                arrays = self._arrays(request, delta, completion, finished, tokens_sent, count)
+                first = prompt_log_probs(request, output) if prompt else None
+                prompt = False
+                arrays = self._arrays(request, delta, completion, finished, tokens_sent, count, first)
                 if count > tokens_sent:
                     self._generated += count - tokens_sent
                     tokens_sent = count
@@ -317,11 +361,23 @@ class LLMEngine:
             self.loop.call_soon_threadsafe(self._wake_waiters)
 
     def _arrays(
-        self, request: TextRequest, text: str, completion: Any, finished: bool, start: int, end: int
+        self,
+        request: TextRequest,
+        text: str,
+        completion: Any,
+        finished: bool,
+        start: int,
+        end: int,
+        prompt: Any = None,
     ) -> dict[str, Any]:
         ids = log_probs = top = None
         if "output_ids" in request.outputs:
             ids, log_probs, top = token_log_probs(completion, start, end, request.top_logprobs)
+        perf = (
+            completion.request_perf_metrics
+            if finished and request.sampling.get("return_perf_metrics")
+            else None
+        )
         return text_arrays(
             request,
             text,
@@ -332,6 +388,8 @@ class LLMEngine:
             ids=ids,
             log_probs=log_probs,
             top=top,
+            prompt=prompt,
+            perf=perf,
         )
 
     # ---- threads -------------------------------------------------------------------------------------

@@ -12,8 +12,13 @@ response, whose `outputs[0]` is a `CompletionOutput` (cumulative text and token_
 list[dict[token id, Logprob(logprob, rank)]], cumulative_logprob, finish_reason, stop_reason) and
 whose `abort()` cancels the request (its last step then says "cancelled").
 
-What the real LLM API serves and our engines cannot (beam search, several sequences, logits outputs,
-prompt log probs, ...) is refused as ours (contract.RequestError), never ignored. Differences that
+Beam search (`use_beam_search`, `best_of` beams, `n` returned: `outputs` holds them best first, each
+decoded whole), `prompt_logprobs` (the top N of each context position, as 1.2's compute_logprobs
+makes them: without the prompt's own tokens), `return_context_logits` (`RequestOutput.context_logits`,
+[prompt, vocab]), `embedding_bias` and `return_perf_metrics` (`request_perf_metrics`: KV cache blocks
+and times; no block is ever reused, see engine.py) are modelled. What the real LLM API serves and our
+engines cannot (several sampled sequences, generation logits, ...) is refused as ours
+(contract.RequestError), never ignored. Differences that
 remain: stop strings are matched on the decoded text (TensorRT-LLM matches their token ids, so a
 stop string that tokenizes differently in context is missed there); an adapter is loaded on the
 asyncio loop the first time it is used.
@@ -24,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import datetime
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -41,24 +47,17 @@ NOT_MODELLED = (
     "include_stop_str_in_output",
     "logits_processor",
     "apply_batched_logits_processor",
-    "n",
-    "use_beam_search",
     "top_p_min",
     "top_p_reset_ids",
     "top_p_decay",
     "beam_search_diversity_rate",
     "prompt_ignore_length",
-    "length_penalty",
-    "early_stopping",
     "no_repeat_ngram_size",
     "min_p",
     "beam_width_array",
-    "prompt_logprobs",
-    "return_context_logits",
     "return_generation_logits",
     "exclude_input_from_output",
     "return_encoder_output",
-    "return_perf_metrics",
     "additional_model_outputs",
     "lookahead_config",
     "truncate_prompt_tokens",
@@ -183,6 +182,82 @@ def update_llm_args_with_extra_dict(
     return {**llm_args, **llm_args_dict}
 
 
+BEAM_WIDTH_MISMATCH = (
+    "sampling_params's best_of ({best_of}) must equal the LLM's max_beam_width ({width}) for beam search"
+)
+"""Ours (estimated wording): NVIDIA documents that the LLM's max_beam_width must equal best_of (1.0's
+and 2026's docs/source/features/sampling.md); 1.2.1's own message was not read."""
+
+
+@dataclasses.dataclass(slots=True)
+class KvCacheMetrics:
+    num_total_allocated_blocks: int = 0
+    num_new_allocated_blocks: int = 0
+    num_reused_blocks: int = 0
+    num_missed_blocks: int = 0
+    kv_cache_hit_rate: float = 0.0
+
+
+@dataclasses.dataclass(slots=True)
+class TimingMetrics:
+    arrival_time: datetime.timedelta = datetime.timedelta(0)
+    first_scheduled_time: datetime.timedelta = datetime.timedelta(0)
+    first_token_time: datetime.timedelta = datetime.timedelta(0)
+    last_token_time: datetime.timedelta = datetime.timedelta(0)
+
+
+@dataclasses.dataclass(slots=True)
+class SpeculativeDecodingMetrics:
+    acceptance_rate: float = 0.0
+    total_accepted_draft_tokens: int = 0
+    total_draft_tokens: int = 0
+
+
+@dataclasses.dataclass(slots=True)
+class RequestPerfMetrics:
+    """CompletionOutput.request_perf_metrics: the fields upstream's llmapi model reads of it."""
+
+    timing_metrics: TimingMetrics
+    kv_cache_metrics: KvCacheMetrics
+    speculative_decoding: SpeculativeDecodingMetrics
+
+
+def _perf_metrics(perf: Any) -> RequestPerfMetrics:
+    def since_epoch(ns: int) -> datetime.timedelta:
+        return datetime.timedelta(microseconds=ns / 1000)
+
+    blocks = perf.kv_cache_alloc_total_blocks
+    return RequestPerfMetrics(
+        TimingMetrics(
+            since_epoch(perf.arrival_time_ns),
+            since_epoch(perf.first_scheduled_time_ns),
+            since_epoch(perf.first_token_time_ns),
+            since_epoch(perf.last_token_time_ns),
+        ),
+        KvCacheMetrics(
+            num_total_allocated_blocks=blocks,
+            num_new_allocated_blocks=perf.kv_cache_alloc_new_blocks,
+            num_reused_blocks=perf.kv_cache_reused_blocks,
+            num_missed_blocks=blocks - perf.kv_cache_reused_blocks,
+            kv_cache_hit_rate=perf.kv_cache_reused_blocks / blocks if blocks else 0.0,
+        ),
+        SpeculativeDecodingMetrics(),
+    )
+
+
+def _prompt_logprobs(context_logits: Any, top: int) -> list[dict[int, Logprob]]:
+    """1.2's compute_logprobs for the prompt: the `top` most likely tokens of each context position
+    (ranked), without the prompt's own tokens."""
+    import torch
+
+    log_probs = torch.log_softmax(torch.as_tensor(context_logits, dtype=torch.float32), -1)
+    values, indices = torch.topk(log_probs, min(top, log_probs.shape[-1]), -1)
+    return [
+        {int(i): Logprob(float(v), rank) for rank, (v, i) in enumerate(zip(row_v, row_i, strict=True), 1)}
+        for row_v, row_i in zip(values.tolist(), indices.tolist(), strict=True)
+    ]
+
+
 # ---- results --------------------------------------------------------------------------------------------
 
 
@@ -190,7 +265,13 @@ class RequestOutput:
     """What generate_async returns: an async iterable of itself, one step per engine response."""
 
     def __init__(
-        self, request_id: int, prompt_token_ids: list[int], engine: TextEngineLoop, logprobs: int
+        self,
+        request_id: int,
+        prompt_token_ids: list[int],
+        engine: TextEngineLoop,
+        logprobs: int,
+        prompt_logprobs: int = 0,
+        context_logits: bool = False,
     ) -> None:
         self.request_id = request_id
         self.prompt: str | None = None
@@ -199,6 +280,8 @@ class RequestOutput:
         self.context_logits = None
         self.finished = False
         self._logprobs = logprobs
+        self._prompt_logprobs = prompt_logprobs
+        self._keep_context_logits = context_logits
         self._engine = engine
         self._loop = engine.loop
         self._pending: collections.deque[Update] = collections.deque()
@@ -247,7 +330,26 @@ class RequestOutput:
         if update.error is not None:
             self._done = self.finished = True
             raise RuntimeError(update.error)
+        if update.beams is not None:  # a beam search: its one step, every output at once
+            self._done = self.finished = True
+            self.outputs = [
+                CompletionOutput(i, text, list(ids), cum if self._logprobs else None, finish_reason=reason)
+                for i, (text, ids, cum, reason) in enumerate(update.beams)
+            ]
+            if update.perf is not None:
+                for out in self.outputs:
+                    out.request_perf_metrics = _perf_metrics(update.perf)
+            return
         out = self.outputs[0]
+        if update.context_logits is not None:
+            if self._prompt_logprobs:
+                out.prompt_logprobs = _prompt_logprobs(update.context_logits, self._prompt_logprobs)
+            if self._keep_context_logits:
+                import torch
+
+                self.context_logits = torch.from_numpy(update.context_logits)
+        if update.perf is not None:
+            out.request_perf_metrics = _perf_metrics(update.perf)
         out._last_text_len = len(out.text)
         out._last_token_ids_len = len(out.token_ids)
         out._last_logprobs_len = len(out.logprobs)
@@ -371,7 +473,14 @@ class StandInLLM:
             raise ValueError("The inputs must not be empty")
         self._next_id += 1
         request, stops = self._engine_request(ids, params, streaming, lora_request)
-        result = RequestOutput(self._next_id, ids, engine, int(params.logprobs or 0))
+        result = RequestOutput(
+            self._next_id,
+            ids,
+            engine,
+            int(params.logprobs or 0),
+            int(params.prompt_logprobs or 0),
+            bool(params.return_context_logits),
+        )
         if isinstance(inputs, str):
             result.prompt = inputs
         engine.submit_text(request, stops, result)
@@ -383,8 +492,19 @@ class StandInLLM:
         for name in NOT_MODELLED:
             if getattr(params, name) != nv.SAMPLING_DEFAULTS[name]:
                 raise RequestError(f"SamplingParams.{name} is not modelled by the stand-in engine")
-        if params.best_of != 1:
-            raise RequestError(f"best_of {params.best_of}: the stand-in engine returns one sequence")
+        width = 1
+        if params.use_beam_search:
+            width = int(params.best_of)
+            if width != (self.args.max_beam_width or 1):
+                raise ValueError(
+                    BEAM_WIDTH_MISMATCH.format(best_of=width, width=self.args.max_beam_width or 1)
+                )
+            if streaming:
+                raise RequestError("streaming beam search is not served by the stand-in engine")
+        elif params.best_of != 1 or params.n != 1:
+            raise RequestError(
+                f"best_of {params.best_of}, n {params.n}: the stand-in engine samples one sequence"
+            )
         guide = None
         if params.guided_decoding is not None:
             if self.args.guided_decoding_backend is None:
@@ -392,10 +512,13 @@ class StandInLLM:
             guide = _guide(params.guided_decoding)
         end_id = params.end_id if params.end_id is not None else self.tokenizer.eos_token_id
         bias = None
-        if params.embedding_bias is not None:
-            values = np.asarray(params.embedding_bias, dtype=np.float32).reshape(-1)[: self.vocab_size]
-            bias = np.zeros(self.vocab_size, dtype=np.float32)
-            bias[: values.shape[0]] = values
+        if params.embedding_bias is not None:  # SamplingParams made it a float32 tensor [vocab_size]
+            bias = np.asarray(params.embedding_bias, dtype=np.float32).reshape(-1)
+            if bias.shape[0] != self.vocab_size:
+                raise RequestError(
+                    f"SamplingParams.embedding_bias has {bias.shape[0]} values; the vocabulary has "
+                    f"{self.vocab_size} (the sampler adds it to every step's logits)"
+                )
         stops = params.stop
         request = EngineRequest(
             request_id=str(self._next_id),
@@ -417,12 +540,22 @@ class StandInLLM:
             bad_words=[[int(t)] for t in params.bad_token_ids or ()],
             embedding_bias=bias,
             return_log_probs=bool(params.logprobs),
-            return_context_logits=False,
+            return_context_logits=bool(params.return_context_logits or params.prompt_logprobs),
             return_generation_logits=False,
             outputs=frozenset(),
             guide=guide,
             top_logprobs=int(params.logprobs or 0),
+            return_perf_metrics=bool(params.return_perf_metrics),
+            beam_width=width,
+            num_return=int(params.n) if width > 1 else 1,
+            # None: the C++ runtime's defaults (SamplingParams' docstring: 0.f and 1)
+            length_penalty=0.0 if params.length_penalty is None else float(params.length_penalty),
+            early_stopping=1 if params.early_stopping is None else int(params.early_stopping),
         )
+        if width > 1:
+            from contract import _check_beam_request
+
+            _check_beam_request(request)
         if lora_request is not None:
             request.lora = self._adapter(lora_request)
         return request, tuple(dict.fromkeys([stops] if isinstance(stops, str) else stops or ()))

@@ -12,11 +12,19 @@ sends), `sampling_param_{repetition_penalty,min_tokens,end_id,stop_token_ids}`,
 backend's `guided_decoding_guide_type` / `guided_decoding_guide` (the LLM API's
 `GuidedDecodingParams`), `lora_name` (a packed adapter) and `sampling_param_logprobs` (N >= 0 returns
 each new token's id and log prob as `output_ids` / `output_log_probs`, and with N > 0 the N most
-likely tokens of each step as `top_log_prob_ids` / `top_log_probs` [tokens, N]).
+likely tokens of each step as `top_log_prob_ids` / `top_log_probs` [tokens, N]); SamplingParams
+fields of the same name: `sampling_param_embedding_bias` (FP32, vocabulary-sized: the logit bias),
+`sampling_param_{use_beam_search,n,length_penalty,early_stopping}` (beam search, with upstream's
+`sampling_param_best_of` as the beam width: one response, every output a row of `text_output`,
+`finish_reason`, `cumulative_logprob` and `num_output_tokens`) and `sampling_param_prompt_logprobs`
+(N >= 0: each prompt token's log prob as `prompt_log_probs`, NaN for the first, and with N > 0 the N
+most likely of each position as `prompt_top_log_prob_ids` / `prompt_top_log_probs` [prompt, N], on
+the first response). Upstream's `sampling_param_return_perf_metrics` adds its perf outputs
+(`kv_cache_reused_block`, ...) to the final response, typed as declared (upstream sends strings).
 
 A request upstream's model refuses is refused here with its message (`LlmApiError`, sent after
 nv.GENERATE_ERROR as upstream does); SamplingParams' own refusals come from SamplingParams itself.
-What upstream serves and our model does not (several prompts, perf metrics) is refused as ours
+What upstream serves and our model does not (several prompts) is refused as ours
 (`RequestError`, INVALID_ARG after INVALID_REQUEST). Upstream ignores extra `text_input` elements
 silently; so does this, unless CONTRACT_CHECK_ENV is set (the tests), then it refuses them.
 """
@@ -37,6 +45,10 @@ GetInput = Callable[[str], "np.ndarray | None"]
 OURS: dict[str, str] = {
     "sampling_param_repetition_penalty": "repetition_penalty",
     "sampling_param_min_tokens": "min_tokens",
+    "sampling_param_use_beam_search": "use_beam_search",
+    "sampling_param_n": "n",
+    "sampling_param_length_penalty": "length_penalty",
+    "sampling_param_early_stopping": "early_stopping",
 }
 """Our sampling inputs that are SamplingParams keywords of the same meaning."""
 
@@ -55,6 +67,24 @@ MAX_LOGPROBS = 20
 """The most top log probs a request may ask for per token (OpenAI's limit)."""
 LOGPROB_OUTPUTS = ("output_ids", "output_log_probs")
 TOP_LOGPROB_OUTPUTS = ("top_log_prob_ids", "top_log_probs")
+PROMPT_LOGPROB_OUTPUTS = ("prompt_log_probs",)
+PROMPT_TOP_LOGPROB_OUTPUTS = ("prompt_top_log_prob_ids", "prompt_top_log_probs")
+PERF_OUTPUTS: dict[str, tuple[str, Any]] = {
+    "kv_cache_reused_block": ("kv_cache_metrics.num_reused_blocks", np.int32),
+    "kv_cache_missed_block": ("kv_cache_metrics.num_missed_blocks", np.int32),
+    "kv_cache_alloc_new_blocks": ("kv_cache_metrics.num_new_allocated_blocks", np.int32),
+    "kv_cache_alloc_total_blocks": ("kv_cache_metrics.num_total_allocated_blocks", np.int32),
+    "kv_cache_hit_rate": ("kv_cache_metrics.kv_cache_hit_rate", np.float32),
+    "arrival_time_ns": ("timing_metrics.arrival_time", np.int64),
+    "first_scheduled_time_ns": ("timing_metrics.first_scheduled_time", np.int64),
+    "first_token_time_ns": ("timing_metrics.first_token_time", np.int64),
+    "last_token_time_ns": ("timing_metrics.last_token_time", np.int64),
+    "acceptance_rate": ("speculative_decoding.acceptance_rate", np.float32),
+    "total_accepted_draft_tokens": ("speculative_decoding.total_accepted_draft_tokens", np.int32),
+    "total_draft_tokens": ("speculative_decoding.total_draft_tokens", np.int32),
+}
+"""Upstream's perf outputs: where upstream's model reads each in CompletionOutput.request_perf_metrics
+(times are timedeltas: sent in ns), and the type its config.pbtxt declares."""
 
 
 class LlmApiError(ValueError):
@@ -83,6 +113,7 @@ class TextRequest:
     echo_prompt: str | None  # the prompt's text when it is to be echoed (exclude_input_from_output false)
     guide: tuple[str, str] | None = None  # (guided_decoding_guide_type, guide)
     top_logprobs: int = 0  # N of sampling_param_logprobs: the most likely tokens per step to return
+    prompt_logprobs: int | None = None  # N of sampling_param_prompt_logprobs (None: not asked)
     lora_name: str | None = None  # the packed LoRA adapter to apply (ours: `lora_name`)
     lora: Any = None  # its LoRARequest arguments (name, id, path), set by model.py
 
@@ -177,8 +208,22 @@ def parse_text_request(
             f"prompt ({len(input_ids)} tokens) + max_tokens ({max_new}) exceeds the model's "
             f"max_seq_len of {limits.max_seq_len} tokens"
         )
-    if sampling.pop("return_perf_metrics", False):
-        raise RequestError("sampling_param_return_perf_metrics: this model returns no perf metrics")
+    if sampling.get("return_perf_metrics") is False:
+        del sampling["return_perf_metrics"]  # upstream's default, sent by its helpers: the LLM API's too
+    if sampling.get("use_beam_search"):
+        if streaming:
+            raise RequestError("streaming beam search is not served by this model: send streaming false")
+    elif sampling.get("use_beam_search") is False:
+        del sampling["use_beam_search"]
+    bias = get("sampling_param_embedding_bias")
+    if bias is not None and bias.size:
+        if bias.size != limits.vocab_size:
+            raise RequestError(
+                f"sampling_param_embedding_bias has {bias.size} values; the vocabulary has {limits.vocab_size}"
+            )
+        if not np.isfinite(bias).all():
+            raise RequestError("sampling_param_embedding_bias must hold finite numbers")
+        sampling["embedding_bias"] = bias.reshape(-1).astype(np.float32)
     # Ours: the prompt is echoed as text by the model (see nvidia_llmapi), not by the engine.
     echo = not sampling.pop("exclude_input_from_output", True)
     for name in ("temperature", "top_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
@@ -217,6 +262,23 @@ def parse_text_request(
     if logprobs is not None or "cumulative_logprob" in outputs:
         # The PyTorch backend computes log probs only for bool(logprobs): ask for at least one.
         sampling["logprobs"] = max(top, 1)
+    prompt_top = scalar(get, "sampling_param_prompt_logprobs")
+    if prompt_top is not None:
+        prompt_top = int(prompt_top)
+        if not 0 <= prompt_top <= MAX_LOGPROBS:
+            raise RequestError(
+                f"sampling_param_prompt_logprobs must be within [0, {MAX_LOGPROBS}], got {prompt_top}"
+            )
+        if sampling.get("use_beam_search"):
+            raise RequestError("sampling_param_prompt_logprobs with beam search is not served by this model")
+        # At 1.2 the LLM API's prompt_logprobs are the top N of each position only (result.py
+        # compute_logprobs, without the prompt's tokens): each prompt token's own log prob comes from
+        # the context logits, which are asked for too (the PyTorch backend returns them per request).
+        sampling["prompt_logprobs"] = max(prompt_top, 1)
+        sampling["return_context_logits"] = True
+        outputs.update(PROMPT_LOGPROB_OUTPUTS + (PROMPT_TOP_LOGPROB_OUTPUTS if prompt_top else ()))
+    if sampling.get("return_perf_metrics"):
+        outputs.update(PERF_OUTPUTS)
     return TextRequest(
         request_id=request_id,
         input_ids=input_ids,
@@ -226,6 +288,7 @@ def parse_text_request(
         echo_prompt=(text if text is not None else detokenize(input_ids)) if echo else None,
         guide=parse_guide(get),
         top_logprobs=top,
+        prompt_logprobs=prompt_top,
         lora_name=next(iter(_strings(get("lora_name"), "lora_name")), None) or None,
     )
 
@@ -241,6 +304,8 @@ def text_arrays(
     ids: list[int] | None = None,
     log_probs: list[float] | None = None,
     top: list[tuple[list[int], list[float]]] | None = None,
+    prompt: tuple[list[float], list[tuple[list[int], list[float]]]] | None = None,
+    perf: Any = None,
 ) -> dict[str, np.ndarray]:
     """The output tensors of one response: `text` (a delta when streaming) and what was asked for.
 
@@ -269,4 +334,55 @@ def text_arrays(
         width = len(rows[0][0]) if rows else request.top_logprobs
         out["top_log_prob_ids"] = np.array([r[0] for r in rows], dtype=np.int32).reshape(len(rows), width)
         out["top_log_probs"] = np.array([r[1] for r in rows], dtype=np.float32).reshape(len(rows), width)
+    if prompt is not None:  # the first response of a request with sampling_param_prompt_logprobs
+        values, tops = prompt
+        out["prompt_log_probs"] = np.array(values, dtype=np.float32)
+        if "prompt_top_log_probs" in wanted:
+            width = min((len(row[0]) for row in tops), default=0)
+            out["prompt_top_log_prob_ids"] = np.array(
+                [row[0][:width] for row in tops], dtype=np.int32
+            ).reshape(len(tops), width)
+            out["prompt_top_log_probs"] = np.array(
+                [row[1][:width] for row in tops], dtype=np.float32
+            ).reshape(len(tops), width)
+    if perf is not None:  # the final response of a request with sampling_param_return_perf_metrics
+        out.update(perf_arrays(perf))
+    return out
+
+
+def perf_arrays(metrics: Any) -> dict[str, np.ndarray]:
+    """Upstream's perf outputs of a CompletionOutput.request_perf_metrics, typed as declared."""
+    out = {}
+    for name, (path, dtype) in PERF_OUTPUTS.items():
+        value: Any = metrics
+        for part in path.split("."):
+            value = getattr(value, part, None)
+        if value is None:
+            value = 0
+        elif hasattr(value, "total_seconds"):  # a timedelta since the epoch (upstream: pd.Timedelta)
+            value = round(value.total_seconds() * 1e9)
+        out[name] = np.array([value], dtype=dtype)
+    return out
+
+
+def beam_arrays(request: TextRequest, outputs: list[Any], *, perf: Any = None) -> dict[str, np.ndarray]:
+    """The one response of a beam search: each returned beam a row (text, finish reason, stop reason,
+    cumulative log prob, token count), best first, as upstream sends `[o.text for o in outputs]`."""
+    out = {"text_output": np.array([o.text.encode("utf-8") for o in outputs], dtype=np.object_)}
+    wanted = request.outputs
+    if "finish_reason" in wanted:
+        out["finish_reason"] = np.array([str(o.finish_reason).encode() for o in outputs], dtype=np.object_)
+    if "stop_reason" in wanted:
+        out["stop_reason"] = np.array([str(o.stop_reason).encode() for o in outputs], dtype=np.object_)
+    if "cumulative_logprob" in wanted:
+        out["cumulative_logprob"] = np.array(
+            [math.nan if o.cumulative_logprob is None else o.cumulative_logprob for o in outputs],
+            dtype=np.float32,
+        )
+    if "num_input_tokens" in wanted:
+        out["num_input_tokens"] = np.array([len(request.input_ids)], dtype=np.int32)
+    if "num_output_tokens" in wanted:
+        out["num_output_tokens"] = np.array([len(o.token_ids) for o in outputs], dtype=np.int32)
+    if perf is not None:
+        out.update(perf_arrays(perf))
     return out

@@ -22,8 +22,9 @@ import threading
 import time
 from typing import Any
 
+from contract import PerfMetrics
 from detokenizer import IncrementalDetokenizer
-from engine import EngineLoop, Sequence
+from engine import BeamResult, EngineLoop, Sequence
 from stop_strings import StopStringMatcher
 
 MAX_AHEAD = 128
@@ -36,12 +37,15 @@ class Update:
     """One response of the engine to one request: what it adds, and how it ends when `final`."""
 
     __slots__ = (
+        "beams",
+        "context_logits",
         "cumulative_logprob",
         "error",
         "final",
         "finish_reason",
         "ids",
         "log_probs",
+        "perf",
         "stop_reason",
         "text",
         "top",
@@ -59,6 +63,9 @@ class Update:
         stop_reason: int | str | None = None,
         cumulative_logprob: float = 0.0,
         error: str | None = None,
+        beams: list[tuple[str, list[int], float, str]] | None = None,
+        context_logits: Any = None,
+        perf: Any = None,
     ) -> None:
         self.text = text
         self.ids = ids or []
@@ -69,6 +76,9 @@ class Update:
         self.stop_reason = stop_reason
         self.cumulative_logprob = cumulative_logprob
         self.error = error
+        self.beams = beams  # a beam search's outcome: (text, ids, cumulative log prob, finish reason)
+        self.context_logits = context_logits  # the prompt's logits [prompt, vocab], with the first Update
+        self.perf = perf  # contract.PerfMetrics, with the final Update (return_perf_metrics)
 
 
 class _Quiet:
@@ -125,6 +135,8 @@ class TextEngineLoop(EngineLoop):
         says when it was aborted (`is_cancelled`)."""
         seq = Sequence(request, result, checked_at=time.monotonic())
         seq.extra = _TextState(stops, self.tokenizer, request.return_log_probs)
+        if request.return_perf_metrics:
+            seq.perf = PerfMetrics(arrival_time_ns=time.time_ns())
         self._inbox.put(seq)
 
     # ---- delivery to the loop -------------------------------------------------------------------
@@ -201,6 +213,17 @@ class TextEngineLoop(EngineLoop):
         seq.unsent = 0
         self._send(seq, self._response(seq, ids, seq.log_probs[len(seq.log_probs) - new :], final=True), True)
 
+    def _finish_beams(self, seq: Sequence, result: BeamResult) -> None:
+        """A beam search's one Update: every returned beam decoded whole (as the LLM API decodes
+        beams), best first."""
+        decode = self.tokenizer.decode
+        beams = [
+            (decode(ids, skip_special_tokens=True), ids, cum, reason) for ids, cum, _, reason in result.beams
+        ]
+        seq.finish_reason = beams[0][3] if beams else "length"
+        perf = self._perf(seq, sum(len(ids) for _, ids, _, _ in beams))
+        self._send(seq, Update(final=True, beams=beams, perf=perf, finish_reason=seq.finish_reason), True)
+
     def _response(
         self,
         seq: Sequence,
@@ -216,6 +239,7 @@ class TextEngineLoop(EngineLoop):
         top = None
         if state.logprobs:
             top = seq.top_logprobs[end - len(ids) : end] if ids else []
+        context, seq.context_logits = seq.context_logits, None  # with the first Update only
         return Update(
             text,
             ids,
@@ -225,4 +249,6 @@ class TextEngineLoop(EngineLoop):
             finish_reason=seq.finish_reason if final else None,
             stop_reason=seq.stop_reason if final else None,
             cumulative_logprob=seq.cum_log_prob,
+            context_logits=context,
+            perf=self._perf(seq, len(seq.generated)) if final else None,
         )

@@ -1,0 +1,66 @@
+"""The id of the HTTP request being served: the client's `X-Request-Id`, or one made for it.
+
+`api.request_id.RequestIdMiddleware` sets it for the duration of each request (a context variable,
+so every task and log line of the request sees it); the relay sends it to Triton as the request's id
+(`engine_request_id`), and `RequestIdLogFilter` puts it at the start of each log line written while
+the request is served. A client's id is used as it is when it is 1 to 128 characters of
+`A-Z a-z 0-9 . _ : / + = @ -` (a UUID, a ULID, base64, `req_abc`, ...); any other value (empty, too
+long, spaces, quotes, control characters that could forge log lines) is replaced by a fresh id,
+which the response then carries.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from contextvars import ContextVar
+
+HEADER = "x-request-id"
+MAX_LENGTH = 128
+_VALID = re.compile(rf"[A-Za-z0-9._:/+=@-]{{1,{MAX_LENGTH}}}")
+
+REQUEST_ID: ContextVar[str | None] = ContextVar("trtllm_request_id", default=None)
+"""The id of the HTTP request this code runs for (None: outside a request)."""
+
+
+def new_request_id() -> str:
+    """A fresh id: 32 hex digits (a UUID4)."""
+    return uuid.uuid4().hex
+
+
+def valid_request_id(value: str | bytes | None) -> str | None:
+    """`value` as a request id when it is a usable one (see the module docstring), else None."""
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    if value is None or not _VALID.fullmatch(value):
+        return None
+    return value
+
+
+def engine_request_id(index: int = 0, count: int = 1) -> str | None:
+    """Triton's id for engine request `index` of `count` that serve the current HTTP request: the
+    request's id, or `<id>-<index>` when it needs several (n choices, several prompts); None outside
+    a request (the relay then makes one)."""
+    request_id = REQUEST_ID.get()
+    if request_id is None or count == 1:
+        return request_id
+    return f"{request_id}-{index}"
+
+
+class RequestIdLogFilter(logging.Filter):
+    """Starts each log line written while a request is served with `[request_id=<id>]`.
+
+    Attached to handlers, so it sees the lines of every logger that writes through them (a record
+    passing two such handlers is marked once).
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        request_id = REQUEST_ID.get()
+        if request_id is not None and getattr(record, "request_id", None) is None:
+            record.request_id = request_id
+            record.msg = f"[request_id={request_id}] {record.msg}"
+        return True
