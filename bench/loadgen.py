@@ -1,10 +1,12 @@
 """Load generator for bench/relay.py: streamed requests to one target, timings as JSON on stdout.
 
-Targets: `direct` (gRPC ModelStreamInfer to Triton's `ensemble`, text in, streamed text out),
-`generate` (the service's /generate), `chat` (/v1/chat/completions), `completions` (/v1/completions).
+Targets: `engine` (gRPC ModelStreamInfer to the `tensorrt_llm` model, token ids in and out, the very
+request the service sends: the baseline), `direct` (to Triton's `ensemble`, text in, streamed text
+out, as upstream's clients call it), `generate` (the service's /generate), `chat` (/v1/chat/completions), `completions` (/v1/completions).
 The clients are lean asyncio protocols (HTTP/1.1 keep-alive, or our HTTP/2 gRPC client), so that the
 load generator is never what limits a run. Per request it records the time to the first text, the
-gaps between text-bearing chunks (inter-token latency as the client sees it), and the tokens.
+gaps between text-bearing chunks (inter-token latency as the client sees it), and the tokens; per
+run, its own CPU time (so a report can show that the generator was not the limit).
 
     python bench/loadgen.py --target chat --address 127.0.0.1:3000 --concurrency 32 --requests 64
 """
@@ -24,7 +26,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trtllm_service.relay.grpc_http2 import GrpcConnection
-from trtllm_service.relay.request import GenerationRequest, ensemble_message, llmapi_message
+from trtllm_service.relay.request import (
+    GenerationRequest,
+    engine_message,
+    ensemble_message,
+    llmapi_message,
+)
 
 PROMPT_WORDS = [
     "the",
@@ -252,12 +259,29 @@ class _DirectCall:
                 self.done.set_result(None)
 
 
-class DirectClient:
-    """Streams text requests straight to Triton's `ensemble` over one HTTP/2 connection."""
+class _EngineCall(_DirectCall):
+    """Counts the responses of the `tensorrt_llm` model that carry tokens (output_ids is the first output)."""
 
-    def __init__(self, host: str, port: int, flavor: str = "ensemble") -> None:
+    def on_message(self, data: bytes) -> None:
+        response = self.parse(data)
+        if response.error_message:
+            if not self.done.done():
+                self.done.set_exception(RuntimeError(response.error_message))
+            return
+        contents = response.infer_response.raw_output_contents
+        if contents and contents[0]:
+            self.record.text()
+
+
+class DirectClient:
+    """Streams requests straight to Triton over one HTTP/2 connection: text to the `ensemble` (or the
+    llmapi model), or with `engine`, token ids to the `tensorrt_llm` model exactly as the service
+    sends them (no tokenizer, no detokenizer: the engine's own rate, the service's baseline)."""
+
+    def __init__(self, host: str, port: int, flavor: str = "ensemble", engine: bool = False) -> None:
         self.host, self.port = host, port
         self.flavor = flavor
+        self.engine = engine
         self.connection: GrpcConnection | None = None
 
     async def run(self, prompt: str, max_tokens: int) -> Record:
@@ -265,14 +289,25 @@ class DirectClient:
             self.connection = await GrpcConnection.open(self.host, self.port)
         record = Record()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        request = GenerationRequest(prompt_ids=(), max_tokens=max_tokens, top_k=1, end_id=-1)
         request_id = uuid.uuid4().hex
-        message = (
-            llmapi_message(request, request_id, prompt)
-            if self.flavor == "llmapi"
-            else ensemble_message(prompt, request, request_id)
-        )
-        self.connection.start_call(STREAM_INFER, message, _DirectCall(record, done))
+        if self.engine:
+            # Token ids of the prompt's words (any ids in the vocabulary do for a token source).
+            ids = tuple(100 + PROMPT_WORDS.index(word) for word in prompt.split())
+            request = GenerationRequest(prompt_ids=ids, max_tokens=max_tokens, top_k=1, end_id=-1)
+            call: _DirectCall = _EngineCall(record, done)
+            if self.flavor == "llmapi":
+                message = llmapi_message(request, request_id)
+            else:
+                message = engine_message(request, request_id)
+        else:
+            request = GenerationRequest(prompt_ids=(), max_tokens=max_tokens, top_k=1, end_id=-1)
+            call = _DirectCall(record, done)
+            message = (
+                llmapi_message(request, request_id, prompt)
+                if self.flavor == "llmapi"
+                else ensemble_message(prompt, request, request_id)
+            )
+        self.connection.start_call(STREAM_INFER, message, call)
         await done
         record.tokens = max_tokens
         return record
@@ -281,8 +316,8 @@ class DirectClient:
 async def drive(args: argparse.Namespace) -> dict[str, Any]:
     host, port = args.address.rsplit(":", 1)
     client: Any = (
-        DirectClient(host, int(port), args.flavor)
-        if args.target == "direct"
+        DirectClient(host, int(port), args.flavor, engine=args.target == "engine")
+        if args.target in ("direct", "engine")
         else ServiceClient(host, int(port), args.target)
     )
     semaphore = asyncio.Semaphore(args.concurrency)
@@ -300,10 +335,12 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
 
     await asyncio.gather(*(one(i) for i in range(min(args.concurrency, args.requests, 4))))  # warm-up
     records.clear()
+    cpu = time.process_time()
     started = time.perf_counter()
     await asyncio.gather(*(one(i) for i in range(args.requests)))
     return {
         "wall": time.perf_counter() - started,
+        "cpu": time.process_time() - cpu,
         "requests": [r.result() for r in records],
         "errors": errors[:5],
         "error_count": len(errors),
@@ -312,7 +349,9 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--target", choices=("direct", "generate", "chat", "completions"), required=True)
+    parser.add_argument(
+        "--target", choices=("engine", "direct", "generate", "chat", "completions"), required=True
+    )
     parser.add_argument("--address", required=True, help="host:port of the service, or of Triton's gRPC")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--requests", type=int, default=16)

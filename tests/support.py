@@ -120,6 +120,20 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
+def asgi_request(app: Any, path: str, method: str = "GET", **headers: str) -> Any:
+    """One request to an ASGI app in this process (httpx's ASGI transport); its httpx.Response."""
+    import asyncio
+
+    import httpx
+
+    async def go() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.request(method, path, headers=headers)
+
+    return asyncio.run(go())
+
+
 def http_ok(url: str, timeout: float = 2.0) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:

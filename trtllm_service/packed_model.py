@@ -75,6 +75,8 @@ class PackInfo:
         flavor: The repository flavour: "llmapi" (one LLM API model, model.yaml) or "ensemble".
         loras: The packed LoRA adapters (``loras/<name>/``): name -> stable id (the engine's task
             id), rank, alpha and target modules.
+        reasoning_parser: How the model writes its thinking (``--reasoning-parser``: deepseek-r1 or
+            qwen3; `trtllm_service.chat.reasoning`); None: it does not reason.
         format: Layout version of pack.json.
     """
 
@@ -100,6 +102,7 @@ class PackInfo:
     chat_template_overridden: bool = False
     flavor: str = "ensemble"
     loras: dict[str, dict[str, Any]] = field(default_factory=dict)  # adapter -> id, rank, alpha, modules
+    reasoning_parser: str | None = None
     format: int = PACK_FORMAT
 
     @property

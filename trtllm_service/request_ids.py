@@ -22,6 +22,8 @@ _VALID = re.compile(rf"[A-Za-z0-9._:/+=@-]{{1,{MAX_LENGTH}}}")
 
 REQUEST_ID: ContextVar[str | None] = ContextVar("trtllm_request_id", default=None)
 """The id of the HTTP request this code runs for (None: outside a request)."""
+MARK = "trtllm_request_id"
+"""The attribute `RequestIdLogFilter` sets on the log records it marks."""
 
 
 def new_request_id() -> str:
@@ -55,12 +57,13 @@ class RequestIdLogFilter(logging.Filter):
     """Starts each log line written while a request is served with `[request_id=<id>]`.
 
     Attached to handlers, so it sees the lines of every logger that writes through them (a record
-    passing two such handlers is marked once).
+    passing two such handlers is marked once). Its mark is an attribute of its own: BentoML's log
+    filter sets `record.request_id` to a tracing span's id.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
         request_id = REQUEST_ID.get()
-        if request_id is not None and getattr(record, "request_id", None) is None:
-            record.request_id = request_id
+        if request_id is not None and getattr(record, MARK, None) is None:
+            setattr(record, MARK, request_id)
             record.msg = f"[request_id={request_id}] {record.msg}"
         return True

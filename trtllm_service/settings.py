@@ -55,8 +55,21 @@ class Settings(BaseModel, frozen=True):
     )
     api_keys: tuple[str, ...] = Field((), description="TRTLLM_API_KEYS: comma-separated; empty = no auth")
     default_max_tokens: int = Field(1024, ge=1, description="TRTLLM_DEFAULT_MAX_TOKENS for `generate`")
-    max_concurrency: int = Field(
-        256, ge=1, description="TRTLLM_MAX_CONCURRENCY: requests in flight, then 429"
+    concurrency: int | None = Field(
+        None,
+        ge=1,
+        description="TRTLLM_CONCURRENCY: requests a replica serves at once (traffic.concurrency, the "
+        "autoscaling target); default the engine's batch slots",
+    )
+    max_concurrency: int | None = Field(
+        None,
+        ge=1,
+        description="TRTLLM_MAX_CONCURRENCY: requests in flight, then 429 (traffic.max_concurrency); "
+        "default four batches' worth, at least 256",
+    )
+    cors_allow_origins: tuple[str, ...] = Field(
+        (),
+        description="TRTLLM_CORS_ALLOW_ORIGINS: comma-separated origins (or *) for BentoML's CORS; empty = off",
     )
     stream_timeout_s: float = Field(600.0, gt=0, description="TRTLLM_STREAM_TIMEOUT: per request, seconds")
     stream_idle_timeout_s: float = Field(
@@ -77,7 +90,7 @@ class Settings(BaseModel, frozen=True):
         description="TRTLLM_WORKERS: HTTP worker processes sharing the one Triton",
     )
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "cors_allow_origins", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):
@@ -101,7 +114,9 @@ class Settings(BaseModel, frozen=True):
             "run_dir": "TRTLLM_RUN_DIR",
             "api_keys": "TRTLLM_API_KEYS",
             "default_max_tokens": "TRTLLM_DEFAULT_MAX_TOKENS",
+            "concurrency": "TRTLLM_CONCURRENCY",
             "max_concurrency": "TRTLLM_MAX_CONCURRENCY",
+            "cors_allow_origins": "TRTLLM_CORS_ALLOW_ORIGINS",
             "stream_timeout_s": "TRTLLM_STREAM_TIMEOUT",
             "stream_idle_timeout_s": "TRTLLM_STREAM_IDLE_TIMEOUT",
             "shutdown_grace_s": "TRTLLM_SHUTDOWN_GRACE",

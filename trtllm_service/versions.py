@@ -1,14 +1,35 @@
-"""What is installed where the service runs: TensorRT-LLM's version and the running Triton's.
+"""What is installed where the service runs: the service's own version, TensorRT-LLM's and the
+running Triton's.
 
-Read cheaply (package metadata, Triton's `GET /v2`), for the start-up log and check (runtime.py) and
-for the doctor.
+Read cheaply (package metadata, pyproject.toml, Triton's `GET /v2`), for the start-up log and check
+(runtime.py), the OpenAPI document, pack.json and the doctor.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import json
+import re
 import urllib.request
+from functools import lru_cache
+from pathlib import Path
+
+PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+
+
+@lru_cache(maxsize=1)
+def service_version() -> str:
+    """This service's version: its installed package's, else pyproject.toml's beside the package (a
+    checkout or a Bento, which carries the file); "unknown" without either."""
+    try:
+        return importlib.metadata.version("trtllm-service")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    try:
+        match = re.search(r'^version\s*=\s*"([^"]+)"', PYPROJECT.read_text(), re.MULTILINE)
+    except OSError:
+        match = None
+    return match.group(1) if match else "unknown"
 
 
 def installed_tensorrt_llm() -> str | None:

@@ -51,11 +51,12 @@ def bentoml_home(flavor: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return pack_demo(tmp_path_factory.mktemp(f"bentoml_home_{flavor}"), flavor)
 
 
-def pack_demo(home: Path, flavor: str, *options: str) -> Path:
-    """Packs the demo model into the model store under `home` with pack_model.py, as a user does."""
+def pack_demo(home: Path, flavor: str, *options: str, demo: str = "tiny") -> Path:
+    """Packs a demo model (the tiny random one, or smollm2) into the model store under `home` with
+    pack_model.py, as a user does."""
     env = {**os.environ, "BENTOML_HOME": str(home), "BENTOML_DO_NOT_TRACK": "true"}
     subprocess.run(
-        [sys.executable, "pack_model.py", "--demo", "tiny", "--flavor", flavor, "--quiet", *options],
+        [sys.executable, "pack_model.py", "--demo", demo, "--flavor", flavor, "--quiet", *options],
         cwd=REPO_ROOT,
         env=env,
         check=True,
@@ -163,6 +164,16 @@ class BentoService:
         self.process.wait()
 
 
+@contextlib.contextmanager
+def serving(home: Path, workdir: Path, extra_env: dict[str, str] | None = None) -> Iterator[BentoService]:
+    """`bentoml serve .` on the model store under `home`, ready, and stopped when the block ends."""
+    server = BentoService(home, workdir, extra_env).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 def _name(process: psutil.Process) -> str:
     try:
         return process.name()
@@ -180,8 +191,10 @@ def packed_model_dir(bentoml_home: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def service(bentoml_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BentoService]:
-    """One `bentoml serve .` on the demo model, shared by the e2e tests that do not break it."""
-    server = BentoService(bentoml_home, tmp_path_factory.mktemp("serve")).start()
+    """One `bentoml serve .` on the demo model, shared by the e2e tests that do not break it.
+    Browser pages from one other origin may call it (CORS; tests/e2e/test_request_id_cors.py)."""
+    cors = {"TRTLLM_CORS_ALLOW_ORIGINS": f"http://localhost:{free_ports(1)[0]}"}
+    server = BentoService(bentoml_home, tmp_path_factory.mktemp("serve"), cors).start()
     try:
         yield server
     finally:

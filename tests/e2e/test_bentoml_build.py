@@ -3,18 +3,24 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
+from typing import Any
 
+import pytest
 import yaml
 
+from tensorrtllm_backend import pinned
 from tests.e2e.conftest import REPO_ROOT
 
 TRITON_MODELS = ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls")
+GPU_TYPE = "nvidia-h100-80gb"
 FLAVORS = ("llmapi",)  # the packed repository is checked on the default flavour; sources for both
 
 
@@ -39,7 +45,7 @@ def test_bentoml_build_packages_model_code_and_templates(
             timeout=300,
         )
 
-    built = bentoml("build", ".")
+    built = bentoml("build", ".", "--arg", f"gpu_type={GPU_TYPE}")  # the GPU type is the deployer's
     assert built.returncode == 0, built.stdout + built.stderr
     bentos = sorted(p for p in (home / "bentos" / "trtllm").iterdir() if p.is_dir())
     assert len(bentos) == 1, bentos
@@ -49,6 +55,8 @@ def test_bentoml_build_packages_model_code_and_templates(
     assert info["service"] == "service:TRTLLM"
     model_tag = f"{packed_model_dir.parent.name}:{packed_model_dir.name}"
     assert [m["tag"] for m in info["services"][0]["models"]] == [model_tag], info["services"]
+    check_deployment_settings(info, packed_model_dir, bento)
+    check_image(bento, info)
 
     # The model travels with the bento: `bentoml export` writes the self-contained archive.
     archive = tmp_path / "trtllm.bento"
@@ -93,3 +101,95 @@ def test_bentoml_build_packages_model_code_and_templates(
         assert f"tensorrtllm_backend/all_models/llmapi/tensorrt_llm/{name}" in sources, name
     unwanted = sorted(s for s in sources if s.startswith(("tests/", "bench/")) or "__pycache__" in s)
     assert not unwanted, f"the bento carries files it must not: {unwanted[:10]}"
+
+
+def check_deployment_settings(info: dict[str, Any], packed_model_dir: Path, bento: Path) -> None:
+    """What BentoCloud reads in bento.yaml: traffic from the engine's batch slots (the autoscaler's
+    target), one GPU per rank of the type given at build time, the OpenAI route; and the Bento's
+    README is the service's own description."""
+    pack = json.loads((packed_model_dir / "pack.json").read_text())
+    config = info["services"][0]["config"]
+    slots = pack["max_batch_size"]
+    assert config["traffic"] == {
+        "timeout": 600.0,
+        "concurrency": slots,
+        "max_concurrency": max(256, 4 * slots),
+    }
+    assert config["resources"] == {"gpu": pack["tp_size"] * pack["pp_size"], "gpu_type": GPU_TYPE}
+    assert info["args"] == {"gpu_type": GPU_TYPE}
+    assert info["labels"]["openai_endpoint"] == "/v1"
+    assert config["http"]["cors"]["enabled"] is False
+    readme = (bento / "README.md").read_text()
+    assert "How to call it" in readme and "/v1/chat/completions" in readme and "![" not in readme
+
+
+def check_image(bento: Path, info: dict[str, Any]) -> None:
+    """The generated Dockerfile starts from the pinned image and installs the requirements into the
+    image's own Python (skipping what it has), never into a fresh environment beside it."""
+    dockerfile = (bento / "env" / "docker" / "Dockerfile").read_text()
+    assert dockerfile.count("FROM ") == 1 and f"FROM {pinned.IMAGE} AS base-container" in dockerfile
+    assert info["image"]["base_image"] == pinned.IMAGE
+    lines = dockerfile.splitlines()
+    install = next(
+        i for i, line in enumerate(lines) if "pip install -r $BENTO_PATH/env/python/requirements.txt" in line
+    )
+    for env in ("UV_SYSTEM_PYTHON=$UV_SYSTEM_PYTHON", "UV_BREAK_SYSTEM_PACKAGES=$UV_BREAK_SYSTEM_PACKAGES"):
+        assert any(line == f"ENV {env}" for line in lines[:install]), env
+    setup = next(i for i, line in enumerate(lines) if "./env/docker/script__" in line)
+    assert setup > install, "bento_setup.sh runs once the requirements are in the image's Python"
+    script = next((bento / "env" / "docker").glob("script__*")).read_text()
+    assert script == (REPO_ROOT / "bento_setup.sh").read_text()
+    requirements = [
+        line.split("==")[0].split("[")[0].lower()
+        for line in (bento / "env" / "python" / "requirements.txt").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    assert not {"torch", "tensorrt-llm", "tensorrt_llm", "tensorrt"} & set(requirements), requirements
+    envs = {env["name"]: env["value"] for env in info["envs"]}
+    assert_uv_installs_into_the_images_python(envs, bento)
+
+
+def assert_uv_installs_into_the_images_python(envs: dict[str, str], bento: Path) -> None:
+    """BentoML's install step run as the image runs it (`uv pip install -r ...` with /app/.venv
+    active and first on PATH, the bento's environment), in a dry run against this machine's base
+    Python standing in for the image's: uv targets that Python, not the venv, and leaves what it
+    already has (here, its pip at its version) as it is."""
+    import sysconfig
+
+    from bentoml._internal.configuration import get_uv_command
+
+    base = Path(sysconfig.get_config_var("BINDIR") or "")
+    base_python = base / "python3"
+    if sys.prefix == sys.base_prefix or not base_python.exists():
+        pytest.skip("needs a virtualenv over a base Python to stand in for /app/.venv over the image's")
+    pip_version = subprocess.run(
+        [str(base_python), "-c", "import importlib.metadata as m; print(m.version('pip'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    with tempfile.TemporaryDirectory() as scratch:
+        venv = Path(scratch) / "venv"
+        subprocess.run([str(base_python), "-m", "venv", "--without-pip", str(venv)], check=True)
+        requirements = Path(scratch) / "requirements.txt"
+        requirements.write_text(f"pip=={pip_version}\n")
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("UV_")},
+            **{k: v for k, v in envs.items() if k.startswith("UV_")},
+            "VIRTUAL_ENV": str(venv),
+            "PATH": f"{venv / 'bin'}{os.pathsep}{base}{os.pathsep}/usr/bin:/bin",
+        }
+        uv = get_uv_command()
+        result = subprocess.run(
+            [*uv, "pip", "install", "--dry-run", "--offline", "-r", str(requirements)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert (
+        f"environment at: {Path(sys.base_prefix)}" in output or str(Path(sys.base_prefix).resolve()) in output
+    ), output
+    assert "Would install" not in output, output

@@ -75,10 +75,10 @@ def test_models_lists_the_packed_model(client: openai.OpenAI, model_name: str, f
 @pytest.mark.parametrize(
     ("endpoint", "extra", "param"),
     [
-        ("chat", {"logit_bias": {"5": 10}}, "logit_bias"),
+        ("chat", {"prediction": {"type": "content", "content": "Hello"}}, "prediction"),
         ("chat", {"functions": [{"name": "f", "parameters": {}}]}, "functions"),
         ("chat", {"audio": {"voice": "alloy"}}, "audio"),
-        ("completions", {"best_of": 2}, "best_of"),
+        ("chat", {"modalities": ["text", "audio"]}, "modalities"),
         ("completions", {"suffix": "end"}, "suffix"),
     ],
 )
@@ -205,6 +205,7 @@ def test_api_keys_rate_limit_and_unavailable(
                 ("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2}),
                 ("POST", "/v1/unknown", {}),
                 ("POST", "/generate", {"prompt": "Hi", "max_tokens": 2}),
+                ("POST", "/tokenize", {"prompt": "Hi"}),
             ):
                 response = httpx.request(method, url + path, json=body, headers=headers, timeout=30)
                 assert response.status_code == 401, (headers, path)

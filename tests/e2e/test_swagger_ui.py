@@ -78,3 +78,61 @@ def test_generate_from_swagger_ui(service: BentoService, tmp_path: Path) -> None
     data = screenshot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(data) > 20_000, f"the screenshot is suspiciously small ({len(data)} bytes)"
+
+
+def test_the_page_is_the_services_own(service: BentoService) -> None:
+    """The page says what the service is, its version and how to call it; /generate and the /v1
+    routes sit under their own tags with example bodies and errors in OpenAI's shape; no image on
+    it fails to load."""
+    from playwright.sync_api import sync_playwright
+
+    from trtllm_service.api.openapi import GENERATE_TAG, OPENAI_TAG, TITLE
+    from trtllm_service.versions import service_version
+
+    failed_images: list[str] = []
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1400})
+            page.set_default_timeout(30_000)
+            page.on(
+                "requestfailed",
+                lambda request: (
+                    failed_images.append(request.url) if request.resource_type == "image" else None
+                ),
+            )
+            page.goto(f"{service.url}/", wait_until="domcontentloaded")
+            info = page.locator(".information-container .info")
+            info.locator(".description h1").wait_for()
+            # BentoML's page hides the document's title but for its badges (version, OAS): the
+            # service's title is the description's heading.
+            version = info.locator(".title .version").first.inner_text().strip()
+            title = info.locator(".description h1").inner_text()
+            description = info.locator(".description").inner_text()
+            tags = [t.strip() for t in page.locator(".opblock-tag-section h3 .opblock-tag").all_inner_texts()]
+            tags = tags or [t.strip() for t in page.locator(".opblock-tag").all_inner_texts()]
+
+            chat = page.locator(".opblock-post").filter(
+                has=page.locator('[data-path="/v1/chat/completions"]')
+            )
+            chat.locator(".opblock-summary").first.click()
+            example = chat.locator(".body-param__example, .highlight-code").first.inner_text()
+            responses = chat.locator(".responses-table").first.inner_text()
+
+            page.wait_for_load_state("load")
+            broken = page.evaluate(
+                "() => Array.from(document.images).filter(i => !i.complete || i.naturalWidth === 0).map(i => i.src)"
+            )
+        finally:
+            browser.close()
+
+    assert title == TITLE and version == service_version() != "None", (title, version)
+    assert ":dev" not in description
+    for needle in ("POST /generate", "/v1/chat/completions", "Authorization: Bearer", "X-Request-Id"):
+        assert needle in description, needle
+    assert any(t.startswith(GENERATE_TAG.name) for t in tags), tags
+    assert any(t.startswith(OPENAI_TAG.name) for t in tags), tags
+    assert not any(t.startswith("default") for t in tags), tags
+    assert "messages" in example, example
+    assert "429" in responses and "rate_limit_exceeded" in responses, responses
+    assert not broken and not failed_images, (broken, failed_images)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import httpx
 import pytest
 from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+from tests.support import asgi_request
 from trtllm_service.api.auth import APIKeyMiddleware, APIKeys, bearer_token, is_open
 
 
@@ -23,12 +22,7 @@ def app_with_keys(*keys: str) -> APIKeyMiddleware:
 
 
 def get(app: APIKeyMiddleware, path: str, method: str = "GET", **headers: str) -> httpx.Response:
-    async def go() -> httpx.Response:
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            return await client.request(method, path, headers=headers)
-
-    return asyncio.run(go())
+    return asgi_request(app, path, method, **headers)
 
 
 def test_protected_paths_need_a_key() -> None:

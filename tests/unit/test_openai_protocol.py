@@ -227,12 +227,36 @@ def test_invalid_messages_name_the_path(message: dict[str, Any], param: str, cod
     assert (err.param, err.code) == (param.replace("[0]", "[1]", 1), code)
 
 
-def test_non_text_content_part_named() -> None:
-    parts = [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "http://x"}}]
+@pytest.mark.parametrize(
+    "part",
+    [
+        {"type": "image_url", "image_url": {"url": "http://x"}},
+        {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+        {"type": "file", "file": {"file_id": "f"}},
+    ],
+)
+def test_non_text_content_part_named(part: dict[str, Any]) -> None:
+    parts = [{"type": "text", "text": "look"}, part]
     err = chat_error(chat(messages=[{"role": "user", "content": parts}]))
     assert err.param == "messages[0].content[1].type"
     assert err.code == "unsupported_value"
-    assert "image_url" in err.message
+    assert part["type"] in err.message
+
+
+def test_reasoning_effort_is_validated_here_and_checked_against_the_template_when_served() -> None:
+    assert parse_request(ChatCompletionRequest, chat(reasoning_effort="high")).reasoning_effort == "high"
+    err = chat_error(chat(reasoning_effort="extreme"))
+    assert err.param == "reasoning_effort"
+
+
+def test_an_assistant_message_may_carry_our_reasoning_back() -> None:
+    earlier = {"role": "assistant", "content": "4", "reasoning_content": "2+2", "reasoning": "2+2"}
+    request = parse_request(
+        ChatCompletionRequest, chat(messages=[{"role": "user", "content": "2+2?"}, earlier])
+    )
+    assert request.chat_messages()[1] == {"role": "assistant", "content": "4"}
+    err = chat_error(chat(messages=[{"role": "user", "content": "x", "reasoning_content": "y"}]))
+    assert (err.param, err.code) == ("messages[0].reasoning_content", "unknown_parameter")
 
 
 @pytest.mark.parametrize(
@@ -242,7 +266,8 @@ def test_non_text_content_part_named() -> None:
         ("function_call", {"name": "f"}),
         ("audio", {"voice": "alloy"}),
         ("modalities", ["text", "audio"]),
-        ("reasoning_effort", "high"),
+        ("prediction", {"type": "content", "content": "x"}),
+        ("web_search_options", {"search_context_size": "low"}),
     ],
 )
 def test_unsupported_chat_parameters_are_named(name: str, value: Any) -> None:

@@ -25,6 +25,7 @@ from trtllm_service.api.openai.protocol import (
     parse_request,
 )
 from trtllm_service.api.openai.serving import OpenAIServing
+from trtllm_service.chat.reasoning import style_of
 from trtllm_service.chat.template import PromptFormatter
 from trtllm_service.errors import APIError
 from trtllm_service.relay.client import EngineStream
@@ -42,6 +43,16 @@ class WordDecoder:
         return "".join(f" w{i}{self.tag}" for i in ids)
 
 
+class ScriptDecoder:
+    """Token i decodes to the i-th piece of a fixed script (what a reasoning model would write)."""
+
+    def __init__(self, script: list[str]) -> None:
+        self.script = script
+
+    def push(self, ids: Any) -> str:
+        return "".join(self.script[i] for i in ids)
+
+
 class WordTokenizer:
     """A tokenizer whose tokens are words, and whose chat template tags each role."""
 
@@ -51,12 +62,21 @@ class WordTokenizer:
     def __init__(self) -> None:
         self.encoded: list[str] = []
 
-    def apply_chat_template(self, messages: list[dict[str, str]], **_: Any) -> str:
-        return " ".join(f"<{m['role']}> {m['content']}" for m in messages) + " <assistant>"
+    def apply_chat_template(
+        self, messages: list[dict[str, str]], add_generation_prompt: bool = True, **_: Any
+    ) -> str:
+        turns = " ".join(f"<{m['role']}> {m['content']}" for m in messages)
+        return turns + " <assistant>" if add_generation_prompt else turns
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         self.encoded.append(text)
         return [len(word) for word in text.split()]
+
+    def convert_ids_to_tokens(self, ids: list[int]) -> list[str]:
+        return [f"t{i}" for i in ids]
+
+    def decode(self, ids: list[int], **_: Any) -> str:
+        return " ".join(f"t{i}" for i in ids)
 
 
 class FakeRuntime:
@@ -65,18 +85,36 @@ class FakeRuntime:
 
     `fail_at`: the engine sends an error instead of token number `fail_at` (0: before the first).
     `not_ready`: `generate()` raises a 503 as the real runtime does.
+    `script`: the answer's text pieces, one per token (a reasoning model's think block, say), instead
+    of words; `reasoning`: the model's reasoning parser (pack_model.py --reasoning-parser); `delay`:
+    seconds between tokens (`hang`: 0.2); `context`: the max sequence length.
     """
 
     model_name = "fake-model"
-    max_seq_len = 64
 
-    def __init__(self, *, fail_at: int | None = None, not_ready: bool = False, hang: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        fail_at: int | None = None,
+        not_ready: bool = False,
+        hang: bool = False,
+        script: list[str] | None = None,
+        reasoning: str | None = None,
+        delay: float = 0.0,
+        context: int = 64,
+    ) -> None:
         self.fail_at = fail_at
         self.not_ready = not_ready
         self.hang = hang
+        self.delay = 0.2 if hang else delay
+        self.max_seq_len = context
+        self.script = script
+        self.reasoning = style_of(reasoning)
         self.tokenizer = WordTokenizer()
+        self.formatter = PromptFormatter(self.tokenizer)
         self.preparer = RequestPreparer(
-            PromptFormatter(self.tokenizer), EngineLimits(max_seq_len=64, max_input_len=64, end_ids=(9,))
+            self.formatter,
+            EngineLimits(max_seq_len=context, max_input_len=context, end_ids=(9,), vocab_size=100),
         )
         self.requests: list[GenerationRequest] = []
         self.open = 0
@@ -89,8 +127,9 @@ class FakeRuntime:
         messages: list[dict[str, Any]],
         params: SamplingParams,
         tools: list[dict[str, Any]] | None = None,
+        reasoning_effort: str | None = None,
     ) -> GenerationRequest:
-        return self.preparer.chat(messages, params, tools=tools)
+        return self.preparer.chat(messages, params, tools=tools, reasoning_effort=reasoning_effort)
 
     def check_logprobs(self, params: SamplingParams, param: str) -> None:
         pass  # this engine returns what is asked
@@ -103,7 +142,8 @@ class FakeRuntime:
             raise APIError.unavailable("not ready", retry_after=1)
         self.requests.append(request)
         tag = f"s{request.seed}" if request.seed is not None else ""  # sampled text shows its seed
-        stream = EngineStream(request, WordDecoder(tag), "id", self._cancelled.add)  # type: ignore[arg-type]
+        decoder = WordDecoder(tag) if self.script is None else ScriptDecoder(self.script)
+        stream = EngineStream(request, decoder, "id", self._cancelled.add)  # type: ignore[arg-type]
         stream.stream_id = self._next
         self._next += 1
         asyncio.get_running_loop().create_task(self._engine(stream, request))
@@ -113,8 +153,8 @@ class FakeRuntime:
         self.open += 1
         finished = False
         try:
-            for i in range(request.max_tokens):
-                await asyncio.sleep(0.2 if self.hang else 0)
+            for i in range(request.max_tokens if self.script is None else len(self.script)):
+                await asyncio.sleep(self.delay)
                 if stream.stream_id in self._cancelled or not stream.stream_id:
                     return
                 if i == self.fail_at:

@@ -1,4 +1,5 @@
-"""A fix to BentoML 1.4 that the service applies when it is imported.
+"""Changes to BentoML 1.4 that the service applies when it is imported: a leak fixed, a fast path,
+the middlewares' order (`arrange_middlewares`).
 
 BentoML's `TimeoutMiddleware` (the service's `traffic.timeout`) schedules a timer per request and
 never cancels it: each request's context (its tracing span, scope and futures, about 5 KB) stays
@@ -6,6 +7,9 @@ alive until the timer fires, `traffic.timeout` seconds later. At 100 requests/s 
 is 60,000 requests held, some 300 MB. Measured with bentoml 1.4.39: RSS +5 MB per 1,000 requests,
 even on /livez, on a service with nothing of ours in it. The fix cancels the timer as soon as the
 response starts (the only thing it guards) or the request ends.
+
+Each patch names what it replaces; all were read against bentoml 1.4.40's source (its changes since
+1.4.39 are in the Dockerfile templates, archive import and file utilities, none of it patched here).
 """
 
 from __future__ import annotations
@@ -54,3 +58,64 @@ def cancel_request_timers() -> None:
 
     middleware.__call__ = __call__  # type: ignore[method-assign]
     middleware._cancels_timers = True  # type: ignore[attr-defined]
+
+
+def expose_server_send() -> None:
+    """Wraps the ASGI app BentoML builds for a worker in `ServerSendApp`, outside every middleware.
+
+    A streamed body chunk would otherwise pass through a dozen `send` wrappers (error handling,
+    BentoML's metrics and access log, OpenTelemetry, the request timeout, ours, FastAPI's), none of
+    which does anything with a chunk that is not the last; `StreamBody` sends those chunks to the
+    server's own `send` and everything else, the response start and end among it, through the chain.
+    """
+    from _bentoml_sdk.service.factory import Service
+
+    from trtllm_service.api.streaming import ServerSendApp
+
+    if getattr(Service, "_exposes_server_send", False):
+        return
+    to_asgi = Service.to_asgi
+
+    def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return ServerSendApp(to_asgi(self, *args, **kwargs))
+
+    Service.to_asgi = wrapped  # type: ignore[method-assign]
+    Service._exposes_server_send = True  # type: ignore[attr-defined]
+
+
+_ARRANGED = "_trtllm_arranged"
+
+
+def arrange_middlewares(outermost: type, limiter: type) -> None:
+    """Orders the ASGI middlewares BentoML 1.4 builds for a worker: `outermost` first, then
+    BentoML's CORS, then the rest as BentoML has them; and leaves BentoML's `max_concurrency`
+    middleware out where the service has its own `limiter`.
+
+    BentoML puts the service's middlewares after its own and its CORS after the service's. Then a
+    response made by BentoML's middlewares would lack the request id `outermost` adds, and the
+    refusals of the service's middlewares (401, 413, 415, 429) would lack the CORS headers a browser
+    needs to read them. BentoML's limiter counts the requests of one worker against
+    `max_concurrency / workers` and answers `{"error": "Too many requests"}` ahead of the service's,
+    which counts them across workers against the whole `max_concurrency`, in OpenAI's shape.
+    """
+    from _bentoml_impl.server.app import ServiceAppFactory
+    from bentoml._internal.server.http.traffic import MaxConcurrencyMiddleware
+    from starlette.middleware.cors import CORSMiddleware
+
+    built = ServiceAppFactory.middlewares
+    if getattr(built.fget, _ARRANGED, False):
+        return
+
+    def is_a(middleware: Any, cls: type) -> bool:
+        return isinstance(middleware.cls, type) and issubclass(middleware.cls, cls)
+
+    def middlewares(self: Any) -> list[Any]:
+        found = list(built.fget(self))
+        if any(is_a(m, limiter) for m in found):
+            found = [m for m in found if not is_a(m, MaxConcurrencyMiddleware)]
+        first = [m for m in found if is_a(m, outermost)] + [m for m in found if is_a(m, CORSMiddleware)]
+        moved = {id(m) for m in first}
+        return first + [m for m in found if id(m) not in moved]
+
+    setattr(middlewares, _ARRANGED, True)
+    ServiceAppFactory.middlewares = property(middlewares)  # type: ignore[method-assign,assignment]

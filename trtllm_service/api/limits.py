@@ -172,10 +172,7 @@ class ConcurrencyLimitMiddleware:
             await refuse(error, self.model_name, scope, receive, send, close=True)
             return
         if not self._acquire():
-            error = APIError.rate_limited(
-                f"More than {self.limit} requests are in flight; please retry shortly.", retry_after=1
-            )
-            await refuse(error, self.model_name, scope, receive, send)
+            await refuse(too_many_requests(self.limit), self.model_name, scope, receive, send)
             return
         try:
             await self.app(scope, receive, send)
@@ -243,12 +240,7 @@ class BodyLimitMiddleware:
         headers = scope["headers"]
         media = _media_type(headers)
         if not _acceptable(media):
-            shown = (media or b"").decode("latin-1")
-            error = APIError(
-                415,
-                f"Unsupported Content-Type {shown!r}: send the body as application/json.",
-                code="unsupported_media_type",
-            )
+            error = unsupported_media_type((media or b"").decode("latin-1"))
             await refuse(error, self.model_name, scope, receive, send, close=True)
             return
         length = next((value for name, value in headers if name.lower() == b"content-length"), None)
@@ -280,11 +272,32 @@ class BodyLimitMiddleware:
         await self.app(scope, replay, send)
 
     def _too_large(self) -> APIError:
-        return APIError(
-            413,
-            f"The request body is larger than the limit of {self.max_bytes} bytes (TRTLLM_MAX_BODY_BYTES).",
-            code="request_too_large",
-        )
+        return body_too_large(self.max_bytes)
+
+
+def too_many_requests(limit: int) -> APIError:
+    """429: `limit` requests are in flight already."""
+    return APIError.rate_limited(
+        f"More than {limit} requests are in flight; please retry shortly.", retry_after=1
+    )
+
+
+def unsupported_media_type(media: str) -> APIError:
+    """415: a body of another media type than JSON or a form."""
+    return APIError(
+        415,
+        f"Unsupported Content-Type {media!r}: send the body as application/json.",
+        code="unsupported_media_type",
+    )
+
+
+def body_too_large(max_bytes: int) -> APIError:
+    """413: a body over `max_bytes`."""
+    return APIError(
+        413,
+        f"The request body is larger than the limit of {max_bytes} bytes (TRTLLM_MAX_BODY_BYTES).",
+        code="request_too_large",
+    )
 
 
 async def refuse(

@@ -81,23 +81,30 @@ class PromptFormatter:
         """Whether the chat template renders tool definitions itself (it reads `tools`)."""
         return "tools" in self.chat_template
 
+    @property
+    def takes_reasoning_effort(self) -> bool:
+        """Whether the chat template reads `reasoning_effort` (reasoning models that offer it)."""
+        return "reasoning_effort" in self.chat_template
+
     def render(
         self,
         messages: list[dict[str, Any]],
         *,
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        reasoning_effort: str | None = None,
     ) -> str:
         """Render messages (and the functions a request offers) with the chat template (no
         tokenization). A template that renders no tools gets them in Llama-3.1's JSON format
-        (`tool_calls`).
+        (`tool_calls`). `reasoning_effort` goes to the template as it is (see
+        `takes_reasoning_effort`).
 
         Raises:
             ValueError: No messages, or the template rejected them (e.g. an unsupported role).
         """
         if not messages:
             raise ValueError("At least one message is required")
-        extra: dict[str, Any] = {}
+        extra: dict[str, Any] = {} if reasoning_effort is None else {"reasoning_effort": reasoning_effort}
         if any(m.get("tool_calls") or m["role"] == "tool" for m in messages) or tools:
             if self.renders_tools:
                 messages = tool_calls.template_messages(messages)
@@ -129,17 +136,22 @@ class PromptFormatter:
         messages.append({"role": "user", "content": prompt})
         return messages
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """The token ids of ``text``, exactly as the Triton preprocessing model tokenizes it.
 
         Special tokens (BOS) are added only when the text does not already start with BOS, so a rendered
-        chat that begins with ``<|begin_of_text|>`` is not given a second one. Fast tokenizers are called
-        directly (the Rust tokenizer), skipping the Python wrapper's per-call overhead.
+        chat that begins with ``<|begin_of_text|>`` is not given a second one (``add_special_tokens``
+        false: never). Fast tokenizers are called directly (the Rust tokenizer), skipping the Python
+        wrapper's per-call overhead.
         """
-        add_special = not (self._bos is not None and text.startswith(self._bos))
+        add_special = add_special_tokens and not (self._bos is not None and text.startswith(self._bos))
         if self._rust is not None:
             return self._rust.encode(text, add_special_tokens=add_special).ids
         return self._tokenizer.encode(text, add_special_tokens=add_special)
+
+    def token_strings(self, ids: Sequence[int]) -> list[str]:
+        """Each token's own string in the vocabulary (byte-level pieces as stored, e.g. ``Ġthe``)."""
+        return list(self._tokenizer.convert_ids_to_tokens(list(ids)))
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text of token ids as the tokenizer writes it, special tokens included and spaces as

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from trtllm_service.chat.reasoning import REASONING_PARSERS
 from trtllm_service.packing import packer as packing
 from trtllm_service.packing.packer import PackError, RuntimeOptions
 
@@ -110,6 +111,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="Jinja chat template that replaces the tokenizer's: stored as chat_template in the packed "
         "tokenizer/tokenizer_config.json (your files are never modified); checked to parse and to render "
         "a two-message conversation",
+    )
+
+    model.add_argument(
+        "--reasoning-parser",
+        choices=REASONING_PARSERS,
+        help="the model thinks in <think>...</think> before it answers: the service returns that as "
+        "reasoning_content (and reasoning) of chat messages and stream deltas, and as a reasoning item "
+        "of /v1/responses. deepseek-r1: the chat template opens <think>, so what comes before </think> "
+        "is reasoning; qwen3: only what the model writes between both tags",
     )
 
     engine = parser.add_argument_group("engine (--hf-model, --demo)")
@@ -347,6 +357,7 @@ def _options(args: argparse.Namespace) -> RuntimeOptions:
         max_beam_width=args.max_beam_width,
         gather_generation_logits=args.gather_generation_logits,
         gather_context_logits=args.gather_context_logits,
+        reasoning_parser=args.reasoning_parser,
     )
     options.validate()
     return options

@@ -57,6 +57,7 @@ from tensorrtllm_backend.lora import (
 )
 from tensorrtllm_backend.repository import DEFAULTS, RepositoryError, build_repository, repository_values
 from tensorrtllm_backend.repository import end_ids as repository_end_ids
+from trtllm_service.chat.reasoning import REASONING_PARSERS
 from trtllm_service.packed_model import (
     ENGINE_DIR,
     LORA_DIR,
@@ -69,6 +70,7 @@ from trtllm_service.packed_model import (
     check_path_safe,
     read_json_object,
 )
+from trtllm_service.versions import service_version
 
 PRODUCTION_TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
 
@@ -529,6 +531,7 @@ class RuntimeOptions:
     max_beam_width: int | None = None
     gather_generation_logits: bool | None = None  # None: on
     gather_context_logits: bool | None = None  # None: off
+    reasoning_parser: str | None = None  # the service splits the answer's thinking (chat.reasoning)
 
     BUILD_OPTIONS: ClassVar[dict[str, tuple[str, str]]] = {
         "max_input_len": ("--max-input-len", "max_input_len"),
@@ -600,6 +603,10 @@ class RuntimeOptions:
             raise PackError(
                 "--engine tensorrt_llm goes with --flavor llmapi (the ensemble's TensorRT-LLM is an engine "
                 "built with trtllm-build: --engine-dir or --build-engine)"
+            )
+        if self.reasoning_parser is not None and self.reasoning_parser not in REASONING_PARSERS:
+            raise PackError(
+                f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}, got {self.reasoning_parser!r}"
             )
         if not 0.0 <= self.step_delay_ms <= 60_000.0:
             raise PackError(f"--step-delay-ms must be within [0, 60000], got {self.step_delay_ms}")
@@ -828,21 +835,8 @@ class PackResult:
         return _human(self.size)
 
 
-def _package_version() -> str:
-    try:
-        return importlib.metadata.version("trtllm-service")
-    except importlib.metadata.PackageNotFoundError:
-        # Not installed (run from a checkout or a Bento): read pyproject.toml next to the package.
-        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
-        try:
-            match = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(), re.MULTILINE)
-        except OSError:
-            match = None
-        return match.group(1) if match else "unknown"
-
-
 def tool_versions(source: ModelSource) -> dict[str, str]:
-    versions = {"trtllm-service": _package_version(), "python": sys.version.split()[0]}
+    versions = {"trtllm-service": service_version(), "python": sys.version.split()[0]}
     if source.trtllm_version:
         versions["tensorrt_llm"] = source.trtllm_version
     packages = ["bentoml", "transformers", "tokenizers"] + (["torch"] if source.backend == "python" else [])
@@ -1145,6 +1139,7 @@ def pack(
         launch_command=launch_command(packed_root / REPOSITORY_DIR, source.world_size, unique=tag.version),
         chat_template_overridden=chat_template is not None,
         flavor=flavor,
+        reasoning_parser=options.reasoning_parser,
         loras={
             name: {"id": i, **adapter.describe()} for i, (name, adapter) in enumerate(adapters.items(), 1)
         },

@@ -52,13 +52,15 @@ class RequestPreparer:
         param: str = "messages",
         budget_param: str | None = None,
         tools: list[dict[str, Any]] | None = None,
+        reasoning_effort: str | None = None,
     ) -> GenerationRequest:
         """`param` / `budget_param`: the request fields a context_length_exceeded error names;
-        `tools`: the functions the request offers (OpenAI's `function` objects)."""
+        `tools`: the functions the request offers (OpenAI's `function` objects); `reasoning_effort`:
+        for a template that takes it."""
         self.check_text(list(_message_texts(messages, param)), param=param)
         self.check_token_ids(params.stop_token_ids, "stop_token_ids")
         try:
-            text = self.formatter.render(messages, tools=tools)
+            text = self.formatter.render(messages, tools=tools, reasoning_effort=reasoning_effort)
         except ValueError as exc:
             raise APIError.bad_request(str(exc), param=param) from None
         return settle(

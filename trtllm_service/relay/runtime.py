@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -22,6 +23,7 @@ from typing import Any
 from tensorrtllm_backend import pinned
 from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
 from tensorrtllm_backend.lora import ROWS_CONFIG, ROWS_WEIGHTS
+from trtllm_service.chat.reasoning import style_of
 from trtllm_service.chat.template import PromptFormatter
 from trtllm_service.errors import APIError
 from trtllm_service.packed_model import (
@@ -111,6 +113,7 @@ class Runtime:
         self.info = read_pack_info(self.model_path)
         self.tokenizer = _load_tokenizer(self.model_path / "tokenizer")
         self.formatter = PromptFormatter(self.tokenizer)
+        self.reasoning = style_of(self.info.reasoning_parser)  # pack_model.py --reasoning-parser
         max_seq_len = int(self.info.max_seq_len or self.info.max_input_len or 2048)
         self.limits = EngineLimits(
             max_seq_len=max_seq_len,
@@ -240,6 +243,7 @@ class Runtime:
         Every worker first refuses a TensorRT-LLM older than pinned.MIN_TENSORRT_LLM."""
         tensorrt_llm = installed_tensorrt_llm()
         check_tensorrt_llm(tensorrt_llm)
+        started = time.monotonic()
         try:
             await self.triton.start()
         except BaseException:
@@ -248,8 +252,9 @@ class Runtime:
         if self.triton.owner:
             triton = await asyncio.to_thread(triton_version, self.triton.http_url)
             logger.info(
-                "Triton is ready for %s: Triton %s, TensorRT-LLM %s",
+                "Triton is ready for %s in %.1f s: Triton %s, TensorRT-LLM %s",
                 self.model_name,
+                time.monotonic() - started,
                 triton or "(version unknown)",
                 tensorrt_llm or "not installed (stand-in engines serve)",
             )
@@ -301,6 +306,7 @@ class Runtime:
         param: str = "messages",
         budget_param: str | None = None,
         tools: list[dict[str, Any]] | None = None,
+        reasoning_effort: str | None = None,
     ) -> GenerationRequest:
         """Renders the chat template, tokenizes and settles (400 for what cannot be served)."""
         size = sum(len(m.get("content") or "") for m in messages)
@@ -310,6 +316,7 @@ class Runtime:
             param=param,
             budget_param=budget_param,
             tools=tools,
+            reasoning_effort=reasoning_effort,
         )
         return await self._maybe_in_thread(size, prepare, messages, params)
 

@@ -37,6 +37,20 @@ logger = logging.getLogger("trtllm_service.triton")
 
 _PR_SET_PDEATHSIG = 1
 _GLOG_ERROR = re.compile(r"^E\d{4} ")  # tritonserver's own ERROR log lines
+_GLOG_WARNING = re.compile(r"^[EW]\d{4} ")  # its ERROR and WARNING lines
+
+
+def triton_log_level(line: str) -> int:
+    """The service log's level for one line of Triton's output (all of it is in triton.log):
+    Triton's errors and warnings as warnings, the launcher's own lines (ranks) as information, the
+    rest (its start-up tables of options, backends and models) at debug level."""
+    if _GLOG_WARNING.match(line):
+        return logging.WARNING
+    if line.startswith(launcher.PROG + ":"):
+        return logging.INFO
+    return logging.DEBUG
+
+
 EXIT_TIMEOUT_S = 10
 """tritonserver's --exit-timeout-secs by default: how long it waits for in-flight requests when
 stopping. The service gives it its shutdown grace and more: BentoML's process manager, stopping a
@@ -212,7 +226,9 @@ class TritonProcess:
                 self.tail.append(line)
                 if _GLOG_ERROR.match(line):
                     self.errors.append(line)
-                logger.info("[triton] %s", line)
+                level = triton_log_level(line)
+                if logger.isEnabledFor(level):
+                    logger.log(level, "[triton] %s", line)
 
     async def stop(self, timeout_s: float = EXIT_TIMEOUT_S + 5.0) -> None:
         """SIGTERM to the server, SIGKILL to its whole group after `timeout_s`; safe to call twice."""
@@ -358,7 +374,7 @@ class TritonSupervisor:
         self.triton = TritonProcess(command, env, self.log_path, ranks=self.world_size > 1)
         await self.triton.start()
         self.generation += 1
-        logger.info("started Triton (pid %s): grpc %s:%d", self.triton.pid, self.host, self.ports.grpc)
+        logger.info("Triton starting (pid %s, gRPC %s:%d)", self.triton.pid, self.host, self.ports.grpc)
         try:
             await self._wait_ready(self.triton)
         except BaseException:

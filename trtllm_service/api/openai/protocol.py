@@ -49,7 +49,14 @@ from tensorrtllm_backend.stop_strings import MAX_STOP_STRINGS, StopStringError, 
 from trtllm_service.api.openai.errors import from_validation_error, request_error
 from trtllm_service.chat import tool_calls
 from trtllm_service.errors import APIError
-from trtllm_service.relay.guided import Guide, GuideRequestError, checked, choice_guide, json_schema_guide
+from trtllm_service.relay.guided import (
+    Guide,
+    GuideRequestError,
+    checked,
+    choice_guide,
+    guide_field,
+    json_schema_guide,
+)
 from trtllm_service.relay.request import SamplingParams
 
 MAX_N = 8  # n and best_of: choices (or candidates, or beams) per prompt
@@ -81,7 +88,6 @@ _CHAT_UNSUPPORTED: dict[str, _Rule] = {
     "audio": (_unset, "audio output is not supported"),
     "modalities": (lambda v: v in (None, ["text"]), "only the 'text' modality is supported"),
     "prediction": (_unset, "predicted outputs are not supported"),
-    "reasoning_effort": (_unset, "reasoning_effort is not supported"),
     "verbosity": (_unset, "verbosity is not supported"),
     "web_search_options": (_unset, "web search is not supported"),
 }
@@ -90,6 +96,10 @@ _COMPLETION_UNSUPPORTED: dict[str, _Rule] = {
 }
 # Keys of a chat message that only matter with features we lack; accepted when "off".
 _MESSAGE_OFF_KEYS = ("function_call", "refusal", "audio", "annotations")
+# An assistant message's reasoning, as our answers carry it: accepted and left out of the prompt
+# (reasoning models' templates drop earlier turns' thinking).
+_MESSAGE_REASONING_KEYS = ("reasoning_content", "reasoning")
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high"]
 
 
 def new_id(prefix: str) -> str:
@@ -190,6 +200,9 @@ class ChatMessage(BaseModel):
                     raise request_error("unsupported_parameter", f"'{key}' in messages: {_NO_TOOLS}", key)
                 del data[key]
         role = data.get("role")
+        if role == "assistant":
+            for key in _MESSAGE_REASONING_KEYS:
+                data.pop(key, None)
         if role == "developer":
             data["role"] = role = "system"
         if role == "function":
@@ -463,6 +476,11 @@ class SamplingFields(OpenAIRequest):
         return None
 
     @property
+    def guide_param(self) -> str:
+        """The field that asked for the guide, for the 400 of a model that cannot guide."""
+        return guide_field(self)
+
+    @property
     def logprob_count(self) -> int | None:
         """None: no log probs; N: each generated token's, with the N most likely."""
         return None
@@ -605,12 +623,72 @@ class _RequestBase(SamplingFields):
 _RequestT = TypeVar("_RequestT", bound=BaseModel)
 
 
-class ChatCompletionRequest(_RequestBase):
+class ToolUse:
+    """The rules of `tools` and `tool_choice`, shared by chat and responses (whose tools differ in
+    shape only): a named function must be offered, `required` needs tools, and a forced call is
+    guided decoding on the calls' schema. The request class provides `tools`, `tool_choice`,
+    `parallel_tool_calls`, `functions()` and calls `_settle_tools` once its guide is known."""
+
+    def functions(self) -> list[dict[str, Any]]:
+        """The offered functions as OpenAI's `function` objects (name, description, parameters)."""
+        raise NotImplementedError
+
+    def _settle_tools(self, named: str | None) -> None:
+        """Checks the tools against `tool_choice` (`named`: the function it names) and, for a forced
+        call, sets the request's guide."""
+        functions = self.functions()
+        names = [function["name"] for function in functions]
+        if len(set(names)) != len(names):
+            raise request_error("invalid_value", "Function names in 'tools' must be unique.", "tools")
+        if named is not None and named not in names:
+            raise request_error(
+                "invalid_value",
+                f"tool_choice names function {named!r}, which is not in 'tools'.",
+                "tool_choice",
+            )
+        if self.tool_choice == "required" and not names:  # type: ignore[attr-defined]
+            raise request_error("invalid_value", "tool_choice 'required' needs 'tools'.", "tool_choice")
+        if self.tool_mode == "forced":
+            if self._guide is not None:  # type: ignore[attr-defined]
+                raise request_error(
+                    "invalid_value",
+                    "A forced tool call cannot be combined with another output format.",
+                    "tool_choice",
+                )
+            schema = tool_calls.call_schema(functions, named)
+            try:
+                self._guide = checked(("json_schema", json.dumps(schema)), "tools")
+            except GuideRequestError as exc:
+                raise request_error("invalid_value", str(exc), "tools") from None
+
+    @property
+    def tool_mode(self) -> Literal["auto", "forced"] | None:
+        """None: no tools in play; auto: the answer may be calls; forced: it is a call."""
+        choice = self.tool_choice  # type: ignore[attr-defined]
+        if not self.tools or choice == "none":  # type: ignore[attr-defined]
+            return None
+        return "auto" if choice in (None, "auto") else "forced"
+
+    def calls_in(self, text: str) -> list[tuple[str, str]] | None:
+        """The (name, arguments) calls an answer makes, when tools are in play and it is calls
+        (one only with `parallel_tool_calls: false`); None for a text answer."""
+        if not self.tool_mode:
+            return None
+        calls = tool_calls.parse_calls(text, self.functions())
+        if calls and self.parallel_tool_calls is False:  # type: ignore[attr-defined]
+            return calls[:1]
+        return calls or None
+
+
+class ChatCompletionRequest(ToolUse, _RequestBase):
     """``POST /v1/chat/completions``."""
 
     _unsupported: ClassVar[dict[str, _Rule]] = _CHAT_UNSUPPORTED
 
     messages: list[ChatMessage] = Field(min_length=1)
+    reasoning_effort: ReasoningEffort | None = Field(
+        None, description="Passed to a chat template that takes it (reasoning models); a 400 otherwise"
+    )
     max_completion_tokens: int | None = Field(None, ge=1, description="Wins over max_tokens")
     tools: list[ToolDefinition] | None = Field(None, max_length=128)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
@@ -637,40 +715,9 @@ class ChatCompletionRequest(_RequestBase):
 
     @model_validator(mode="after")
     def _check_tools(self) -> ChatCompletionRequest:
-        """A named function must be offered; a forced call is guided decoding on the calls' schema."""
-        names = [tool.function.name for tool in self.tools or []]
-        if len(set(names)) != len(names):
-            raise request_error("invalid_value", "Function names in 'tools' must be unique.", "tools")
         choice = self.tool_choice
-        if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
-            raise request_error(
-                "invalid_value",
-                f"tool_choice names function {choice.function.name!r}, which is not in 'tools'.",
-                "tool_choice",
-            )
-        if choice == "required" and not names:
-            raise request_error("invalid_value", "tool_choice 'required' needs 'tools'.", "tool_choice")
-        if self.tool_mode == "forced":
-            if self._guide is not None:
-                raise request_error(
-                    "invalid_value",
-                    "A forced tool call cannot be combined with another output format.",
-                    "tool_choice",
-                )
-            name = choice.function.name if isinstance(choice, NamedToolChoice) else None
-            schema = tool_calls.call_schema(self.functions(), name)
-            try:
-                self._guide = checked(("json_schema", json.dumps(schema)), "tools")
-            except GuideRequestError as exc:
-                raise request_error("invalid_value", str(exc), "tools") from None
+        self._settle_tools(choice.function.name if isinstance(choice, NamedToolChoice) else None)
         return self
-
-    @property
-    def tool_mode(self) -> Literal["auto", "forced"] | None:
-        """None: no tools in play; auto: the answer may be calls; forced: it is a call."""
-        if not self.tools or self.tool_choice == "none":
-            return None
-        return "auto" if self.tool_choice in (None, "auto") else "forced"
 
     def functions(self) -> list[dict[str, Any]]:
         """The offered functions as plain dicts (OpenAI's `function` objects), for the prompt."""
@@ -682,22 +729,26 @@ class ChatCompletionRequest(_RequestBase):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def chat_messages(self) -> list[dict[str, Any]]:
-        """Messages as plain dicts for ``PromptFormatter.render`` (``name``, ``tool_calls`` and
-        ``tool_call_id`` only when given)."""
-        out: list[dict[str, Any]] = []
-        for m in self.messages:
-            msg: dict[str, Any] = {"role": m.role, "content": m.content}
-            if m.name is not None:
-                msg["name"] = m.name
-            if m.tool_calls:
-                msg["tool_calls"] = [
-                    {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
-                    for c in m.tool_calls
-                ]
-            if m.tool_call_id is not None:
-                msg["tool_call_id"] = m.tool_call_id
-            out.append(msg)
-        return out
+        """Messages as plain dicts for ``PromptFormatter.render``."""
+        return _plain_messages(self.messages)
+
+
+def _plain_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Messages as plain dicts for ``PromptFormatter.render`` (``name``, ``tool_calls`` and
+    ``tool_call_id`` only when given)."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        msg: dict[str, Any] = {"role": m.role, "content": m.content}
+        if m.name is not None:
+            msg["name"] = m.name
+        if m.tool_calls:
+            msg["tool_calls"] = [
+                {"id": c.id, "name": c.function.name, "arguments": c.function.arguments} for c in m.tool_calls
+            ]
+        if m.tool_call_id is not None:
+            msg["tool_call_id"] = m.tool_call_id
+        out.append(msg)
+    return out
 
 
 TokenIds = list[int]
@@ -788,6 +839,59 @@ def _check_token_ids(ids: list[Any], *where: int) -> None:
             )
 
 
+class TokenizeCompletionRequest(BaseModel):
+    """``POST /tokenize`` of a prompt (vLLM's shape)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str | None = Field(None, description="Model id; omitted means the served model")
+    prompt: str
+    add_special_tokens: bool = Field(
+        True, description="Add the tokenizer's special tokens as the engine gets them (a BOS, once)"
+    )
+    return_token_strs: bool = Field(False, description="Also return each token's string")
+
+
+class TokenizeChatRequest(BaseModel):
+    """``POST /tokenize`` of chat messages, rendered with the chat template (vLLM's shape)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str | None = Field(None, description="Model id; omitted means the served model")
+    messages: list[ChatMessage] = Field(min_length=1)
+    add_generation_prompt: bool = Field(True, description="End with the assistant's turn opening")
+    add_special_tokens: bool = Field(
+        True, description="As the engine gets the prompt: a BOS unless the template wrote one (false: none)"
+    )
+    return_token_strs: bool = Field(False, description="Also return each token's string")
+    tools: list[ToolDefinition] | None = Field(
+        None, max_length=128, description="Rendered as chat renders them"
+    )
+
+    def chat_messages(self) -> list[dict[str, Any]]:
+        return _plain_messages(self.messages)
+
+    def functions(self) -> list[dict[str, Any]]:
+        return [tool.function.model_dump(exclude_none=True) for tool in self.tools or []]
+
+
+class DetokenizeRequest(BaseModel):
+    """``POST /detokenize`` (vLLM's shape): token ids -> their text."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str | None = Field(None, description="Model id; omitted means the served model")
+    tokens: TokenIds = Field(description="Token ids of the model's vocabulary")
+
+    @field_validator("tokens", mode="before")
+    @classmethod
+    def _check_tokens(cls, value: Any) -> Any:
+        if not isinstance(value, list):
+            raise request_error("invalid_type", "'tokens' must be a list of token ids.")
+        _check_token_ids(value)
+        return value
+
+
 def parse_request(model: type[_RequestT], body: bytes | str | Mapping[str, Any]) -> _RequestT:
     """Validate a raw request body (JSON bytes/str or a decoded mapping).
 
@@ -806,26 +910,36 @@ def parse_request(model: type[_RequestT], body: bytes | str | Mapping[str, Any])
 # Responses (built by us, so no strictness or extra-field policy is needed)
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens the engine found in its KV cache
+
+
 class UsageInfo(BaseModel):
     """Token counts of one request."""
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class ChatCompletionMessage(BaseModel):
-    """The assistant's reply: text, or (finish reason `tool_calls`) calls and no text."""
+    """The assistant's reply: text, or (finish reason `tool_calls`) calls and no text; a reasoning
+    model's thinking (`pack_model.py --reasoning-parser`) in `reasoning_content` and, vLLM's newer
+    name, `reasoning`."""
 
     role: Literal["assistant"] = "assistant"
     content: str | None
     tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     @model_serializer(mode="wrap")
-    def _calls_only_when_made(self, handler: Any) -> Any:
+    def _only_what_was_made(self, handler: Any) -> Any:
         data = handler(self)
-        if data.get("tool_calls") is None:
-            data.pop("tool_calls", None)  # as OpenAI: a text answer has no tool_calls key
+        for key in ("tool_calls", "reasoning_content", "reasoning"):
+            if data.get(key) is None:
+                data.pop(key, None)  # as OpenAI: a text answer has no tool_calls key
         return data
 
 
@@ -865,12 +979,14 @@ class ToolCallDelta(BaseModel):
 
 
 class DeltaMessage(BaseModel):
-    """The new part of a streamed message: ``role`` in the first chunk, then ``content`` or
-    ``tool_calls``."""
+    """The new part of a streamed message: ``role`` in the first chunk, then ``content``,
+    ``tool_calls`` or (a reasoning model thinking) ``reasoning_content`` and ``reasoning``."""
 
     role: Literal["assistant"] | None = None
     content: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None  # the same text as reasoning_content (vLLM's newer name)
 
 
 class ChatCompletionChunkChoice(BaseModel):

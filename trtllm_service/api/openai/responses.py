@@ -1,25 +1,26 @@
-"""``POST /v1/responses``: OpenAI's Responses API over the same serving machinery as chat.
+"""``POST /v1/responses``: the Responses API's request, and its response object and events.
 
 A request is `instructions` (a system message) and `input` (a string, or a list of items: messages,
-`function_call`s the model made earlier and the `function_call_output`s that answer them), reduced to
-chat messages, rendered with the chat template and generated like one chat choice (its sampling
-fields are `SamplingFields`, the ones chat and completions use). The answer is one output item: a
-`message` with one `output_text` part, or (function tools in play and the answer is calls) one
-`function_call` item per call. `max_output_tokens` reached: status `incomplete`, with
-`incomplete_details.reason` `max_output_tokens`.
+`function_call`s the model made earlier, the `function_call_output`s that answer them, and earlier
+`reasoning` items, which are left out of the prompt), reduced to chat messages and generated like
+one chat choice: the sampling fields are `SamplingFields` and the tool rules `ToolUse`, the ones chat
+uses (`serving.OpenAIServing.responses` serves it). The answer is a `reasoning` item when the model
+reasons (`pack_model.py --reasoning-parser`), then a `message` with one `output_text` part, or
+(function tools in play and the answer is calls) one `function_call` item per call.
+`max_output_tokens` reached: status `incomplete`, `incomplete_details.reason` `max_output_tokens`.
 
-Streamed, the events are OpenAI's: `response.created`, `response.in_progress`,
-`response.output_item.added`, `response.content_part.added`, `response.output_text.delta` (one per
-write, as chat's chunks), `response.output_text.done`, `response.content_part.done`,
-`response.output_item.done`, then `response.completed` (or `response.incomplete`) carrying the whole
-response with its usage; calls come as `response.output_item.added`,
-`response.function_call_arguments.delta` / `.done` and `response.output_item.done`. Each event is
-`event: <type>` + `data: <json>` with a `sequence_number`; there is no `[DONE]`. A failure after the
-stream started is an `error` event, then `response.failed`. The text deltas are written from
-pre-encoded heads (no pydantic per chunk).
+Streamed, the events are OpenAI's: `response.created`, `response.in_progress`, then per item
+`response.output_item.added`, `response.content_part.added`, `response.reasoning_text.delta` or
+`response.output_text.delta` (one per write, from pre-encoded heads: no pydantic per chunk), their
+`.done`, `response.content_part.done`, `response.output_item.done`, and last `response.completed`
+(or `response.incomplete`) carrying the whole response with its usage. Calls come when the answer
+is complete, as `response.output_item.added`, `response.function_call_arguments.delta` / `.done`
+and `response.output_item.done`. Each event is `event: <type>` + `data: <json>` with a
+`sequence_number`; there is no `[DONE]`. A failure after the stream started is an `error` event,
+then `response.failed`.
 
-Nothing is stored: `store` is accepted and ignored (the response says `store: false`), and
-`previous_response_id`, `conversation`, `item_reference` inputs and the like are 400s naming them.
+Nothing is stored: `store: true`, `previous_response_id`, `conversation` and `item_reference`
+inputs are 400s naming them, as are built-in tools and non-text inputs.
 """
 
 from __future__ import annotations
@@ -27,48 +28,26 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
 
-from trtllm_service.api.metrics import RequestMetrics
 from trtllm_service.api.openai.errors import request_error
-from trtllm_service.api.openai.protocol import SamplingFields, _Rule, _unset
-from trtllm_service.api.openai.serving import (
-    SSE_HEADERS,
-    _api_error,
-    _check_engine_features,
-    _Choice,
-    _collect_all,
-    _plainly_text,
-    _Result,
-    error_response,
-)
-from trtllm_service.api.streaming import StreamBody
+from trtllm_service.api.openai.protocol import ReasoningEffort, SamplingFields, ToolUse, _Rule, _unset
 from trtllm_service.chat import tool_calls
 from trtllm_service.errors import APIError
 from trtllm_service.relay.guided import Guide, GuideRequestError, checked, json_schema_guide
-
-if TYPE_CHECKING:
-    from trtllm_service.api.openai.serving import OpenAIServing
 
 RESPONSES_ROUTE = "/v1/responses"
 
 _NOT_STORED = "responses are not stored by this server: send the whole conversation as 'input'"
 _RESPONSES_UNSUPPORTED: dict[str, _Rule] = {
+    "store": (lambda v: v in (None, False), _NOT_STORED),
     "n": (lambda v: v in (None, 1), "a response has one output (use chat completions for n > 1)"),
     "previous_response_id": (_unset, _NOT_STORED),
     "conversation": (_unset, _NOT_STORED),
     "prompt": (_unset, "stored prompt templates are not supported: send 'instructions' and 'input'"),
     "background": (_unset, "background responses are not supported"),
-    "reasoning": (
-        lambda v: _unset(v) or (isinstance(v, dict) and all(x is None for x in v.values())),
-        "reasoning is not supported",
-    ),
     "include": (
         lambda v: isinstance(v, list) and "message.output_text.logprobs" not in v,
         "'message.output_text.logprobs' is not supported",
@@ -140,7 +119,18 @@ class TextConfig(BaseModel):
     verbosity: None = Field(None, description="Not supported (null only)")
 
 
-class ResponsesRequest(SamplingFields):
+class ReasoningConfig(BaseModel):
+    """`reasoning`: the effort goes to a chat template that takes `reasoning_effort`; the model's
+    thinking is returned whole, so summaries are not offered."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    effort: ReasoningEffort | None = None
+    summary: None = Field(None, description="Not supported (null only): the reasoning comes whole")
+    generate_summary: None = Field(None, description="Not supported (null only)")
+
+
+class ResponsesRequest(ToolUse, SamplingFields):
     """``POST /v1/responses``."""
 
     _unsupported: ClassVar[dict[str, _Rule]] = _RESPONSES_UNSUPPORTED
@@ -148,7 +138,7 @@ class ResponsesRequest(SamplingFields):
 
     input: str | list[dict[str, Any]] = Field(
         description="A string (one user message) or a list of items: messages (text parts), "
-        "function_call and function_call_output"
+        "function_call, function_call_output and reasoning (left out of the prompt)"
     )
     instructions: str | None = Field(None, description="A system message before the input")
     max_output_tokens: int | None = Field(None, ge=1)
@@ -158,6 +148,9 @@ class ResponsesRequest(SamplingFields):
     )
     parallel_tool_calls: bool | None = Field(None, description="Whether an answer may hold several calls")
     text: TextConfig | None = Field(None, description="{'format': {'type': 'json_schema', 'name', 'schema'}}")
+    reasoning: ReasoningConfig | None = Field(
+        None, description="{'effort': ...} for a template that takes it"
+    )
 
     @field_validator("tools", mode="before")
     @classmethod
@@ -167,7 +160,8 @@ class ResponsesRequest(SamplingFields):
             if isinstance(kind, str) and kind != "function":
                 raise request_error(
                     "unsupported_value",
-                    f"Tool type {kind!r} is not supported: only 'function' tools are.",
+                    f"Unsupported value: 'tools[{i}].type' {kind!r}: built-in tools are not supported, "
+                    "only 'function' tools are.",
                     i,
                     "type",
                 )
@@ -193,62 +187,23 @@ class ResponsesRequest(SamplingFields):
         else:
             for i, item in enumerate(self.input):
                 _add_item(messages, item, i)
+        if not messages:
+            raise request_error("invalid_value", "'input' holds no message to answer.", "input")
         self._messages = messages
-        self._check_tools()
-        return self
-
-    def _check_tools(self) -> None:
-        names = [tool.name for tool in self.tools or []]
-        if len(set(names)) != len(names):
-            raise request_error("invalid_value", "Function names in 'tools' must be unique.", "tools")
-        choice = self.tool_choice
-        if isinstance(choice, FunctionToolChoice) and choice.name not in names:
-            raise request_error(
-                "invalid_value",
-                f"tool_choice names function {choice.name!r}, which is not in 'tools'.",
-                "tool_choice",
-            )
-        if choice == "required" and not names:
-            raise request_error("invalid_value", "tool_choice 'required' needs 'tools'.", "tool_choice")
-        self._guide = None
         fmt = self.text.format if self.text is not None else None
-        if fmt is not None and fmt.type != "text":
-            self._guide = self._format_guide(fmt)
-        if self.tool_mode == "forced":
-            if self._guide is not None:
-                raise request_error(
-                    "invalid_value",
-                    "A forced tool call cannot be combined with text.format.",
-                    "tool_choice",
-                )
-            name = choice.name if isinstance(choice, FunctionToolChoice) else None
-            schema = tool_calls.call_schema(self.functions(), name)
-            try:
-                self._guide = checked(("json_schema", json.dumps(schema)), "tools")
-            except GuideRequestError as exc:
-                raise request_error("invalid_value", str(exc), "tools") from None
-
-    @staticmethod
-    def _format_guide(fmt: TextFormat) -> Guide:
-        try:
-            if fmt.type == "json_object":
-                return checked(("json", ""), "text.format")
-            guide = json_schema_guide(fmt.schema_, "text.format.schema")
-            return checked(guide, "text.format.schema")
-        except GuideRequestError as exc:
-            raise request_error("invalid_value", str(exc), *exc.param.split(".")) from None
-
-    @property
-    def tool_mode(self) -> Literal["auto", "forced"] | None:
-        """None: no tools in play; auto: the answer may be calls; forced: it is a call."""
-        if not self.tools or self.tool_choice == "none":
-            return None
-        return "auto" if self.tool_choice in (None, "auto") else "forced"
+        self._guide = _format_guide(fmt) if fmt is not None and fmt.type != "text" else None
+        choice = self.tool_choice
+        self._settle_tools(choice.name if isinstance(choice, FunctionToolChoice) else None)
+        return self
 
     @property
     def guide_param(self) -> str:
         """The field that asked for the guide (for a model that cannot guide)."""
         return "tool_choice" if self.tool_mode == "forced" else "text.format"
+
+    @property
+    def reasoning_effort(self) -> str | None:
+        return self.reasoning.effort if self.reasoning is not None else None
 
     def functions(self) -> list[dict[str, Any]]:
         """The offered functions as plain dicts (chat's `function` objects), for the prompt."""
@@ -263,16 +218,35 @@ class ResponsesRequest(SamplingFields):
         return self._messages
 
 
+def _format_guide(fmt: TextFormat) -> Guide:
+    try:
+        if fmt.type == "json_object":
+            return checked(("json", ""), "text.format")
+        return checked(json_schema_guide(fmt.schema_, "text.format.schema"), "text.format.schema")
+    except GuideRequestError as exc:
+        raise request_error("invalid_value", str(exc), *exc.param.split(".")) from None
+
+
 _MESSAGE_ROLES = ("user", "system", "developer", "assistant")
 _TEXT_PARTS = ("input_text", "output_text", "refusal", "text")
-_MESSAGE_KEYS = frozenset({"type", "role", "content", "id", "status", "phase"})
+_ITEM_KEYS = {
+    "message": frozenset({"type", "role", "content", "id", "status", "phase"}),
+    "function_call": frozenset({"type", "call_id", "name", "arguments", "id", "status"}),
+    "function_call_output": frozenset({"type", "call_id", "output", "id", "status"}),
+}
 
 
 def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], i: int) -> None:
     """Appends input item `i` to the chat messages (400s name `input[i]...`)."""
     kind = item.get("type", "message" if "role" in item else None)
+    if kind == "reasoning":
+        return  # an earlier answer's thinking: reasoning models' templates leave it out
+    for key in item:
+        if kind in _ITEM_KEYS and key not in _ITEM_KEYS[kind]:
+            raise request_error(
+                "unknown_parameter", f"Unrecognized key {key!r} in input item {i}.", "input", i, key
+            )
     if kind == "message":
-        _unknown_keys(item, _MESSAGE_KEYS, i)
         role = item.get("role")
         if role not in _MESSAGE_ROLES:
             raise request_error(
@@ -285,7 +259,6 @@ def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], i: int) -> N
         content = _item_text(item.get("content"), i, "content")
         messages.append({"role": "system" if role == "developer" else role, "content": content})
     elif kind == "function_call":
-        _unknown_keys(item, frozenset({"type", "call_id", "name", "arguments", "id", "status"}), i)
         call = {key: _string(item, key, i) for key in ("call_id", "name", "arguments")}
         made = {"id": call["call_id"], "name": call["name"], "arguments": call["arguments"]}
         last = messages[-1] if messages else None
@@ -294,7 +267,6 @@ def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], i: int) -> N
         else:
             messages.append({"role": "assistant", "content": "", "tool_calls": [made]})
     elif kind == "function_call_output":
-        _unknown_keys(item, frozenset({"type", "call_id", "output", "id", "status"}), i)
         call_id = _string(item, "call_id", i)
         output = _item_text(item.get("output"), i, "output")
         messages.append({"role": "tool", "content": output, "tool_call_id": call_id})
@@ -306,19 +278,11 @@ def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], i: int) -> N
         why = (
             _NOT_STORED
             if kind == "item_reference"
-            else "only message, function_call and function_call_output"
+            else "only message, function_call, function_call_output and reasoning items are"
         )
         raise request_error(
             "unsupported_value", f"Input item type {kind!r} is not supported: {why}.", "input", i, "type"
         )
-
-
-def _unknown_keys(item: dict[str, Any], known: frozenset[str], i: int) -> None:
-    for key in item:
-        if key not in known:
-            raise request_error(
-                "unknown_parameter", f"Unrecognized key {key!r} in input item {i}.", "input", i, key
-            )
 
 
 def _string(item: dict[str, Any], key: str, i: int) -> str:
@@ -366,21 +330,62 @@ def _item_text(content: Any, i: int, key: str) -> str:
 
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
+Item = dict[str, Any]
+
 
 def _hex_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
+class _TextItem:
+    """An output item made of one text part: the answer's `message`, or its `reasoning`."""
+
+    __slots__ = ("delta_head", "id", "index", "kind", "parts")
+
+    def __init__(self, kind: Literal["message", "reasoning"], index: int) -> None:
+        self.kind = kind
+        self.id = _hex_id("msg" if kind == "message" else "rs")
+        self.index = index
+        self.parts: list[str] = []
+        event = "response.output_text.delta" if kind == "message" else "response.reasoning_text.delta"
+        self.delta_head = (
+            f'event: {event}\ndata: {{"type":"{event}","item_id":"{self.id}",'
+            f'"output_index":{index},"content_index":0,"delta":'
+        )
+
+    @property
+    def done_event(self) -> str:
+        return "response.output_text.done" if self.kind == "message" else "response.reasoning_text.done"
+
+    def part(self, text: str) -> Item:
+        if self.kind == "message":
+            return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+        return {"type": "reasoning_text", "text": text}
+
+    def item(self, status: str, text: str | None = None) -> Item:
+        """The item; `text` None: the one being streamed, without its part yet."""
+        content = [] if text is None else [self.part(text)]
+        if self.kind == "message":
+            return {
+                "id": self.id,
+                "type": "message",
+                "status": status,
+                "role": "assistant",
+                "content": content,
+            }
+        return {"id": self.id, "type": "reasoning", "summary": [], "content": content, "status": status}
+
+
 class ResponseBuilder:
-    """The response object's parts: its constant fields (said once), output items, usage, events."""
+    """The response object's parts: its constant fields (said once), output items, usage and the
+    events of a stream (`opening`, `write` per chunk, `finish`; or `whole`)."""
 
     def __init__(self, request: ResponsesRequest, model: str) -> None:
         self.id = _hex_id("resp")
         self.created_at = int(time.time())
-        self.message_id = _hex_id("msg")
-        self.request = request
-        self.model = model
         self.sequence = 0
+        self.output: list[Item] = []  # the items finished so far
+        self._open: _TextItem | None = None  # the item being streamed
         fmt = request.text.format if request.text is not None and request.text.format is not None else None
         choice = request.tool_choice
         self._fixed = {
@@ -390,7 +395,7 @@ class ResponseBuilder:
             "model": model,
             "parallel_tool_calls": request.parallel_tool_calls is not False,
             "previous_response_id": None,
-            "reasoning": {"effort": None, "summary": None},
+            "reasoning": {"effort": request.reasoning_effort, "summary": None},
             "store": False,
             "temperature": request.temperature,
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt else {"type": "text"}},
@@ -406,12 +411,8 @@ class ResponseBuilder:
         }
 
     def response(
-        self,
-        status: str,
-        output: list[dict[str, Any]],
-        usage: dict[str, Any] | None = None,
-        error: dict[str, Any] | None = None,
-    ) -> dict[str, Any]:
+        self, status: str, output: list[Item], usage: Item | None = None, error: Item | None = None
+    ) -> Item:
         """The response object with this status, output and usage."""
         incomplete = {"reason": "max_output_tokens"} if status == "incomplete" else None
         return {
@@ -427,55 +428,45 @@ class ResponseBuilder:
         }
 
     @staticmethod
-    def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Item:
         return {
             "input_tokens": prompt_tokens,
             "input_tokens_details": {"cached_tokens": cached_tokens},
             "output_tokens": completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": 0},  # not counted apart (the text is split)
             "total_tokens": prompt_tokens + completion_tokens,
         }
 
-    def message(self, text: str, status: str) -> dict[str, Any]:
-        return {
-            "id": self.message_id,
-            "type": "message",
-            "status": status,
-            "role": "assistant",
-            "content": [self.text_part(text)] if status != "in_progress" else [],
-        }
+    @staticmethod
+    def status_of(finish_reason: str, calls: bool = False) -> str:
+        return "incomplete" if finish_reason == "length" and not calls else "completed"
+
+    def items(
+        self, thought: str | None, content: str | None, calls: list[tuple[str, str]] | None, status: str
+    ) -> list[Item]:
+        """The output items of a whole answer: its reasoning, then its calls or its message."""
+        items = []
+        if thought is not None:
+            items.append(_TextItem("reasoning", 0).item("completed" if content or calls else status, thought))
+        if calls:
+            return items + [self.function_call(name, arguments) for name, arguments in calls]
+        return [*items, _TextItem("message", len(items)).item(status, content or "")]
 
     @staticmethod
-    def text_part(text: str) -> dict[str, Any]:
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-    @staticmethod
-    def function_call(name: str, arguments: str, status: str = "completed") -> dict[str, Any]:
+    def function_call(name: str, arguments: str) -> Item:
         return {
             "id": _hex_id("fc"),
             "type": "function_call",
-            "status": status,
+            "status": "completed",
             "call_id": tool_calls.new_call_id(),
             "name": name,
             "arguments": arguments,
         }
 
-    def output(
-        self, result: _Result, functions: list[dict[str, Any]] | None
-    ) -> tuple[list[dict[str, Any]], str]:
-        """The output items of a finished answer, and the response's status."""
-        status = "incomplete" if result.finish_reason == "length" else "completed"
-        calls = tool_calls.parse_calls(result.text, functions) if functions else None
-        if not calls:
-            return [self.message(result.text, status)], status
-        if self.request.parallel_tool_calls is False:
-            calls = calls[:1]
-        return [self.function_call(name, arguments) for name, arguments in calls], "completed"
-
     # ---- events
 
     def event(self, kind: str, **fields: Any) -> str:
-        """One SSE event (not for the per-token path: `TextDeltas` writes those)."""
+        """One SSE event (not for the per-token path: `write` makes those)."""
         self.sequence += 1
         data = _encode({"type": kind, **fields, "sequence_number": self.sequence - 1})
         return f"event: {kind}\ndata: {data}\n\n"
@@ -487,192 +478,106 @@ class ResponseBuilder:
             "response.in_progress", response=snapshot
         )
 
-    def text_opening(self) -> str:
-        return self.event(
-            "response.output_item.added", output_index=0, item=self.message("", "in_progress")
-        ) + self.event(
-            "response.content_part.added",
-            item_id=self.message_id,
-            output_index=0,
-            content_index=0,
-            part=self.text_part(""),
-        )
+    def write(self, thought: str, text: str) -> str:
+        """The events of new reasoning and answer text (an item opens when its text starts)."""
+        frames = self._delta("reasoning", thought) if thought else ""
+        return frames + self._delta("message", text) if text else frames
 
-    def delta(self, text: str) -> str:
-        """A response.output_text.delta event: one string format per write."""
+    def _delta(self, kind: Literal["message", "reasoning"], text: str) -> str:
+        frames = ""
+        item = self._open
+        if item is None or item.kind != kind:
+            frames = self._close("completed") + self._start(kind)
+            item = self._open
+            assert item is not None
+        item.parts.append(text)
         self.sequence += 1
+        tail = ',"logprobs":[]' if kind == "message" else ""
+        return f'{frames}{item.delta_head}{_encode(text)}{tail},"sequence_number":{self.sequence - 1}}}\n\n'
+
+    def _start(self, kind: Literal["message", "reasoning"]) -> str:
+        item = self._open = _TextItem(kind, len(self.output))
+        where = {"item_id": item.id, "output_index": item.index, "content_index": 0}
+        return self.event(
+            "response.output_item.added", output_index=item.index, item=item.item("in_progress")
+        ) + self.event("response.content_part.added", **where, part=item.part(""))
+
+    def _close(self, status: str) -> str:
+        item, self._open = self._open, None
+        if item is None:
+            return ""
+        text = "".join(item.parts)
+        done = item.item(status, text)
+        self.output.append(done)
+        where = {"item_id": item.id, "output_index": item.index, "content_index": 0}
+        extra = {"logprobs": []} if item.kind == "message" else {}
         return (
-            'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","item_id":"'
-            f'{self.message_id}","output_index":0,"content_index":0,"delta":{_encode(text)},'
-            f'"logprobs":[],"sequence_number":{self.sequence - 1}}}\n\n'
+            self.event(item.done_event, **where, text=text, **extra)
+            + self.event("response.content_part.done", **where, part=item.part(text))
+            + self.event("response.output_item.done", output_index=item.index, item=done)
         )
 
-    def text_closing(self, text: str, status: str) -> str:
-        where = {"item_id": self.message_id, "output_index": 0, "content_index": 0}
-        return (
-            self.event("response.output_text.done", **where, text=text, logprobs=[])
-            + self.event("response.content_part.done", **where, part=self.text_part(text))
-            + self.event("response.output_item.done", output_index=0, item=self.message(text, status))
-        )
+    def finish(self, finish_reason: str, usage: Item) -> str:
+        """The end of a streamed text answer: the open item closed and the message too (empty when
+        the answer said nothing after its reasoning), then response.completed or .incomplete."""
+        status = self.status_of(finish_reason)
+        frames = ""
+        if self._open is None or self._open.kind != "message":
+            frames = self._close(status) + self._start("message")
+        return frames + self._close(status) + self._closing(status, usage)
 
-    def call_events(self, calls: list[dict[str, Any]]) -> str:
+    def whole(self, items: list[Item], status: str, usage: Item) -> str:
+        """The events of an answer sent when complete (one that may be calls)."""
         frames = []
-        for index, call in enumerate(calls):
-            frames.append(
-                self.event(
-                    "response.output_item.added",
-                    output_index=index,
-                    item={**call, "arguments": "", "status": "in_progress"},
-                )
-            )
-            where = {"item_id": call["id"], "output_index": index}
-            frames.append(
-                self.event("response.function_call_arguments.delta", **where, delta=call["arguments"])
-            )
-            frames.append(
-                self.event(
-                    "response.function_call_arguments.done",
-                    **where,
-                    arguments=call["arguments"],
-                    name=call["name"],
-                )
-            )
-            frames.append(self.event("response.output_item.done", output_index=index, item=call))
-        return "".join(frames)
+        for index, item in enumerate(items):
+            where = {"item_id": item["id"], "output_index": index}
+            if item["type"] == "function_call":
+                arguments = item["arguments"]
+                frames += [
+                    self.event(
+                        "response.output_item.added",
+                        output_index=index,
+                        item={**item, "arguments": "", "status": "in_progress"},
+                    ),
+                    self.event("response.function_call_arguments.delta", **where, delta=arguments),
+                    self.event(
+                        "response.function_call_arguments.done",
+                        **where,
+                        arguments=arguments,
+                        name=item["name"],
+                    ),
+                ]
+            else:
+                part = item["content"][0]
+                text, kind = part["text"], part["type"]
+                extra = {"logprobs": []} if kind == "output_text" else {}
+                started = {**item, "content": [], "status": "in_progress"}
+                frames += [
+                    self.event("response.output_item.added", output_index=index, item=started),
+                    self.event(
+                        "response.content_part.added", **where, content_index=0, part={**part, "text": ""}
+                    ),
+                ]
+                if text:
+                    frames.append(
+                        self.event(f"response.{kind}.delta", **where, content_index=0, delta=text, **extra)
+                    )
+                frames += [
+                    self.event(f"response.{kind}.done", **where, content_index=0, text=text, **extra),
+                    self.event("response.content_part.done", **where, content_index=0, part=part),
+                ]
+            frames.append(self.event("response.output_item.done", output_index=index, item=item))
+        self.output = items
+        return "".join(frames) + self._closing(status, usage)
 
-    def closing(self, status: str, output: list[dict[str, Any]], usage: dict[str, Any]) -> str:
+    def _closing(self, status: str, usage: Item) -> str:
         kind = "response.incomplete" if status == "incomplete" else "response.completed"
-        return self.event(kind, response=self.response(status, output, usage))
+        return self.event(kind, response=self.response(status, self.output, usage))
 
-    def failure(self, error: APIError, output: list[dict[str, Any]]) -> str:
+    def failure(self, error: APIError) -> str:
         """An error event, then response.failed."""
         code = error.code or error.type
         return self.event("error", code=code, message=error.message, param=error.param) + self.event(
             "response.failed",
-            response=self.response("failed", output, error={"code": code, "message": error.message}),
+            response=self.response("failed", self.output, error={"code": code, "message": error.message}),
         )
-
-
-# ---- serving ---------------------------------------------------------------------------------------------
-
-
-class OpenAIResponses:
-    """Serves ``/v1/responses`` with the chat machinery of an `OpenAIServing`."""
-
-    def __init__(self, serving: OpenAIServing) -> None:
-        self.serving = serving
-        self.runtime = serving.runtime
-
-    async def create(self, request: ResponsesRequest, http_request: Request | None = None) -> Response:
-        serving, runtime = self.serving, self.runtime
-        served = serving._label(request.model)
-        metrics = RequestMetrics(served, RESPONSES_ROUTE)
-        offered = request.functions() or None  # shown to the model even with tool_choice "none"
-        functions = offered if request.tool_mode else None  # what an answer may call
-        try:
-            params = replace(request.sampling_params(), lora=serving.check_model(request.model))
-            _check_engine_features(runtime, params, request)
-            if params.guide is not None:
-                runtime.check_guide(request.guide_param)
-            prepared = await runtime.prepare_chat(request.chat_messages(), params, tools=offered)
-            choices = await serving._start([prepared], params, request.samples_per_prompt)
-        except APIError as exc:
-            metrics.done(exc.status)
-            return error_response(exc)
-        metrics.first_token()
-        builder = ResponseBuilder(request, served)
-        prompt_tokens = prepared.prompt_tokens
-        if request.stream:
-            if functions and not await _plainly_text(choices, request.tool_mode):
-                frames = _whole_events(builder, choices, functions, metrics, prompt_tokens)
-            else:
-                frames = _text_events(builder, choices, metrics, prompt_tokens)
-            return StreamBody(frames, "text/event-stream", SSE_HEADERS)  # type: ignore[return-value]
-        try:
-            results = await _collect_all(choices, http_request)
-        except APIError as exc:
-            metrics.done(exc.status)
-            return error_response(exc)
-        if results is None:
-            metrics.done(499)
-            return Response(status_code=499)  # the client is gone: nobody reads the answer
-        tokens = sum(r.completion_tokens for r in results)
-        metrics.done(200, results[0].finish_reason, prompt_tokens, tokens)
-        if request.ranks_best_of:  # best_of candidates: the one with the highest cumulative log prob
-            results = [max(results, key=lambda r: sum(e.logprob or 0.0 for e in r.logprobs))]
-        output, status = builder.output(results[0], functions)
-        usage = builder.usage(prompt_tokens, results[0].completion_tokens, _cached(choices))
-        return JSONResponse(builder.response(status, output, usage))
-
-
-def _cached(choices: list[_Choice]) -> int:
-    """The prompt tokens the engine found in its KV cache (the most any candidate found)."""
-    return max((int(getattr(c.stream, "cached_tokens", 0) or 0) for c in choices), default=0)
-
-
-async def _text_events(
-    builder: ResponseBuilder, choices: list[_Choice], metrics: RequestMetrics, prompt_tokens: int
-) -> AsyncGenerator[bytes, None]:
-    """A streamed text answer: the opening events with the first text, a delta per write, the end."""
-    choice = choices[0]
-    stream = choice.stream
-    status_code, reason, parts = 499, None, [choice.first]
-    try:
-        head = builder.opening() + builder.text_opening()
-        yield (head + builder.delta(choice.first) if choice.first else head).encode()
-        while stream.finish_reason is None:
-            text = await stream.read()
-            if text:
-                parts.append(text)
-                yield builder.delta(text).encode()
-        text = "".join(parts)
-        status = "incomplete" if stream.finish_reason == "length" else "completed"
-        usage = builder.usage(prompt_tokens, stream.completion_tokens, _cached(choices))
-        output = [builder.message(text, status)]
-        yield (builder.text_closing(text, status) + builder.closing(status, output, usage)).encode()
-        status_code, reason = 200, stream.finish_reason
-    except Exception as exc:  # the 200 status is sent already: report in the stream, then end it
-        error = _api_error(exc)
-        status_code = error.status
-        yield builder.failure(error, []).encode()
-    finally:
-        stream.close()
-        metrics.done(status_code, reason, prompt_tokens, stream.completion_tokens)
-
-
-async def _whole_events(
-    builder: ResponseBuilder,
-    choices: list[_Choice],
-    functions: list[dict[str, Any]],
-    metrics: RequestMetrics,
-    prompt_tokens: int,
-) -> AsyncGenerator[bytes, None]:
-    """An answer that may be calls, streamed when it is whole (only then is it known to be calls)."""
-    status_code, reason, tokens = 499, None, 0
-    try:
-        yield builder.opening().encode()
-        results = await _collect_all(choices, None)
-        assert results is not None
-        result = results[0]
-        tokens, reason = result.completion_tokens, result.finish_reason
-        output, status = builder.output(result, functions)
-        if output[0]["type"] == "message":
-            text = output[0]["content"][0]["text"]
-            body = (
-                builder.text_opening()
-                + (builder.delta(text) if text else "")
-                + builder.text_closing(text, status)
-            )
-        else:
-            body = builder.call_events(output)
-        usage = builder.usage(prompt_tokens, tokens, _cached(choices))
-        yield (body + builder.closing(status, output, usage)).encode()
-        status_code = 200
-    except Exception as exc:  # the 200 status is sent already: report in the stream, then end it
-        error = _api_error(exc)
-        status_code = error.status
-        yield builder.failure(error, []).encode()
-    finally:
-        for choice in choices:
-            choice.stream.close()
-        metrics.done(status_code, reason, prompt_tokens, tokens)

@@ -1,4 +1,5 @@
-"""The ``/v1`` FastAPI app: thin routes over ``OpenAIServing``.
+"""The ``/v1`` FastAPI app: thin routes over ``OpenAIServing``; and ``root_app``, vLLM's ``/tokenize``
+and ``/detokenize`` at the root.
 
 Request bodies are read raw and validated by ``protocol.parse_request``, not by FastAPI, so that every
 error (malformed JSON, a wrong type, an unsupported parameter) has OpenAI's shape and names its
@@ -11,12 +12,15 @@ The service binds its runtime once at startup (``bind``); the app finds it in ``
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+import json
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import FastAPI, Request
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Match
+from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trtllm_service.api.metrics import count_rejected
@@ -27,11 +31,15 @@ from trtllm_service.api.openai.protocol import (
     CompletionChunk,
     CompletionRequest,
     CompletionResponse,
+    DetokenizeRequest,
     ErrorBody,
     ModelCard,
     ModelList,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
     parse_request,
 )
+from trtllm_service.api.openai.responses import RESPONSES_ROUTE, ResponsesRequest
 from trtllm_service.api.openai.serving import CHAT_ROUTE, COMPLETIONS_ROUTE, OpenAIServing, error_response
 from trtllm_service.errors import APIError
 
@@ -39,6 +47,8 @@ if TYPE_CHECKING:
     from pydantic import BaseModel
 
     from trtllm_service.relay.runtime import Runtime
+
+_Body = TypeVar("_Body", bound="BaseModel")
 
 app = FastAPI(
     title="OpenAI-compatible API",
@@ -58,7 +68,7 @@ def bind(runtime: Runtime) -> OpenAIServing:
 
 
 def _serving(request: Request) -> OpenAIServing:
-    serving = getattr(request.app.state, "serving", None)
+    serving = getattr(app.state, "serving", None)
     if serving is None:
         raise APIError.unavailable("The service is starting; please retry shortly.", retry_after=1)
     return serving
@@ -123,6 +133,12 @@ _CHAT_EXAMPLE = {
     "stream": False,
 }
 _COMPLETION_EXAMPLE = {"prompt": "Once upon a time", "max_tokens": 64, "temperature": 0.7, "stream": False}
+_RESPONSES_EXAMPLE = {
+    "instructions": "You are a helpful assistant.",
+    "input": "Explain superconductors in plain English.",
+    "max_output_tokens": 128,
+    "stream": False,
+}
 
 
 def _responses(ok: type[BaseModel], chunk: type[BaseModel] | None = None) -> dict[int | str, dict[str, Any]]:
@@ -133,14 +149,19 @@ def _responses(ok: type[BaseModel], chunk: type[BaseModel] | None = None) -> dic
             "ending in `data: [DONE]`"
         )
         success["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
-    errors = {
+    return {200: success, **_ERROR_RESPONSES}
+
+
+_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody, "description": why}
+    for code, why in {
         400: "Invalid request, unsupported parameter, or prompt too long for the context",
         401: "Missing or wrong API key",
         404: "Unknown model",
         429: "Too many concurrent requests",
         503: "The inference server is not ready",
-    }
-    return {200: success, **{code: {"model": ErrorBody, "description": why} for code, why in errors.items()}}
+    }.items()
+}
 
 
 # ---- routes --------------------------------------------------------------------------------------------
@@ -180,12 +201,7 @@ async def retrieve_model(model: str, request: Request) -> Response:
 )
 async def chat_completions(request: Request) -> Response:
     """Formats the messages with the model's chat template and generates the assistant's reply."""
-    try:
-        serving = _serving(request)
-        body = parse_request(ChatCompletionRequest, await request.body())
-    except APIError as exc:
-        return _refused(request, exc, CHAT_ROUTE)
-    return await serving.chat(body, request)
+    return await _serve(request, ChatCompletionRequest, CHAT_ROUTE, OpenAIServing.chat)
 
 
 @app.post(
@@ -196,12 +212,41 @@ async def chat_completions(request: Request) -> Response:
 )
 async def completions(request: Request) -> Response:
     """Continues the prompt(s) as plain text (no chat template)."""
+    return await _serve(request, CompletionRequest, COMPLETIONS_ROUTE, OpenAIServing.completions)
+
+
+@app.post(
+    "/responses",
+    summary="Create a response",
+    openapi_extra=_body(ResponsesRequest, _RESPONSES_EXAMPLE),
+    responses={
+        200: {
+            "description": "The response object; with `stream: true` an event stream of "
+            "`event: <type>` / `data: <event>` pairs from `response.created` to `response.completed`",
+            "content": {"application/json": {}, "text/event-stream": {"schema": {"type": "string"}}},
+        },
+        **_ERROR_RESPONSES,
+    },
+)
+async def responses(request: Request) -> Response:
+    """OpenAI's Responses API: `instructions` and `input` through the chat template, the answer as
+    output items (a message, function calls, a reasoning model's reasoning). Nothing is stored."""
+    return await _serve(request, ResponsesRequest, RESPONSES_ROUTE, OpenAIServing.responses)
+
+
+async def _serve(
+    request: Request,
+    model: type[_Body],
+    route: str,
+    serve: Callable[[OpenAIServing, _Body, Request], Awaitable[Response]],
+) -> Response:
+    """Parses the body as `model` and serves it; a body refused before that is answered and counted."""
     try:
         serving = _serving(request)
-        body = parse_request(CompletionRequest, await request.body())
+        body = parse_request(model, await request.body())
     except APIError as exc:
-        return _refused(request, exc, COMPLETIONS_ROUTE)
-    return await serving.completions(body, request)
+        return _refused(request, exc, route)
+    return await serve(serving, body, request)
 
 
 def _refused(request: Request, error: APIError, route: str) -> Response:
@@ -209,6 +254,47 @@ def _refused(request: Request, error: APIError, route: str) -> Response:
     serving = getattr(request.app.state, "serving", None)
     count_rejected(serving.model_name if serving is not None else "", route, error.status)
     return error_response(error)
+
+
+# ---- /tokenize and /detokenize: vLLM serves them at the root, not under /v1 ------------------------------
+
+
+async def tokenize(request: Request) -> Response:
+    """vLLM's `/tokenize`: `{prompt}` or `{messages}` -> `{count, max_model_len, tokens}`."""
+    try:
+        serving = _serving(request)
+        raw = await request.body()
+        try:
+            decoded = json.loads(raw)
+        except ValueError:
+            decoded = raw  # parse_request reports it
+        chat = isinstance(decoded, dict) and "messages" in decoded
+        body = parse_request(TokenizeChatRequest if chat else TokenizeCompletionRequest, decoded)
+        return JSONResponse(await serving.tokenize(body))
+    except APIError as exc:
+        return error_response(exc)
+
+
+async def detokenize(request: Request) -> Response:
+    """vLLM's `/detokenize`: `{tokens}` -> `{prompt}`."""
+    try:
+        serving = _serving(request)
+        body = parse_request(DetokenizeRequest, await request.body())
+        return JSONResponse(serving.detokenize(body))
+    except APIError as exc:
+        return error_response(exc)
+
+
+root_app = Starlette(
+    routes=[
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
+    ]
+)
+"""The routes vLLM serves at the root, mounted at `/` after the service's own routes. A Starlette
+app, which BentoML mounts passively: any other path falls through to BentoML's own routes (the
+Swagger UI at `/`, `/docs.json`) and 404; a bare Router would answer every path itself. They share
+the /v1 app's serving (`app.state`)."""
 
 
 _ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]

@@ -1,9 +1,10 @@
 """The OpenAI API's logic: a validated request -> engine requests -> a JSON or SSE response.
 
 One engine request per choice: chat runs its one prompt ``n`` times, completions run every prompt ``n``
-times (choice index ``prompt_index * n + i``). All of a response's engine requests run concurrently, and
-every one of them has produced its first text before the response starts, so errors found by the
-engine (not ready, invalid arguments) are answered as JSON with their status, never inside a 200 stream.
+times (choice index ``prompt_index * n + i``), a response of ``/v1/responses`` is one chat choice. All of
+a response's engine requests run concurrently, and every one of them has produced its first text
+before the response starts, so errors found by the engine (not ready, invalid arguments) are answered
+as JSON with their status, never inside a 200 stream.
 
 Streaming writes SSE frames with the pre-encoded chunk encoders of ``sse``: per write one string
 format, no pydantic. Each write carries all the text the relay received since the previous one (so a
@@ -11,6 +12,9 @@ client that is behind gets fewer, larger events), and the first text is sent as 
 failure after the stream started becomes one error frame and the stream ends. However the response
 ends (finished, failed, client gone), every engine request behind it is closed, which cancels the
 unfinished ones.
+
+A reasoning model's answer (``Runtime.reasoning``, chosen at pack time) is split into its thinking and
+its content as it streams (``chat.reasoning``); tool calls are read from the content.
 
 Seeds: with a ``seed``, choice ``i`` of a prompt samples with ``seed + i``, so the choices differ and the
 response is reproducible. Without one, each sampled choice gets a fresh random seed, so choices and
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import time
@@ -41,19 +46,25 @@ from trtllm_service.api.openai.protocol import (
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
+    DetokenizeRequest,
     FunctionCall,
     ModelCard,
     ModelList,
+    PromptTokensDetails,
+    SamplingFields,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
     ToolCall,
     UsageInfo,
     new_id,
 )
+from trtllm_service.api.openai.responses import RESPONSES_ROUTE, ResponseBuilder, ResponsesRequest
 from trtllm_service.api.openai.sse import SSE_DONE, ChatChunkEncoder, CompletionChunkEncoder, error_frame
 from trtllm_service.api.streaming import StreamBody
-from trtllm_service.chat import tool_calls
+from trtllm_service.chat import reasoning, tool_calls
+from trtllm_service.chat.reasoning import ReasoningSplitter, ReasoningStyle
 from trtllm_service.errors import APIError
 from trtllm_service.relay.client import EngineStream
-from trtllm_service.relay.guided import guide_field
 from trtllm_service.relay.logprobs import TokenLogprob, chat_logprobs, completion_logprobs
 from trtllm_service.relay.request import GenerationRequest, SamplingParams
 from trtllm_service.request_ids import engine_request_id
@@ -67,6 +78,7 @@ _UINT64_MASK = (1 << 64) - 1
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 CHAT_ROUTE = "/v1/chat/completions"
 COMPLETIONS_ROUTE = "/v1/completions"
+INLINE_TOKENIZE_CHARS = 2048  # /tokenize: longer texts are tokenized in a worker thread
 
 
 @dataclass(slots=True)
@@ -99,7 +111,8 @@ def error_response(error: APIError) -> JSONResponse:
 
 
 class OpenAIServing:
-    """Serves ``/v1/models``, ``/v1/chat/completions`` and ``/v1/completions`` from a ``Runtime``.
+    """Serves ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``, ``/v1/responses`` and
+    vLLM's ``/tokenize`` / ``/detokenize`` from a ``Runtime``.
 
     Args:
         runtime: The service's runtime: tokenizer, chat template, limits and the engine relay.
@@ -108,6 +121,7 @@ class OpenAIServing:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
         self.model_name = runtime.model_name
+        self.reasoning: ReasoningStyle | None = getattr(runtime, "reasoning", None)  # the model's, if any
         self._created = int(time.time())
 
     # ---- models ----------------------------------------------------------------------------------------
@@ -154,42 +168,36 @@ class OpenAIServing:
 
     async def chat(self, request: ChatCompletionRequest, http_request: Request | None = None) -> Response:
         """Answers a chat completion request (a JSON response, or an SSE stream when ``stream`` is set)."""
-        served = self._label(request.model)
-        metrics = RequestMetrics(served, CHAT_ROUTE)
-        offered = request.functions() or None  # shown to the model even with tool_choice "none"
-        functions = offered if request.tool_mode else None  # what an answer may call
-        try:
-            params = replace(request.sampling_params(), lora=self.check_model(request.model))
-            self.runtime.check_logprobs(params, "top_logprobs")
-            _check_engine_features(self.runtime, params, request)
-            if params.guide is not None:
-                self.runtime.check_guide(guide_field(request))
-            prepared = await self.runtime.prepare_chat(request.chat_messages(), params, tools=offered)
-            choices = await self._start([prepared], params, request.samples_per_prompt)
-        except APIError as exc:
-            metrics.done(exc.status)
-            return error_response(exc)
-        metrics.first_token()
+        started = await self._start_chat(request, CHAT_ROUTE, "reasoning_effort")
+        if isinstance(started, Response):
+            return started
+        served, metrics, prepared, choices = started
         encoder = ChatChunkEncoder(new_id("chatcmpl"), served, include_usage=request.include_usage)
         prompt_tokens = prepared.prompt_tokens
+        style = self.reasoning
 
         def answer(result: _Result) -> tuple[ChatCompletionMessage, str]:
-            """The message of a finished choice: its calls when tools are in play and it made some."""
-            calls = tool_calls.parse_calls(result.text, functions) if functions else None
+            """The message of a finished choice: its reasoning apart, then its calls when tools are
+            in play and it made some."""
+            thought, content = split_reasoning(style, result.text)
+            calls = request.calls_in(content or "")
             if not calls:
-                return ChatCompletionMessage(content=result.text), result.finish_reason
-            if request.parallel_tool_calls is False:
-                calls = calls[:1]
+                return ChatCompletionMessage(
+                    content=content, reasoning_content=thought, reasoning=thought
+                ), result.finish_reason
             made = [
                 ToolCall(id=tool_calls.new_call_id(), function=FunctionCall(name=n, arguments=a))
                 for n, a in calls
             ]
-            return ChatCompletionMessage(content=None, tool_calls=made), "tool_calls"
+            message = ChatCompletionMessage(
+                content=None, tool_calls=made, reasoning_content=thought, reasoning=thought
+            )
+            return message, "tool_calls"
 
         top = request.logprob_count
         texts = self.runtime.token_texts if top is not None else None
 
-        def build(results: list[_Result]) -> ChatCompletionResponse:
+        def build(results: list[_Result], cached: int) -> ChatCompletionResponse:
             answers = [answer(result) for result in results]
             return ChatCompletionResponse(
                 model=served,
@@ -202,24 +210,63 @@ class OpenAIServing:
                     )
                     for choice, result, (message, finish) in zip(choices, results, answers, strict=True)
                 ],
-                usage=_usage(prompt_tokens, results),
+                usage=_usage(prompt_tokens, results, cached),
             )
+
+        splitters = {c.index: ReasoningSplitter(style) for c in choices} if style is not None else None
 
         def delta(text: str, index: int, entries: list[TokenLogprob]) -> str:
-            if texts is None:
+            logprobs = chat_logprobs(entries, texts, top) if texts is not None else None  # type: ignore[arg-type]
+            if splitters is not None:
+                thought, text = splitters[index].push(text)
+                return encoder.parts(text, thought, index, logprobs)
+            if logprobs is None:
                 return encoder.content(text, index)
-            return encoder.content_logprobs(text, index, chat_logprobs(entries, texts, top))  # type: ignore[arg-type]
+            return encoder.content_logprobs(text, index, logprobs)
 
-        if request.stream and functions and not await _plainly_text(choices, request.tool_mode):
-            # Whether an answer is calls is known at its end: the stream sends each choice whole.
-            frames = _buffered_chat_frames(
-                choices, encoder, answer, request.include_usage, metrics, prompt_tokens
-            )
+        def finish(reason: str, index: int) -> str:
+            if splitters is None:
+                return encoder.finish(reason, index)
+            thought, text = splitters[index].flush()  # a tag the answer ended in the middle of
+            return encoder.parts(text, thought, index) + encoder.finish(reason, index)
+
+        def whole(results: list[_Result]) -> str:
+            """A streamed answer sent when complete: as OpenAI streams it (role, the reasoning,
+            then its content or one piece per call, then the finish reason)."""
+            frames = []
+            for choice, result in zip(choices, results, strict=True):
+                message, reason = answer(result)
+                index = choice.index
+                frames.append(encoder.role(index))
+                if message.reasoning_content:
+                    frames.append(encoder.parts("", message.reasoning_content, index))
+                for position, call in enumerate(message.tool_calls or ()):
+                    fn = call.function
+                    frames.append(encoder.tool_call(position, call.id, fn.name, fn.arguments, index))
+                if message.content:
+                    frames.append(encoder.content(message.content, index))
+                frames.append(encoder.finish(reason, index))
+            if request.include_usage:
+                tokens = sum(r.completion_tokens for r in results)
+                frames.append(encoder.usage(prompt_tokens, tokens, _cached_tokens(choices, len(choices))))
+            return "".join(frames) + SSE_DONE
+
+        if (
+            request.stream
+            and request.tool_mode
+            and (style or not await _plainly_text(choices, request.tool_mode))
+        ):
+            # Whether an answer is calls is known at its end (after a reasoning model's thinking):
+            # the stream sends each choice whole.
+            frames = _whole_frames(choices, whole, metrics, prompt_tokens)
             return StreamBody(frames, "text/event-stream", SSE_HEADERS)  # type: ignore[return-value]
-        opening = [encoder.role(choice.index) for choice in choices]
-        return await self._respond(
-            request, choices, http_request, encoder, opening, delta, prompt_tokens, build, metrics
-        )
+
+        def stream() -> AsyncGenerator[bytes, None]:
+            opening = [encoder.role(choice.index) for choice in choices]
+            usage = self._usage_frame(request, encoder, choices, prompt_tokens)
+            return _sse_frames(choices, opening, delta, finish, usage, metrics, prompt_tokens)
+
+        return await self._respond(request, choices, http_request, stream, build, metrics, prompt_tokens)
 
     # ---- completions -----------------------------------------------------------------------------------
 
@@ -228,11 +275,7 @@ class OpenAIServing:
         served = self._label(request.model)
         metrics = RequestMetrics(served, COMPLETIONS_ROUTE)
         try:
-            params = replace(request.sampling_params(), lora=self.check_model(request.model))
-            self.runtime.check_logprobs(params, "logprobs")
-            _check_engine_features(self.runtime, params, request)
-            if params.guide is not None:
-                self.runtime.check_guide(guide_field(request))
+            params = self._params(request, "logprobs")
             prompts = request.prompts()
             prepared = await self.runtime.prepare_prompts(prompts, params)
             choices = await self._start(prepared, params, request.samples_per_prompt)
@@ -256,7 +299,7 @@ class OpenAIServing:
                 choice.stream.prompt_logprobs if choice.echo or params.prompt_logprobs is not None else None
             )
 
-        def build(results: list[_Result]) -> CompletionResponse:
+        def build(results: list[_Result], cached: int) -> CompletionResponse:
             return CompletionResponse(
                 model=served,
                 choices=[
@@ -272,7 +315,7 @@ class OpenAIServing:
                     )
                     for choice, result in zip(choices, results, strict=True)
                 ],
-                usage=_usage(prompt_tokens, results),
+                usage=_usage(prompt_tokens, results, cached),
             )
 
         offsets = {choice.index: len(choice.echo) for choice in choices}
@@ -283,40 +326,184 @@ class OpenAIServing:
             body, offsets[index] = completion_logprobs(entries, texts, top, offsets[index])  # type: ignore[arg-type]
             return encoder.text_logprobs(text, index, body)
 
-        opening = [
-            encoder.text_logprobs(c.echo, c.index, completion_logprobs([], texts, top, 0, prompt)[0])  # type: ignore[arg-type]
-            if texts is not None and (prompt := prompt_entries(c))
-            else encoder.text(c.echo, c.index)
-            for c in choices
-            if c.echo
-        ]
-        return await self._respond(
-            request, choices, http_request, encoder, opening, delta, prompt_tokens, build, metrics
-        )
+        def stream() -> AsyncGenerator[bytes, None]:
+            opening = [
+                encoder.text_logprobs(c.echo, c.index, completion_logprobs([], texts, top, 0, prompt)[0])  # type: ignore[arg-type]
+                if texts is not None and (prompt := prompt_entries(c))
+                else encoder.text(c.echo, c.index)
+                for c in choices
+                if c.echo
+            ]
+            usage = self._usage_frame(request, encoder, choices, prompt_tokens)
+            return _sse_frames(choices, opening, delta, encoder.finish, usage, metrics, prompt_tokens)
+
+        return await self._respond(request, choices, http_request, stream, build, metrics, prompt_tokens)
+
+    # ---- responses -------------------------------------------------------------------------------------
+
+    async def responses(self, request: ResponsesRequest, http_request: Request | None = None) -> Response:
+        """Answers a Responses API request: one chat choice, as output items (see `responses`)."""
+        started = await self._start_chat(request, RESPONSES_ROUTE, "reasoning.effort")
+        if isinstance(started, Response):
+            return started
+        served, metrics, prepared, choices = started
+        builder = ResponseBuilder(request, served)
+        prompt_tokens = prepared.prompt_tokens
+        style = self.reasoning
+
+        def output(result: _Result, cached: int) -> tuple[list[dict[str, Any]], str, dict[str, Any]]:
+            """A finished answer's items, status and usage."""
+            thought, content = split_reasoning(style, result.text)
+            calls = request.calls_in(content or "")
+            status = builder.status_of(result.finish_reason, bool(calls))
+            usage = builder.usage(prompt_tokens, result.completion_tokens, cached)
+            return builder.items(thought, content, calls, status), status, usage
+
+        def build(results: list[_Result], cached: int) -> dict[str, Any]:
+            items, status, usage = output(results[0], cached)
+            return builder.response(status, items, usage)
+
+        if (
+            request.stream
+            and request.tool_mode
+            and (style or not await _plainly_text(choices, request.tool_mode))
+        ):
+            frames = _whole_frames(
+                choices,
+                lambda results: builder.whole(*output(results[0], _cached_tokens(choices, 1))),
+                metrics,
+                prompt_tokens,
+                head=builder.opening(),
+                failure_frame=builder.failure,
+            )
+            return StreamBody(frames, "text/event-stream", SSE_HEADERS)  # type: ignore[return-value]
+
+        splitter = ReasoningSplitter(style) if style is not None else None
+
+        def delta(text: str, index: int, entries: list[TokenLogprob]) -> str:
+            return builder.write(*splitter.push(text)) if splitter is not None else builder.write("", text)
+
+        def finish(reason: str, index: int) -> str:
+            frames = builder.write(*splitter.flush()) if splitter is not None else ""
+            tokens = choices[0].stream.completion_tokens
+            return frames + builder.finish(
+                reason, builder.usage(prompt_tokens, tokens, _cached_tokens(choices, 1))
+            )
+
+        def stream() -> AsyncGenerator[bytes, None]:
+            return _sse_frames(
+                choices,
+                [builder.opening()],
+                delta,
+                finish,
+                None,
+                metrics,
+                prompt_tokens,
+                failure_frame=builder.failure,
+                done="",
+            )
+
+        return await self._respond(request, choices, http_request, stream, build, metrics, prompt_tokens)
+
+    # ---- tokenize / detokenize (vLLM's, at the root) ---------------------------------------------------
+
+    async def tokenize(self, request: TokenizeCompletionRequest | TokenizeChatRequest) -> dict[str, Any]:
+        """The token ids of a prompt, or of chat messages rendered with the chat template: by
+        default exactly the ids the engine gets for the same prompt (`add_special_tokens` false:
+        none added)."""
+        self.check_model(request.model)
+        formatter = self.runtime.formatter
+        if isinstance(request, TokenizeChatRequest):
+            try:
+                text = formatter.render(
+                    request.chat_messages(),
+                    add_generation_prompt=request.add_generation_prompt,
+                    tools=request.functions() or None,
+                )
+            except ValueError as exc:
+                raise APIError.bad_request(str(exc), param="messages") from None
+        else:
+            text = request.prompt
+        encode = functools.partial(formatter.encode, add_special_tokens=request.add_special_tokens)
+        ids = encode(text) if len(text) <= INLINE_TOKENIZE_CHARS else await asyncio.to_thread(encode, text)
+        body: dict[str, Any] = {"count": len(ids), "max_model_len": self.runtime.max_seq_len, "tokens": ids}
+        if request.return_token_strs:
+            body["token_strs"] = formatter.token_strings(ids)
+        return body
+
+    def detokenize(self, request: DetokenizeRequest) -> dict[str, Any]:
+        """The text of token ids (special tokens included), as a token-id prompt is echoed."""
+        self.check_model(request.model)
+        self.runtime.preparer.check_token_ids(request.tokens, "tokens")
+        return {"prompt": self.runtime.formatter.decode(request.tokens)}
 
     # ---- shared ----------------------------------------------------------------------------------------
 
+    async def _start_chat(
+        self, request: ChatCompletionRequest | ResponsesRequest, route: str, effort_param: str
+    ) -> tuple[str, RequestMetrics, GenerationRequest, list[_Choice]] | Response:
+        """A chat request's prompt, rendered and started as its engine requests (each has produced
+        its first text): the model id it answers as, its metrics, its engine request and choices;
+        or the error response. `effort_param`: the field that set `reasoning_effort`, for its 400."""
+        served = self._label(request.model)
+        metrics = RequestMetrics(served, route)
+        try:
+            params = self._params(request, "top_logprobs")
+            effort = request.reasoning_effort
+            if effort is not None and not self.runtime.formatter.takes_reasoning_effort:
+                raise APIError.bad_request(
+                    f"Unsupported parameter: '{effort_param}': this model's chat template takes no "
+                    "reasoning_effort.",
+                    param=effort_param,
+                    code="unsupported_parameter",
+                )
+            tools = request.functions() or None  # shown to the model even with tool_choice "none"
+            prepared = await self.runtime.prepare_chat(
+                request.chat_messages(), params, tools=tools, reasoning_effort=effort
+            )
+            choices = await self._start([prepared], params, request.samples_per_prompt)
+        except APIError as exc:
+            metrics.done(exc.status)
+            return error_response(exc)
+        metrics.first_token()
+        return served, metrics, prepared, choices
+
+    def _params(self, request: SamplingFields, logprobs_param: str) -> SamplingParams:
+        """A request's sampling parameters (with its LoRA adapter), once it is known that the engine
+        can serve them: 400s naming the field otherwise."""
+        params = replace(request.sampling_params(), lora=self.check_model(request.model))
+        self.runtime.check_logprobs(params, logprobs_param)
+        _check_engine_features(self.runtime, params, request)
+        if params.guide is not None:
+            self.runtime.check_guide(request.guide_param)
+        return params
+
+    @staticmethod
+    def _usage_frame(
+        request: ChatCompletionRequest | CompletionRequest,
+        encoder: ChatChunkEncoder | CompletionChunkEncoder,
+        choices: list[_Choice],
+        prompt_tokens: int,
+    ) -> Callable[[int], str] | None:
+        """The usage chunk of a stream that asked for one (None: it did not)."""
+        if not request.include_usage:
+            return None
+        return lambda tokens: encoder.usage(prompt_tokens, tokens, _cached_tokens(choices, request.n))
+
     async def _respond(
         self,
-        request: ChatCompletionRequest | CompletionRequest,
+        request: SamplingFields,
         choices: list[_Choice],
         http_request: Request | None,
-        encoder: ChatChunkEncoder | CompletionChunkEncoder,
-        opening: list[str],
-        delta: TextFrame,
-        prompt_tokens: int,
-        build: Callable[[list[_Result]], BaseModel],
+        frames: Callable[[], AsyncGenerator[bytes, None]],
+        build: Callable[[list[_Result], int], BaseModel | dict[str, Any]],
         metrics: RequestMetrics,
+        prompt_tokens: int,
     ) -> Response:
-        """An SSE stream of chunks, or one JSON body built from all results, for either endpoint."""
+        """The SSE stream of `frames()`, or one JSON body built from all results (and the prompt
+        tokens found in the KV cache), for any endpoint."""
         if request.stream:
-            usage = (
-                (lambda tokens: encoder.usage(prompt_tokens, tokens, _cached_tokens(choices, request.n)))
-                if request.include_usage
-                else None
-            )
-            frames = _sse_frames(choices, opening, delta, encoder.finish, usage, metrics, prompt_tokens)
-            return StreamBody(frames, "text/event-stream", SSE_HEADERS)  # type: ignore[return-value]
+            return StreamBody(frames(), "text/event-stream", SSE_HEADERS)  # type: ignore[return-value]
         try:
             results = await _collect_all(choices, http_request)
         except APIError as exc:
@@ -329,9 +516,8 @@ class OpenAIServing:
         metrics.done(200, _finish_reason(results), prompt_tokens, tokens)
         if request.ranks_best_of:  # best_of candidates per prompt: the n best are the choices
             results = _keep_best(choices, results, request.n, request.samples_per_prompt)
-        body = build(results).model_dump(mode="json")
-        body["usage"]["prompt_tokens_details"] = {"cached_tokens": _cached_tokens(choices, request.n)}
-        return JSONResponse(body)
+        body = build(results, _cached_tokens(choices, request.n))
+        return JSONResponse(body if isinstance(body, dict) else body.model_dump(mode="json"))
 
     @staticmethod
     def _seeded(prepared: GenerationRequest, params: SamplingParams, i: int) -> GenerationRequest:
@@ -445,13 +631,19 @@ def _keep_best(choices: list[_Choice], results: list[_Result], n: int, sampled: 
     return [result for _, result in kept]
 
 
-def _usage(prompt_tokens: int, results: Sequence[_Result]) -> UsageInfo:
+def _usage(prompt_tokens: int, results: Sequence[_Result], cached_tokens: int) -> UsageInfo:
     completion_tokens = sum(r.completion_tokens for r in results)
     return UsageInfo(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
     )
+
+
+def split_reasoning(style: ReasoningStyle | None, text: str) -> tuple[str | None, str | None]:
+    """A whole answer's (reasoning, content); without a reasoning parser all of it is content."""
+    return (None, text) if style is None else reasoning.split(style, text)
 
 
 def _finish_reason(results: Sequence[_Result]) -> str:
@@ -520,10 +712,15 @@ async def _sse_frames(
     usage_frame: Callable[[int], str] | None,
     metrics: RequestMetrics,
     prompt_tokens: int,
+    *,
+    failure_frame: Callable[[APIError], str] = error_frame,
+    done: str = SSE_DONE,
 ) -> AsyncGenerator[bytes, None]:
-    """The SSE frames of a streamed response: opening frames, text and finish chunks, usage, [DONE].
+    """The SSE frames of a streamed response: opening frames, text and finish chunks, usage, `done`;
+    a failure after the start is `failure_frame` and the end of the stream.
 
     One choice is relayed directly (the common, hot case); several are merged as their text comes.
+    A text frame may be empty (text held back, say the start of a reasoning tag): nothing is written.
     """
     status, reason = 499, None  # the client went away, unless the stream ends or fails
     merged: AsyncGenerator[tuple[int, str, str | None, list[TokenLogprob]], None] | None = None
@@ -536,8 +733,8 @@ async def _sse_frames(
             yield (head + text_frame(text, index, stream.take_logprobs())).encode() if text else head.encode()
             while stream.finish_reason is None:
                 text = await stream.read()
-                if text:
-                    yield text_frame(text, index, stream.take_logprobs()).encode()
+                if text and (frame := text_frame(text, index, stream.take_logprobs())):
+                    yield frame.encode()
             rest = stream.take_logprobs()  # tokens whose text never showed (a stop string's, say)
             tail = (text_frame("", index, rest) if rest else "") + finish_frame(stream.finish_reason, index)
         else:
@@ -554,13 +751,13 @@ async def _sse_frames(
         tokens = sum(c.stream.completion_tokens for c in choices)
         if usage_frame is not None:
             tail += usage_frame(tokens)
-        yield (tail + SSE_DONE).encode()
+        yield (tail + done).encode()
         status = 200
         reason = _finish_reason([_Result("", 0, c.stream.finish_reason or "stop") for c in choices])
     except Exception as exc:  # the 200 status is sent already: report in the stream, then end it
         error = _api_error(exc)
         status = error.status
-        yield error_frame(error).encode()
+        yield failure_frame(error).encode()
     finally:
         if merged is not None:
             await merged.aclose()  # stops its pumps first, so that no stream is still being read
@@ -584,40 +781,30 @@ async def _plainly_text(choices: list[_Choice], mode: str | None) -> bool:
     return not choice.first.lstrip().startswith(("{", "["))
 
 
-async def _buffered_chat_frames(
+async def _whole_frames(
     choices: list[_Choice],
-    encoder: ChatChunkEncoder,
-    answer: Callable[[_Result], tuple[ChatCompletionMessage, str]],
-    include_usage: bool,
+    render: Callable[[list[_Result]], str],
     metrics: RequestMetrics,
     prompt_tokens: int,
+    *,
+    head: str = "",
+    failure_frame: Callable[[APIError], str] = error_frame,
 ) -> AsyncGenerator[bytes, None]:
-    """The SSE frames of a chat answer that may be tool calls: every choice read to its end, then
-    sent as OpenAI streams it (role, then content or one piece per call, then the finish reason)."""
+    """The SSE frames of an answer that may be tool calls (known only at its end): `head` at once,
+    then every choice read to its end and sent by `render`; a failure is `failure_frame`."""
     status, reason, tokens = 499, None, 0
     try:
+        if head:
+            yield head.encode()
         results = await _collect_all(choices, None)
         assert results is not None
-        frames = []
-        for choice, result in zip(choices, results, strict=True):
-            message, finish = answer(result)
-            frames.append(encoder.role(choice.index))
-            if message.tool_calls:
-                for position, call in enumerate(message.tool_calls):
-                    fn = call.function
-                    frames.append(encoder.tool_call(position, call.id, fn.name, fn.arguments, choice.index))
-            elif message.content:
-                frames.append(encoder.content(message.content, choice.index))
-            frames.append(encoder.finish(finish, choice.index))
         tokens = sum(r.completion_tokens for r in results)
-        if include_usage:
-            frames.append(encoder.usage(prompt_tokens, tokens, _cached_tokens(choices, len(choices))))
-        yield ("".join(frames) + SSE_DONE).encode()
+        yield render(results).encode()
         status, reason = 200, _finish_reason(results)
     except Exception as exc:  # the 200 status is sent already: report in the stream, then end it
         error = _api_error(exc)
         status = error.status
-        yield error_frame(error).encode()
+        yield failure_frame(error).encode()
     finally:
         for choice in choices:
             choice.stream.close()

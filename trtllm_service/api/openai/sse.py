@@ -96,6 +96,24 @@ class ChatChunkEncoder(_ChunkEncoder):
         """A chunk with new text and the log probs of its tokens."""
         return f'{self._choice}{index},"delta":{{"content":{_encode(text)}}},"logprobs":{_encode(logprobs)},"finish_reason":null{self._end}'
 
+    def parts(
+        self, content: str, reasoning: str, index: int = 0, logprobs: dict[str, Any] | None = None
+    ) -> str:
+        """A chunk of a reasoning model's answer: new thinking (as ``reasoning_content`` and, vLLM's
+        newer name, ``reasoning``) and/or content; "" when there is neither (text held back)."""
+        if not content and not reasoning and logprobs is None:
+            return ""
+        delta = ""
+        if reasoning:
+            thought = _encode(reasoning)
+            delta = f'"reasoning_content":{thought},"reasoning":{thought}'
+        if content or not reasoning:
+            delta += ("," if delta else "") + f'"content":{_encode(content)}'
+        encoded = "null" if logprobs is None else _encode(logprobs)
+        return (
+            f'{self._choice}{index},"delta":{{{delta}}},"logprobs":{encoded},"finish_reason":null{self._end}'
+        )
+
     def tool_call(self, position: int, call_id: str, name: str, arguments: str, index: int = 0) -> str:
         """A chunk with the whole of tool call `position` of a choice (id, name, arguments)."""
         call = _encode(

@@ -25,7 +25,9 @@ from typing import Any
 import torch
 from engine import BEAM_STEP, BeamResult, Sequence
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AttentionInterface, AutoModelForCausalLM, DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 DEFAULT_SLOTS = 8
 SPAN_BLOCK = 512
@@ -33,6 +35,55 @@ SPAN_BLOCK = 512
 past a sequence's own are masked, so they add exact zeros to its softmax and output; the block
 keeps the attention kernels' own tiling the same whatever the span (checked by the tests, solo vs
 loaded, across block boundaries)."""
+
+
+SLOT_ATTENTION = "trtllm_reference_slots"
+"""The attention implementation the model runs with when the slot cache serves it (registered with
+transformers' AttentionInterface): `slot_attention` for the batched decode, SDPA for the rest."""
+
+
+def slot_attention(
+    module: Any,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """Attention of one new token per slot over the slot cache, grouped-query without copies.
+
+    SDPA with a mask repeats every key/value head for its query heads (a copy of the whole span,
+    per layer and step) and, on CPU, runs its math kernel, which scales and copies the keys again:
+    for SmolLM2 that was most of a decode step. Here each key/value head meets its group of query
+    heads in one batched matmul over views of the cache; the math is transformers' eager attention
+    (scores in the model's dtype, softmax in float32). Prefill, one-sequence decode and anything
+    unusual (soft-capping, attention sinks) go to SDPA as before.
+    """
+    if (
+        query.shape[2] != 1
+        or attention_mask is None
+        or attention_mask.dtype != torch.bool
+        or dropout
+        or kwargs.get("softcap") is not None
+        or kwargs.get("s_aux") is not None
+    ):
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    batch, heads, _, head_dim = query.shape
+    groups = key.shape[1]  # key/value heads; query head h reads key/value head h // (heads // groups)
+    scale = scaling if scaling is not None else head_dim**-0.5
+    grouped = query.reshape(batch, groups, heads // groups, head_dim)
+    scores = torch.matmul(grouped, key.transpose(2, 3)) * scale
+    scores = scores.masked_fill(~attention_mask[:, :, :, : key.shape[2]], float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    return torch.matmul(probs, value).reshape(batch, 1, heads, head_dim), None
+
+
+AttentionInterface.register(SLOT_ATTENTION, slot_attention)
+AttentionMaskInterface.register(SLOT_ATTENTION, sdpa_mask)  # the prefill's masks stay SDPA's
 
 
 class SlotCache:
@@ -104,10 +155,10 @@ class ReferenceSource:
         if slots < 1:
             raise ValueError(f"the reference engine needs at least one batch slot, got {slots}")
         self.device = torch.device(device)
-        # On CPU the batched decode attends with the math kernel: the flash kernel's sums for a row
-        # depend on the row's index in the batch (torch 2.13 with transformers 4.57's repeat_kv
-        # layout), so a request's log probs would move in the last bit with the slot it gets. One
-        # query per row makes the math kernel as cheap.
+        # Where the batched decode falls back to SDPA (see slot_attention), on CPU it attends with
+        # the math kernel: the flash kernel's sums for a row depend on the row's index in the batch
+        # (torch 2.13 with transformers 4.57's repeat_kv layout), so a request's log probs would
+        # move in the last bit with the slot it gets.
         self._batch_kernels = (
             (lambda: sdpa_kernel(SDPBackend.MATH)) if self.device.type == "cpu" else contextlib.nullcontext
         )
@@ -132,6 +183,8 @@ class ReferenceSource:
             if match:
                 module.register_forward_hook(self._lora_hook((int(match.group(1)), match.group(2))))
         if full_attention_only(config):
+            if self.model.config._attn_implementation == "sdpa":
+                self.model.set_attn_implementation(SLOT_ATTENTION)
             self.cache = SlotCache(config, slots, self.max_len, self.model.dtype, self.device)
             self.capacity = slots
             self._free = list(range(slots - 1, -1, -1))

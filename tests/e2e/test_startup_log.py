@@ -1,0 +1,33 @@
+"""The start-up log: one line per phase (Triton starting, ready in N s, serving on a URL); Triton's
+own tables only at debug level (they are in triton.log). Read from the shared service's log."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.e2e.conftest import BentoService
+
+FLAVORS = ("llmapi",)  # the log does not depend on the repository flavour
+
+
+def test_one_line_per_phase_and_no_triton_tables(service: BentoService, model_name: str) -> None:
+    lines = service.log().splitlines()
+    starting = [line for line in lines if "Triton starting (pid " in line]
+    ready = [
+        line
+        for line in lines
+        if re.search(rf"Triton is ready for {re.escape(model_name)} in \d+\.\d s: ", line)
+    ]
+    serving = [line for line in lines if f"serving {model_name} on {service.url} " in line]
+    assert (len(starting), len(ready), len(serving)) == (1, 1, 1), "\n".join(lines[-40:])
+    assert lines.index(starting[0]) < lines.index(ready[0]) < lines.index(serving[0])
+    assert f"OpenAI API at {service.url}/v1" in serving[0]
+
+    tables = [line for line in lines if re.search(r"\[triton\] (\+-|\| )", line)]
+    assert not tables, f"Triton's tables reached the log at INFO: {tables[:3]}"
+    triton_info = [line for line in lines if re.search(r"\[triton\] I\d{4} ", line)]
+    assert not triton_info, triton_info[:3]
+    # Everything Triton said is in its own log.
+    triton_log = (Path(service.env["TRTLLM_RUN_DIR"]) / "triton.log").read_text(errors="replace")
+    assert "| Model" in triton_log and "READY" in triton_log

@@ -1,0 +1,116 @@
+"""The service's OpenAPI document (api/openapi.py) on a service shaped like ours: its own title,
+description and version, tagged routes, request examples, errors in OpenAI's shape."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import bentoml
+import pytest
+
+from trtllm_service.api.openai import routes as openai_routes
+from trtllm_service.api.openai.protocol import ErrorBody
+from trtllm_service.api.openapi import (
+    GENERATE_TAG,
+    OPENAI_TAG,
+    TITLE,
+    DocumentedService,
+    describe,
+    openai_routes_of,
+)
+from trtllm_service.versions import PYPROJECT, service_version
+
+ROUTES = openai_routes_of(openai_routes.app, "/v1")
+DESCRIPTION = describe("demo-model", ROUTES)
+
+
+@bentoml.asgi_app(openai_routes.app, path="/v1")
+@bentoml.service(name="docs-check", description=DESCRIPTION, service_class=DocumentedService)
+class Documented:
+    @bentoml.api
+    async def generate(self, prompt: str = "Hello") -> str:
+        return prompt
+
+
+@pytest.fixture(scope="module")
+def spec() -> dict[str, Any]:
+    return Documented.openapi_spec.asdict()
+
+
+def operations(spec: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    return [(path, method, op) for path, item in spec["paths"].items() for method, op in item.items()]
+
+
+def test_the_service_version_is_the_packages() -> None:
+    declared = re.search(r'^version\s*=\s*"([^"]+)"', PYPROJECT.read_text(), re.MULTILINE)
+    assert declared is not None and service_version() == declared.group(1)
+
+
+def test_title_version_and_description_are_the_services(spec: dict[str, Any]) -> None:
+    info = spec["info"]
+    assert info["title"] == TITLE
+    assert info["version"] == service_version() != "None"
+    assert info["description"] == DESCRIPTION == Documented.doc
+    assert "contact" not in info
+    text = info["description"]
+    assert text.startswith(f"# {TITLE}\n"), "the page shows the description, not the title"
+    assert "![" not in text and "<img" not in text, "no images to break"
+    assert ":dev" not in text and "BentoML" not in text
+    for needle in ("POST /generate", "/v1/chat/completions", "/v1/completions", "/v1/models", "X-Request-Id"):
+        assert needle in text, needle
+
+
+def test_every_openai_route_is_listed_in_the_description() -> None:
+    paths = {path for _, path, _ in ROUTES}
+    assert {"/v1/models", "/v1/chat/completions", "/v1/completions"} <= paths
+    assert not any("{path" in path for path in paths), "the catch-all is not a route to list"
+    for method, path, _ in ROUTES:
+        assert f"`{method} {path}`" in DESCRIPTION
+
+
+def test_routes_are_tagged(spec: dict[str, Any]) -> None:
+    assert [tag["name"] for tag in spec["tags"]] == [GENERATE_TAG.name, OPENAI_TAG.name, "Infrastructure"]
+    for path, _, op in operations(spec):
+        if path.startswith("/v1/"):
+            assert op["tags"] == [OPENAI_TAG.name], path
+        elif path == "/generate":
+            assert op["tags"] == [GENERATE_TAG.name]
+        else:
+            assert op["tags"] == ["Infrastructure"], path
+        assert op["tags"] != ["default"]
+
+
+def test_request_bodies_have_examples(spec: dict[str, Any]) -> None:
+    for path in ("/generate", "/v1/chat/completions", "/v1/completions"):
+        body = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+        assert isinstance(body.get("example"), dict) and body["example"], path
+    assert spec["paths"]["/generate"]["post"]["requestBody"]["content"]["application/json"]["example"][
+        "prompt"
+    ]
+
+
+def test_errors_are_documented_in_openais_shape(spec: dict[str, Any]) -> None:
+    schemas = spec["components"]["schemas"]
+    assert "ErrorBody" in schemas
+    generate = spec["paths"]["/generate"]["post"]["responses"]
+    assert {"400", "401", "413", "415", "429", "503"} <= set(map(str, generate))
+    assert not {"404", "500"} & set(map(str, generate)), "BentoML's own error shapes are gone"
+    checked = 0
+    for path, _, op in operations(spec):
+        for code, response in op["responses"].items():
+            assert str(code) != "422", f"{path}: FastAPI's validation error is never answered"
+            if int(code) < 400:
+                continue
+            media = response["content"]["application/json"]
+            assert media["schema"] == {"$ref": "#/components/schemas/ErrorBody"}, (path, code)
+            example = ErrorBody.model_validate(media["example"])  # the shape OpenAI clients parse
+            assert example.error.message
+            checked += 1
+    assert checked >= 15
+
+
+def test_a_bento_carries_the_description_as_its_readme() -> None:
+    """`bentoml build` writes the service's description as the Bento's README (bento.py), which is
+    what a built Bento's Swagger page shows: the same text as when served from source."""
+    assert Documented.description == DESCRIPTION
