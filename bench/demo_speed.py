@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shlex
 import statistics
 import sys
 import tempfile
@@ -314,7 +315,7 @@ def main() -> int:
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"{platform.machine()} CPU"
     report: dict[str, Any] = {
         "label": args.label,
-        "command": " ".join(["python", "bench/demo_speed.py", *sys.argv[1:]]),
+        "command": shlex.join(["python", "bench/demo_speed.py", *sys.argv[1:]]),
         "machine": f"{device}, {torch.get_num_threads()} torch threads, torch {torch.__version__}, "
         f"Python {platform.python_version()}",
         "date": time.strftime("%Y-%m-%d"),

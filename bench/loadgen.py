@@ -247,9 +247,13 @@ class _DirectCall:
             if not self.done.done():
                 self.done.set_exception(RuntimeError(response.error_message))
             return
-        contents = response.infer_response.raw_output_contents
-        if contents and len(contents[0]) > 4 and struct.unpack_from("<I", contents[0])[0]:
+        if self.has_text(response.infer_response.raw_output_contents):
             self.record.text()
+
+    @staticmethod
+    def has_text(contents: Any) -> bool:
+        """text_output (BYTES: a 4-byte length, then the text) carries text."""
+        return bool(contents) and len(contents[0]) > 4 and struct.unpack_from("<I", contents[0])[0] > 0
 
     def on_end(self, status: int, message: str) -> None:
         if not self.done.done():
@@ -260,17 +264,11 @@ class _DirectCall:
 
 
 class _EngineCall(_DirectCall):
-    """Counts the responses of the `tensorrt_llm` model that carry tokens (output_ids is the first output)."""
+    """Counts the responses of the `tensorrt_llm` model that carry tokens (output_ids comes first)."""
 
-    def on_message(self, data: bytes) -> None:
-        response = self.parse(data)
-        if response.error_message:
-            if not self.done.done():
-                self.done.set_exception(RuntimeError(response.error_message))
-            return
-        contents = response.infer_response.raw_output_contents
-        if contents and contents[0]:
-            self.record.text()
+    @staticmethod
+    def has_text(contents: Any) -> bool:
+        return bool(contents) and len(contents[0]) > 0
 
 
 class DirectClient:

@@ -117,7 +117,13 @@ def test_completion_logprobs_shapes(
     prompt_ids = ref.prompt_ids(prompt)
     expected_ids = ref.generated_ids(prompt_ids, 12)
     table = ref.log_softmax(prompt_ids, expected_ids)
-    assert len(tokens) == len(values) == len(tops) == len(offsets) == len(expected_ids)
+    # echo: the prompt's tokens first (BOS among them, as the engine got them; the first without a
+    # log probability), then the answer's.
+    n = len(tokens) - len(expected_ids)
+    assert n == len(prompt_ids) and len(tokens) == len(values) == len(tops) == len(offsets)
+    assert "".join(tokens[:n]).endswith(prompt) and values[0] is None and offsets[0] == 0
+    assert all(isinstance(v, float) for v in values[1:n])
+    tokens, values, tops, offsets = tokens[n:], values[n:], tops[n:], offsets[n:]
     assert text.startswith(prompt) and "".join(tokens) == text[len(prompt) :]
     assert offsets[0] == len(prompt)
     assert all(text[o:].startswith(t) for o, t in zip(offsets, tokens, strict=True))

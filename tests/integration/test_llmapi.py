@@ -262,9 +262,12 @@ def test_prompt_echo_when_asked(llmapi: TritonServer) -> None:
         ("", {}, "text_input is empty"),
         (PROMPT, {"sampling_param_max_tokens": 0}, "max_tokens must be positive"),
         (PROMPT, {"sampling_param_max_tokens": 5000}, "exceeds the model's max_seq_len of 2048"),
-        (PROMPT, {"sampling_param_best_of": 2, "sampling_param_temperature": 1.0}, "best_of 2: the stand-in"),
+        (
+            PROMPT,
+            {"sampling_param_best_of": 2, "sampling_param_temperature": 1.0},
+            "best_of 2, n 1: the stand-in",
+        ),
         ([1, 2, 99999], {}, "outside the vocabulary"),
-        (PROMPT, {"sampling_param_return_perf_metrics": True}, "no perf metrics"),
     ],
 )
 def test_bad_requests_are_refused_with_the_marker(
@@ -306,6 +309,7 @@ def test_cancelled_request_is_aborted_in_the_engine(llmapi: TritonServer) -> Non
     streamer.client.stop_stream(cancel_requests=True)
     streamer.client.close()
     assert wait_for(lambda: llmapi.metric(REQUESTS_METRIC, outcome="cancelled") == before + 1, 3.0)
+    time.sleep(0.3)  # a step under way when the cancel landed may still count its token
     tokens = llmapi.metric(TOKENS_METRIC)
     time.sleep(1.0)
     assert llmapi.metric(TOKENS_METRIC) == tokens, "the engine is still generating"

@@ -343,8 +343,14 @@ def test_beams_logit_bias_context_logits_and_perf_outputs_as_the_contract_takes_
     assert refusal(request(return_context_logits=np.array([[True]])), limits=blind).endswith(
         "Assertion failed: Return context logit need to build engine with gather_context_logits"
     )
-    perf = parse(request(return_perf_metrics=np.array([[True]])))
+    # Every perf output when the caller names none (Triton then passes all), else the named ones:
+    # Triton would drop the others before the client, and pytriton's stub crashes on them under load.
+    perf = parse(request(return_perf_metrics=np.array([[True]])), requested=())
     assert set(nvidia_backend.PERF_OUTPUTS) <= perf.outputs
+    named = parse(
+        request(return_perf_metrics=np.array([[True]])), requested=(*BOTH, "kv_cache_reused_blocks")
+    )
+    assert named.outputs & set(nvidia_backend.PERF_OUTPUTS) == {"kv_cache_reused_blocks"}
     arrays = standin.beam_arrays(beams, [([1, 2, 3], -1.5, [-0.5] * 3), ([4], -2.0, [-2.0])])
     assert arrays["output_ids"].tolist() == [[[1, 2, 3], [4, -1, -1]]]
     assert arrays["sequence_length"].tolist() == [[3, 1]]

@@ -21,7 +21,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 import tensorrtllm_backend
-from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR, TEMPLATES_DIR, nvidia_backend
+from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR, TEMPLATES_DIR
 from tensorrtllm_backend.repository import fill_model_config, repository_values
 from trtllm_service.errors import APIError
 from trtllm_service.relay.request import (
@@ -129,7 +129,7 @@ def test_the_engine_reads_back_every_field_the_relay_sends() -> None:
         arrays[name].shape == (1, 1) for name in arrays if name not in ("input_ids", "stop_words_list")
     )
     limits = contract.EngineLimits(vocab_size=100, max_seq_len=100)
-    parsed = contract.parse_request(arrays.get, "req-1", limits, ["output_ids", "sequence_length"])
+    parsed = contract.parse_request(arrays.get, "req-1", limits, [o.name for o in message.outputs])
     assert parsed.input_ids == [3, 4, 5, 6] and parsed.max_new == 12
     assert (parsed.temperature, parsed.top_k, parsed.repetition_penalty) == (0.5, 40, pytest.approx(1.1))
     assert parsed.top_p == pytest.approx(0.9) and parsed.presence_penalty == 0.25
@@ -140,8 +140,8 @@ def test_the_engine_reads_back_every_field_the_relay_sends() -> None:
         True,
         True,
     )
-    # return_perf_metrics (every request: usage's cached_tokens) sends the perf outputs, named or not
-    assert parsed.outputs == frozenset({"output_ids", "sequence_length", *nvidia_backend.PERF_OUTPUTS})
+    # return_perf_metrics (every request: usage's cached_tokens) makes the perf outputs the relay names
+    assert parsed.outputs == frozenset({"output_ids", "sequence_length", "kv_cache_reused_blocks"})
     assert parsed.return_perf_metrics
     assert parsed.guide == ("json_schema", '{"type": "integer"}')
 

@@ -499,6 +499,31 @@ class _BeamStream:
     max_tokens: int
     finish_reason: str | None
     completion_tokens: int
+    cached_tokens: int
+    _block: int
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)  # type: ignore[call-arg]
+        self._beams = None
+        self._stops = args[0].stop
+
+    def on_message(self, data: bytes) -> None:
+        response = _parse_response(data)
+        if response.error_message:
+            self._refused(response.error_message)  # type: ignore[attr-defined]
+            return
+        result = response.infer_response
+        beams = self._read_beams(_named(result))
+        if beams is not None:
+            self._beams = beams
+        if result.parameters["triton_final_response"].bool_param:
+            self._final = True
+            self.cached_tokens = _cached_blocks(result) * self._block
+        self._wake()  # type: ignore[attr-defined]
+
+    def _read_beams(self, named: dict[str, tuple[Any, bytes]]) -> list[tuple[str, int]] | None:
+        """(text, tokens) of each beam in a response, best first; None when it carries none."""
+        raise NotImplementedError
 
     async def beams(self) -> list[tuple[str, int, str]]:
         """(text, tokens, finish reason) of each returned beam, best first; raises APIError."""
@@ -527,30 +552,16 @@ class BeamEngineStream(_BeamStream, EngineStream):
 
     __slots__ = ("_beams", "_stops")
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self._beams = None
-        self._stops = args[0].stop
-
-    def on_message(self, data: bytes) -> None:
-        response = _parse_response(data)
-        if response.error_message:
-            self._refused(response.error_message)
-            return
-        result = response.infer_response
-        named = _named(result)
-        if "output_ids" in named and "sequence_length" in named:
-            raw = named["output_ids"][1]
-            lengths = np.frombuffer(named["sequence_length"][1], dtype=np.int32).tolist()
-            rows = np.frombuffer(raw, dtype=np.int32).reshape(len(lengths), -1) if lengths else []
-            self._beams = [
-                (self._decoder.decode(row[:length].tolist()), int(length))
-                for row, length in zip(rows, lengths, strict=True)
-            ]
-        if result.parameters["triton_final_response"].bool_param:
-            self._final = True
-            self.cached_tokens = _cached_blocks(result) * self._block
-        self._wake()
+    def _read_beams(self, named: dict[str, tuple[Any, bytes]]) -> list[tuple[str, int]] | None:
+        if "output_ids" not in named or "sequence_length" not in named:
+            return None
+        lengths = np.frombuffer(named["sequence_length"][1], dtype=np.int32).tolist()
+        raw = named["output_ids"][1]
+        rows = np.frombuffer(raw, dtype=np.int32).reshape(len(lengths), -1) if lengths else []
+        return [
+            (self._decoder.decode(row[:length].tolist()), int(length))
+            for row, length in zip(rows, lengths, strict=True)
+        ]
 
 
 class TextBeamEngineStream(_BeamStream, TextEngineStream):
@@ -558,30 +569,16 @@ class TextBeamEngineStream(_BeamStream, TextEngineStream):
 
     __slots__ = ("_beams", "_stops")
 
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
-        self._beams = None
-        self._stops = args[0].stop
-
-    def on_message(self, data: bytes) -> None:
-        response = _parse_response(data)
-        if response.error_message:
-            self._refused(response.error_message)
-            return
-        result = response.infer_response
-        named = _named(result)
-        if "text_output" in named:
-            texts = [t.decode("utf-8", errors="replace") for t in _strings(named["text_output"][1])]
-            counts = (
-                np.frombuffer(named["num_output_tokens"][1], dtype=np.int32).tolist()
-                if "num_output_tokens" in named
-                else [0] * len(texts)
-            )
-            self._beams = list(zip(texts, counts, strict=False))
-        if result.parameters["triton_final_response"].bool_param:
-            self._final = True
-            self.cached_tokens = _cached_blocks(result) * self._block
-        self._wake()
+    def _read_beams(self, named: dict[str, tuple[Any, bytes]]) -> list[tuple[str, int]] | None:
+        if "text_output" not in named:
+            return None
+        texts = [t.decode("utf-8", errors="replace") for t in _strings(named["text_output"][1])]
+        counts = (
+            np.frombuffer(named["num_output_tokens"][1], dtype=np.int32).tolist()
+            if "num_output_tokens" in named
+            else [0] * len(texts)
+        )
+        return list(zip(texts, counts, strict=False))
 
 
 def _floats(named: dict[str, tuple[Any, bytes]], name: str) -> list[float]:

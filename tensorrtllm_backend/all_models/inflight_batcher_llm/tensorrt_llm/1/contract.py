@@ -423,7 +423,10 @@ def parse_request(
         enabled.add("num_input_tokens")
     if scalar(get, "return_num_output_tokens"):
         enabled.add("num_output_tokens")
-    perf = frozenset(nv.PERF_OUTPUTS if return_perf_metrics else ())  # sent whether named or not
+    # NVIDIA's backend sends the perf outputs whether named or not; Triton hands a client only those
+    # it asked for, so the stand-in makes only those: under load, pytriton's Python backend stub
+    # (Triton 2.51) crashes on decoupled responses carrying outputs that were not requested.
+    perf = frozenset(nv.PERF_OUTPUTS if return_perf_metrics else ()) & asked
     lora_task_id = scalar_lora_task(get)
     lora_weights, lora_config = get("lora_weights"), get("lora_config")
     has_weights = lora_weights is not None and lora_weights.size > 0
