@@ -33,7 +33,15 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from trtllm_service.api.openai.errors import request_error
-from trtllm_service.api.openai.protocol import ReasoningEffort, SamplingFields, ToolUse, _Rule, _unset
+from trtllm_service.api.openai.protocol import (
+    FunctionDefinition,
+    NamedFunction,
+    ReasoningEffort,
+    SamplingFields,
+    ToolUse,
+    _Rule,
+    _unset,
+)
 from trtllm_service.chat import tool_calls
 from trtllm_service.errors import APIError
 from trtllm_service.relay.guided import Guide, GuideRequestError, checked, json_schema_guide
@@ -68,25 +76,16 @@ _RESPONSES_UNSUPPORTED: dict[str, _Rule] = {
 # ---- the request -----------------------------------------------------------------------------------------
 
 
-class FunctionTool(BaseModel):
-    """A function the model may call (the Responses API's flat shape)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
+class FunctionTool(FunctionDefinition):
+    """A function the model may call (the Responses API's flat shape: chat's definition plus `type`)."""
 
     type: Literal["function"]
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
 
 
-class FunctionToolChoice(BaseModel):
+class FunctionToolChoice(NamedFunction):
     """`tool_choice` naming the one function to call."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
-
     type: Literal["function"]
-    name: str
 
 
 class TextFormat(BaseModel):
