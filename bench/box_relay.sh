@@ -2,27 +2,43 @@
 # The relay benchmark on the 16-core GPU box (device tool), before and after a change, in one call.
 #
 # Here, once:  bash ../shared/gpu/prepare.sh --bento   (fills .whl/: tritonserver, numpy 1.26, bentoml)
-#              pip download --no-deps -d .whl/bento py-spy==0.4.3 hpack==4.1.0
+#              then in .whl/bento replace bentoml, starlette and fastapi by the versions
+#              requirements.txt pins, and add httptools and annotated-doc (the box lacks them):
+#              pip download --no-deps -d .whl/bento bentoml==1.4.40 starlette==0.50.0 fastapi==0.121.3 \
+#                httptools==0.9.0 annotated-doc==0.0.4 py-spy==0.4.3 hpack==4.1.0   (cp312, manylinux)
 #              mkdir .box; cp ../shared/gpu/box_env.sh .box/   (.whl/ and .box/ ignored by git)
 #              git archive --format=tar <before-commit> service.py trtllm_service tensorrtllm_backend \
-#                pack_model.py bentofile.yaml requirements.txt | xz > .box/before.tar.xz
-# Device:      bash bench/box_relay.sh "$OUT" [relay.py args...]   (carry .whl and .box)
+#                pack_model.py bentofile.yaml requirements.txt | xz > .box/head.tar.xz
+# Device:      bash bench/box_relay.sh "$OUT"   (carry .whl and .box)
 #
-# Serves the service of .box/before.tar.xz with 2 workers, then this checkout's with 2 (profiled at
-# chat c=32) and 4, each against the same Triton-fed synthetic engine; the load generator is this
-# checkout's in every run. Everything lands in "$OUT/relay.tgz" (the device returns 8 files at most).
+# With the packages the box has instead (bentoml 1.4.39, starlette 1.10, fastapi 0.165, no
+# httptools), streams stalled after the first requests: keep the pinned ones.
+#
+# Runs, each against a Triton fed by the synthetic engine, the load generator this checkout's:
+#   before-w2   the service of .box/head.tar.xz, 2 workers
+#   after-w2    this checkout's, 2 workers, with the engine read directly (`engine`) and the bare
+#               relay floor (`floor-relay`); one worker profiled at chat c=32 (builtin sampler:
+#               py-spy cannot attach to processes in the box's VM)
+#   after-w2-iv5  the same with TRTLLM_STREAM_INTERVAL_MS=5
+#   after-w2-i4, after-w4-i4  4 synthetic engine instances (Triton model instances), so that the
+#               engine outruns the service: 2 and 4 workers, and a load generator above 50k tokens/s
 set -uo pipefail
-OUT=${1:?usage: bench/box_relay.sh OUTDIR [relay.py args]}
-shift
+OUT=${1:?usage: bench/box_relay.sh OUTDIR}
 source .box/box_env.sh
 export PATH="$SP/bin:$PATH" PYTHONUNBUFFERED=1
-python3 -c "import hpack, psutil, uvloop, httptools" 2>&1 | tail -1
-RESULTS=/tmp/relay-results
-mkdir -p "$RESULTS" .before
-tar -xJf .box/before.tar.xz -C .before
-COMMON=(--scenario synthetic --concurrency 1,32,128 --targets engine,generate,chat,completions
-  --requests-per-stream 4 --out "$RESULTS" "$@")
-python3 bench/relay.py --label box-before-w2 --service-root .before --workers 2 "${COMMON[@]}"
-python3 bench/relay.py --label box-after-w2 --workers 2 --profile chat:32 "${COMMON[@]}"
-python3 bench/relay.py --label box-after-w4 --workers 4 "${COMMON[@]}"
-tar -czf "$OUT/relay.tgz" -C "$RESULTS" .
+R="$OUT/r"
+mkdir -p "$R" .before
+tar -xJf .box/head.tar.xz -C .before
+C=(--scenario synthetic --requests-per-stream 4 --out "$R" --stall-timeout 60)
+timeout 110 python3 bench/relay.py --label box-before-w2 --service-root .before --workers 2 \
+  --concurrency 1,32,128 --targets generate,chat "${C[@]}"
+timeout 150 python3 bench/relay.py --label box-after-w2 --workers 2 --concurrency 1,32,128 \
+  --targets engine,generate,chat,floor-relay --profile chat:32 --profiler builtin "${C[@]}"
+timeout 80 python3 bench/relay.py --label box-after-w2-iv5 --workers 2 --stream-interval-ms 5 \
+  --concurrency 32,128 --targets engine,generate,chat "${C[@]}"
+timeout 90 python3 bench/relay.py --label box-after-w2-i4 --workers 2 --engine-instances 4 \
+  --concurrency 32,128 --targets engine,generate,chat "${C[@]}"
+timeout 90 python3 bench/relay.py --label box-after-w4-i4 --workers 4 --engine-instances 4 \
+  --concurrency 32,128 --targets engine,generate,chat "${C[@]}"
+rm -f "$R"/*.png
+tar -czf "$OUT/relay.tgz" -C "$R" .

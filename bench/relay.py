@@ -33,7 +33,7 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGETS = ("engine", "direct", "generate", "chat", "completions")
+TARGETS = ("engine", "direct", "generate", "chat", "completions", "floor", "floor-relay")
 
 
 def free_port() -> int:
@@ -66,12 +66,17 @@ class Service:
         step_delay_ms: float = 0.0,
         demo: str = "tiny",
         pack_options: tuple[str, ...] = (),
+        profiler: str = "py-spy",
+        stream_interval_ms: float = 0.0,
     ) -> None:
         self.workdir = workdir
         self.root = root
         self.flavor = flavor
         self.home = workdir / "bentoml"
         self.run_dir = workdir / "run"
+        self.profile_dir = workdir / "profiles"
+        self.profile_dir.mkdir(parents=True, exist_ok=True)
+        self.profiler = profiler
         self.port = free_port()
         self.env = {
             **os.environ,
@@ -82,6 +87,12 @@ class Service:
             "TRTLLM_MAX_CONCURRENCY": "100000",
             "TOKENIZERS_PARALLELISM": "false",
             "HF_HUB_OFFLINE": "1",
+            # stacks on SIGUSR2 (bench/stacks/sitecustomize.py), for a run that stalls
+            "BENCH_PROFILE_DIR": str(workdir / "profiles"),
+            "TRTLLM_STREAM_INTERVAL_MS": str(stream_interval_ms),
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(ROOT / "bench" / "stacks"), os.environ.get("PYTHONPATH")) if p
+            ),
         }
         subprocess.run(
             [
@@ -154,6 +165,47 @@ class Service:
             self.process.wait()
 
 
+class Floor:
+    """bench/asgi_floor.py in its own process: uvicorn's own cost per streamed chunk, alone or relaying
+    from Triton (`triton`: its gRPC address)."""
+
+    def __init__(self, triton: str | None = None, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "bench" / "asgi_floor.py"),
+                "--port",
+                str(self.port),
+                *(["--triton", triton] if triton else []),
+            ],
+            env=env,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while not ready(f"http://127.0.0.1:{self.port}/readyz"):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("bench/asgi_floor.py did not start")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def kernel_seconds(processes: list[psutil.Process]) -> float:
+    """System (kernel) CPU seconds: syscalls, and on loopback the receiving side's TCP work too."""
+    total = 0.0
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            total += process.cpu_times().system
+    return total
+
+
 def cpu_seconds(processes: list[psutil.Process]) -> float:
     return sum(cpu_by_process(processes).values())
 
@@ -202,7 +254,7 @@ class Profiler:
             "--pid",
             str(pid),
             "--rate",
-            "200",
+            "1000",
             "--gil",
         ]
         self.recorders = [
@@ -255,6 +307,29 @@ def _layer(frame: str) -> str:
     return "other (stdlib, C)"
 
 
+class BuiltinProfiler:
+    """The sampler of bench/stacks/sitecustomize.py inside one service worker, for machines where
+    py-spy cannot attach: collapsed stacks (py-spy's raw format) and the top functions, no SVG."""
+
+    def __init__(self, pid: int, stem: Path, profile_dir: Path) -> None:
+        self.pid, self.stem = pid, stem
+        self.path = profile_dir / f"{pid}.txt"
+        self.path.unlink(missing_ok=True)
+        os.kill(pid, signal.SIGRTMIN + 5)
+
+    def stop(self) -> None:
+        os.kill(self.pid, signal.SIGRTMIN + 6)
+        deadline = time.monotonic() + 30
+        while not self.path.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not self.path.exists():
+            print("the builtin profiler wrote nothing", flush=True)
+            return
+        collapsed = Path(f"{self.stem}.txt")
+        collapsed.write_text(self.path.read_text())
+        Path(f"{self.stem}.top.md").write_text(top_functions(collapsed))
+
+
 def top_functions(collapsed: Path, count: int = 40) -> str:
     """Own (self) and total samples per function and own samples per layer, from py-spy's collapsed
     stacks (frames `function (path:line)`), as Markdown tables."""
@@ -292,25 +367,39 @@ def run_load(
     max_tokens: int,
     procs: int,
     profile: Path | None = None,
+    stall_s: float = 180.0,
+    floors: dict[str, Floor] | None = None,
 ) -> dict[str, Any]:
+    floors = floors or {}
     address = (
         f"127.0.0.1:{service.triton()['grpc_port']}"
         if target in ("engine", "direct")
+        else f"127.0.0.1:{floors[target].port}"
+        if target in floors
         else f"127.0.0.1:{service.port}"
     )
     service_procs, triton_procs = service.processes()
+    if target in floors:  # the floor server's CPU counts as the service's
+        service_procs = [psutil.Process(floors[target].process.pid)]
     procs = max(1, min(procs, concurrency))
     cpu_before = (cpu_seconds(service_procs), cpu_seconds(triton_procs))
+    kernel_before = kernel_seconds(service_procs)
     triton_before = cpu_by_process(triton_procs)
     workers = [p.pid for p in service_procs if _role(p) == "worker"]
-    profiler = Profiler(workers[0], profile) if profile is not None and workers else None
+    profiler: Profiler | BuiltinProfiler | None = None
+    if profile is not None and workers:
+        profiler = (
+            Profiler(workers[0], profile)
+            if service.profiler == "py-spy"
+            else BuiltinProfiler(workers[0], profile, service.profile_dir)
+        )
     loads = [
         subprocess.Popen(
             [
                 sys.executable,
                 str(ROOT / "bench" / "loadgen.py"),
                 "--target",
-                target,
+                "generate" if target.startswith("floor") else target,
                 "--address",
                 address,
                 "--concurrency",
@@ -329,8 +418,13 @@ def run_load(
         )
         for i in range(procs)
     ]
-    outputs = [json.loads(load.communicate()[0]) for load in loads]
+    try:
+        outputs = [json.loads(load.communicate(timeout=stall_s)[0]) for load in loads]
+    except subprocess.TimeoutExpired:
+        stalled(service, target, concurrency, loads, stall_s)
+        raise
     cpu_after = (cpu_seconds(service_procs), cpu_seconds(triton_procs))
+    kernel_after = kernel_seconds(service_procs)
     triton_after = cpu_by_process(triton_procs)
     if profiler is not None:
         profiler.stop()
@@ -355,6 +449,7 @@ def run_load(
         "itl_p99_ms": 1000 * percentile(gaps, 0.99),
         "tokens_per_chunk": tokens / max(chunks, 1),
         "service_cpu_us_per_token": (cpu_after[0] - cpu_before[0]) * per_token,
+        "service_kernel_us_per_token": (kernel_after - kernel_before) * per_token,
         "loadgen_cpu_us_per_token": sum(out["cpu"] for out in outputs) * per_token,
         "triton_cpu_us_per_token": (cpu_after[1] - cpu_before[1]) * per_token,
         "triton_cpu_us_per_token_by_process": {
@@ -362,6 +457,34 @@ def run_load(
             for role in triton_after
         },
     }
+
+
+def stalled(
+    service: Service, target: str, concurrency: int, loads: list[subprocess.Popen[bytes]], stall_s: float
+) -> None:
+    """A run that did not finish in time: every service process and load generator prints its stacks
+    (SIGUSR2, bench/stacks), the process table and the server log's end go to stdout, the load
+    generators are stopped. The caller gives up on the scenario (its state is unknown)."""
+    print(f"STALLED: {target} c={concurrency} did not finish in {stall_s:.0f} s", flush=True)
+    service_procs, triton_procs = service.processes()
+    for process in [*service_procs, *[psutil.Process(load.pid) for load in loads if load.poll() is None]]:
+        with contextlib.suppress(psutil.Error):
+            if "python" in process.name():
+                process.send_signal(signal.SIGUSR2)
+    time.sleep(2.0)
+    for process in [*service_procs, *triton_procs]:
+        with contextlib.suppress(psutil.Error):
+            print(
+                f"  pid {process.pid} {process.status():<9} cpu {sum(process.cpu_times()[:2]):7.2f} s "
+                f"threads {process.num_threads():3}  {' '.join(process.cmdline())[:150]}",
+                flush=True,
+            )
+    for load in loads:
+        if load.poll() is None:
+            load.kill()
+        load.wait()
+    log = (service.workdir / "serve.log").read_text(errors="replace")
+    print(f"--- serve.log, last 20000 characters:\n{log[-20000:]}\n--- end of serve.log", flush=True)
 
 
 def scenario(args: argparse.Namespace, engine: str, levels: list[int], max_tokens: int) -> dict[str, Any]:
@@ -374,26 +497,57 @@ def scenario(args: argparse.Namespace, engine: str, levels: list[int], max_token
             args.flavor,
             args.service_root,
             args.step_delay_ms if engine == "synthetic" else 0.0,
+            pack_options=(
+                ("--engine-instances", str(args.engine_instances))
+                if engine == "synthetic" and args.engine_instances > 1
+                else ()
+            ),
+            profiler=args.profiler,
+            stream_interval_ms=args.stream_interval_ms,
         )
+        floors: dict[str, Floor] = {}
         try:
             service.start()
+            if engine == "synthetic" and "floor" in args.targets.split(","):
+                floors["floor"] = Floor()
+            if engine == "synthetic" and "floor-relay" in args.targets.split(","):
+                floors["floor-relay"] = Floor(f"127.0.0.1:{service.triton()['grpc_port']}", service.env)
             print(f"[{engine}] cold start {service.cold_start_s:.1f} s", flush=True)
-            runs = []
+            runs: list[dict[str, Any]] = []
+            stalled_at = None
             for concurrency in levels:
+                if stalled_at:
+                    break
                 requests = max(concurrency * args.requests_per_stream, args.min_requests)
                 procs = max(1, min(args.loadgen_procs, concurrency // 32 or 1))
                 for target in args.targets.split(","):
+                    if target.startswith("floor") and target not in floors:
+                        continue
                     profile = (
                         args.out / f"relay-{args.label}-profile-{target}-c{concurrency}"
                         if args.profile == f"{target}:{concurrency}" and engine == "synthetic"
                         else None
                     )
-                    row = run_load(service, target, concurrency, requests, max_tokens, procs, profile)
+                    try:
+                        row = run_load(
+                            service,
+                            target,
+                            concurrency,
+                            requests,
+                            max_tokens,
+                            procs,
+                            profile,
+                            args.stall_timeout,
+                            floors,
+                        )
+                    except subprocess.TimeoutExpired:
+                        stalled_at = f"{target} c={concurrency}"
+                        break
                     runs.append(row)
                     print(
                         f"[{engine}] c={concurrency:<4} {target:<12} {row['tokens_per_s']:8.0f} tok/s  "
                         f"ttft p50 {row['ttft_p50_ms']:7.1f} ms  itl p50 {row['itl_p50_ms']:6.2f} ms  "
-                        f"service {row['service_cpu_us_per_token']:6.1f} us/tok  loadgen {row['loadgen_cpu_us_per_token']:5.1f} us/tok  triton {row['triton_cpu_us_per_token']:6.1f} us/tok  "
+                        f"service {row['service_cpu_us_per_token']:6.1f} us/tok (kernel {row['service_kernel_us_per_token']:5.1f})  loadgen {row['loadgen_cpu_us_per_token']:5.1f} us/tok  triton {row['triton_cpu_us_per_token']:6.1f} us/tok  "
                         f"{row['tokens_per_chunk']:.2f} tok/chunk  errors {row['errors']}  "
                         f"{ {k: v for k, v in row['triton_cpu_us_per_token_by_process'].items() if v >= 1} }",
                         flush=True,
@@ -403,9 +557,12 @@ def scenario(args: argparse.Namespace, engine: str, levels: list[int], max_token
                 "cold_start_s": service.cold_start_s,
                 "max_tokens": max_tokens,
                 "runs": runs,
+                **({"stalled": stalled_at} if stalled_at else {}),
             }
         finally:
             service.stop()
+            for floor in floors.values():
+                floor.stop()
 
 
 def checks(result: dict[str, Any]) -> list[tuple[str, float, str, bool]]:
@@ -439,21 +596,31 @@ def markdown(report: dict[str, Any]) -> str:
     lines += [f"- machine: {report['machine']}", f"- workers: {report['workers']}"]
     if report.get("service_root", str(ROOT)) != str(ROOT):
         lines.append(f"- service served from: {report['service_root']}")
+    if report.get("stream_interval_ms"):
+        lines.append(f"- TRTLLM_STREAM_INTERVAL_MS: {report['stream_interval_ms']}")
+    if report.get("engine_instances", 1) > 1:
+        lines.append(f"- synthetic engine: {report['engine_instances']} instances (Triton model instances)")
     if report.get("step_delay_ms"):
         lines.append(f"- synthetic engine step: {report['step_delay_ms']} ms")
     lines.append("")
     for result in report["scenarios"]:
         lines += [f"## {result['engine']} engine ({result['max_tokens']} tokens per request)", ""]
         lines += [f"Cold start (`bentoml serve` to ready): {result['cold_start_s']:.1f} s", ""]
+        if result.get("stalled"):
+            lines += [
+                f"**Stalled at {result['stalled']}**: later runs were not made (stacks in the log).",
+                "",
+            ]
         lines += [
-            "| c | target | tokens/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | tokens/chunk | service us/token | Triton us/token | load generator us/token | errors |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| c | target | tokens/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | tokens/chunk | service us/token | of it kernel | Triton us/token | load generator us/token | errors |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in result["runs"]:
             lines.append(
                 f"| {r['concurrency']} | {r['target']} | {r['tokens_per_s']:.0f} | {r['ttft_p50_ms']:.1f} / {r['ttft_p99_ms']:.1f} | "
                 f"{r['itl_p50_ms']:.2f} / {r['itl_p99_ms']:.2f} | {r['tokens_per_chunk']:.2f} | "
-                f"{r['service_cpu_us_per_token']:.1f} | {r['triton_cpu_us_per_token']:.1f} | "
+                f"{r['service_cpu_us_per_token']:.1f} | {r.get('service_kernel_us_per_token', float('nan')):.1f} | "
+                f"{r['triton_cpu_us_per_token']:.1f} | "
                 f"{r.get('loadgen_cpu_us_per_token', float('nan')):.1f} | {r['errors']} |"
             )
         lines.append("")
@@ -475,7 +642,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
     fig, axes = plt.subplots(len(scenarios), 3, figsize=(15, 4.2 * len(scenarios)), squeeze=False)
     for row, result in enumerate(scenarios):
         for target, color in zip(
-            TARGETS, ("tab:purple", "tab:blue", "tab:orange", "tab:green", "tab:red"), strict=True
+            TARGETS,
+            ("tab:purple", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:gray", "tab:brown"),
+            strict=True,
         ):
             runs = [r for r in result["runs"] if r["target"] == target]
             levels = [r["concurrency"] for r in runs]
@@ -546,6 +715,33 @@ def main() -> None:
         help="record one service worker with py-spy during that run (e.g. chat:32): a flame graph "
         "(SVG) and the top functions by own time go next to the results",
     )
+    parser.add_argument(
+        "--stream-interval-ms",
+        type=float,
+        default=0.0,
+        help="the service's TRTLLM_STREAM_INTERVAL_MS (0: every token as it arrives)",
+    )
+    parser.add_argument(
+        "--profiler",
+        choices=("py-spy", "builtin"),
+        default="py-spy",
+        help="what --profile records with: py-spy (flame graph too), or the sampler in "
+        "bench/stacks/sitecustomize.py where py-spy cannot attach",
+    )
+    parser.add_argument(
+        "--engine-instances",
+        type=int,
+        default=1,
+        help="synthetic engine: token sources side by side in Triton (pack_model.py --engine-instances), "
+        "for more tokens per second than one stub process relays",
+    )
+    parser.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=180.0,
+        help="seconds one run may take before it counts as stalled (stacks and server log printed, "
+        "scenario abandoned)",
+    )
     args = parser.parse_args()
     if args.workers is None:
         from trtllm_service.settings import default_workers
@@ -559,6 +755,8 @@ def main() -> None:
         "flavor": args.flavor,
         "service_root": str(args.service_root),
         "step_delay_ms": args.step_delay_ms,
+        "engine_instances": args.engine_instances,
+        "stream_interval_ms": args.stream_interval_ms,
         "date": time.strftime("%Y-%m-%d"),
         "scenarios": [],
     }

@@ -67,6 +67,7 @@ DEFAULTS: dict[str, str] = {
     "python_engine": "reference",  # the ensemble's stand-in in the tensorrt_llm slot
     "llmapi_engine": "tensorrt_llm",  # the llmapi model's engine (model.yaml triton_config.engine)
     "synthetic_step_delay_ms": "0",
+    "engine_instance_count": "1",  # NVIDIA's C++ backend: 1 (it batches inside); >1: synthetic only
     "lora_weights_data_type": "TYPE_FP16",  # the engine's dtype (pack_model.py fills it)
     "lora_cache_adapters": "8",  # adapters the engine holds at once (reference engines; LLM API max_loras)
     "loras_json": "{}",  # model.yaml: the packed adapters, name -> {id, path}

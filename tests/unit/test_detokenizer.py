@@ -75,3 +75,42 @@ def test_empty_pushes_and_special_tokens(tokenizer: Any) -> None:
     eot = tokenizer.convert_tokens_to_ids("<|eot_id|>")
     ids = tokenizer.encode("Hi", add_special_tokens=False)
     assert decoder.push(ids) + decoder.push([eot]) == "Hi"
+
+
+def test_byte_level_tokenizers_take_the_table_path_and_join_to_the_whole_decode(tokenizer: Any) -> None:
+    """Random ids (added and special tokens, bytes that split characters, ids past the vocabulary), pushed
+    in random runs: the pieces and what an end-of-stream flush would add join to the Rust decode."""
+    decoder = IncrementalDetokenizer(tokenizer)
+    assert decoder._table is not None, "the demo tokenizer is byte-level: the table path must be taken"
+    rust = tokenizer.backend_tokenizer
+    vocab = rust.get_vocab_size(with_added_tokens=True)
+    added = list(rust.get_added_tokens_decoder())
+    rng = random.Random(11)
+    for _ in range(500):
+        ids = [
+            rng.choice((rng.randrange(vocab), rng.randrange(300), rng.choice(added), vocab + 3))
+            for _ in range(rng.randint(0, 30))
+        ]
+        decoder = IncrementalDetokenizer(tokenizer)
+        out, position = [], 0
+        while position < len(ids):
+            size = rng.randint(1, 5)
+            out.append(decoder.push(ids[position : position + size]))
+            position += size
+        flushed = decoder._utf8.decode(b"", final=True)  # type: ignore[union-attr]
+        assert "".join(out) + flushed == whole(tokenizer, [i for i in ids if i < vocab])
+        assert not flushed or "\ufffd" in flushed, "only an incomplete character is ever held back"
+
+
+def test_other_decoders_keep_the_window_path() -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {"<unk>": 0, "▁hello": 1, "▁world": 2, "!": 3}
+    backend = Tokenizer(models.WordLevel(words, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.decoder = decoders.Metaspace()
+    metaspace = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")
+    decoder = IncrementalDetokenizer(metaspace)
+    assert decoder._table is None
+    assert "".join(decoder.push([i]) for i in (1, 2, 3)) == whole(metaspace, [1, 2, 3]) == "hello world!"

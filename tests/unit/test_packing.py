@@ -287,11 +287,14 @@ def test_template_values_from_engine(tmp_path: Path) -> None:
     assert values["batch_scheduler_policy"] == "guaranteed_no_evict"
     assert values["preprocessing_instance_count"] == "3"
     assert values["max_queue_size"] == "100"
+    assert values["engine_instance_count"] == "1", "NVIDIA's C++ backend: one instance"
     with pytest.raises(PackError, match=r"exceeds the engine's build_config\.max_batch_size 16"):
         RuntimeOptions(max_batch_size=17).template_values(source)
 
 
 def test_template_values_for_checkpoint(tmp_path: Path) -> None:
+    synthetic = RuntimeOptions(engine="synthetic", engine_instances=4).template_values(hf_source(tmp_path))
+    assert synthetic["engine_instance_count"] == "4"
     values = RuntimeOptions().template_values(hf_source(tmp_path))
     assert values["triton_max_batch_size"] == "8"
     assert values["max_seq_len"] == "4096"
@@ -313,6 +316,12 @@ def test_template_values_for_checkpoint(tmp_path: Path) -> None:
         (RuntimeOptions(max_queue_size=-1), "--max-queue-size"),
         (RuntimeOptions(preprocessing_instances=0), "--preprocessing-instances"),
         (RuntimeOptions(batch_scheduler_policy="fifo"), "--batch-scheduler-policy"),
+        (RuntimeOptions(engine="synthetic", engine_instances=0), r"--engine-instances must be within"),
+        (RuntimeOptions(engine="reference", engine_instances=2), "--engine synthetic and the ensemble"),
+        (
+            RuntimeOptions(engine="synthetic", flavor="llmapi", engine_instances=2),
+            "--engine synthetic and the ensemble",
+        ),
     ],
 )
 def test_bad_options(options: RuntimeOptions, message: str) -> None:

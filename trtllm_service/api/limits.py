@@ -30,12 +30,16 @@ from trtllm_service.errors import APIError
 _SLOT = struct.Struct("<qq")  # pid, requests in flight
 
 
+_SLOTS = 256
+_TABLE = struct.Struct(f"<{2 * _SLOTS}q")
+
+
 class SharedSlots:
     """Requests in flight across the processes that share `path`: one slot (pid, count) per process,
     read and updated under an exclusive flock. Slots of processes that are gone do not count, so a
     worker killed mid-request cannot leave the service short of capacity."""
 
-    SLOTS = 256
+    SLOTS = _SLOTS
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -54,7 +58,8 @@ class SharedSlots:
         return self._map
 
     def _slots(self, table: mmap.mmap) -> list[tuple[int, int]]:
-        return [_SLOT.unpack_from(table, i * _SLOT.size) for i in range(self.SLOTS)]
+        flat = _TABLE.unpack_from(table)  # one call for the whole table (a request's fixed cost)
+        return list(zip(flat[0::2], flat[1::2], strict=True))
 
     def try_acquire(self, limit: int) -> bool:
         """Counts one more request of this process unless `limit` are in flight already."""
@@ -91,7 +96,9 @@ class SharedSlots:
         me = os.getpid()
         fcntl.flock(self._fd, fcntl.LOCK_EX)  # type: ignore[arg-type]
         try:
-            index = self._slot_of(me, self._slots(table))
+            index = self._mine
+            if index is None or _SLOT.unpack_from(table, index * _SLOT.size)[0] != me:
+                index = self._slot_of(me, self._slots(table))
             pid, count = _SLOT.unpack_from(table, index * _SLOT.size)
             if pid == me and count > 0:
                 _SLOT.pack_into(table, index * _SLOT.size, me, count - 1)

@@ -141,6 +141,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="--engine synthetic: time per decoding step (every active request gets one token per "
         "step), to stand in for an engine of that speed; 0 = as fast as possible (default %(default)s)",
     )
+    engine.add_argument(
+        "--engine-instances",
+        type=int,
+        default=defaults.engine_instances,
+        metavar="N",
+        help="--engine synthetic, ensemble flavour: N token sources side by side (Triton model instances, "
+        "each its own process), for load tests that need more tokens per second than one Python "
+        "process relays (default %(default)s)",
+    )
 
     build = parser.add_argument_group(
         "engine build (--build-engine only)",
@@ -344,6 +353,7 @@ def _options(args: argparse.Namespace) -> RuntimeOptions:
         exclude_input_in_output=args.exclude_input_in_output,
         engine=args.engine,
         step_delay_ms=args.step_delay_ms,
+        engine_instances=args.engine_instances,
         flavor=args.flavor,
         tp_size=args.tp_size,
         pp_size=args.pp_size,

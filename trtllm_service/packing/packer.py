@@ -517,6 +517,7 @@ class RuntimeOptions:
     exclude_input_in_output: bool = True
     engine: str | None = None  # None: tensorrt_llm for llmapi, reference for the ensemble
     step_delay_ms: float = 0.0
+    engine_instances: int = 1  # synthetic only: token sources (stub processes) side by side
     flavor: str | None = None  # None: llmapi for a checkpoint, ensemble for an engine
     tp_size: int | None = None
     pp_size: int | None = None
@@ -612,6 +613,13 @@ class RuntimeOptions:
             raise PackError(f"--step-delay-ms must be within [0, 60000], got {self.step_delay_ms}")
         if self.step_delay_ms and self.engine != "synthetic":
             raise PackError("--step-delay-ms goes with --engine synthetic only")
+        if not 1 <= self.engine_instances <= 64:
+            raise PackError(f"--engine-instances must be within [1, 64], got {self.engine_instances}")
+        if self.engine_instances > 1 and (self.engine != "synthetic" or self.flavor == "llmapi"):
+            raise PackError(
+                "--engine-instances goes with --engine synthetic and the ensemble flavour only (an engine "
+                "batches requests itself: one instance)"
+            )
 
     def template_values(self, source: ModelSource) -> dict[str, str]:
         """The template values these options and the source's limits give (paths not included).
@@ -672,6 +680,7 @@ class RuntimeOptions:
             "python_engine": self.engine_for("ensemble") if flavor == "ensemble" else "reference",
             "llmapi_engine": self.engine_for("llmapi") if flavor == "llmapi" else "tensorrt_llm",
             "synthetic_step_delay_ms": repr(float(self.step_delay_ms)),
+            "engine_instance_count": str(self.engine_instances),
             "tp_size": str(self.tp_size or source.tp_size),
             "pp_size": str(self.pp_size or source.pp_size),
             "llm_max_batch_size": str(self.max_batch_size) if self.max_batch_size else "null",

@@ -87,8 +87,10 @@ class EngineStream:
         "_cancel",
         "_cut",
         "_decoder",
+        "_due",
         "_error",
         "_final",
+        "_interval",
         "_matcher",
         "_pending",
         "_retry",
@@ -132,6 +134,8 @@ class EngineStream:
         self._cancel = cancel
         self._timer: asyncio.TimerHandle | None = None
         self._retry: Callable[[EngineStream], int] | None = None  # resends with the LoRA weights
+        self._interval = 0.0  # seconds between two writes after the first (TRTLLM_STREAM_INTERVAL_MS)
+        self._due = 0.0  # the event loop's time before which text is held
 
     # ---- CallSink: called by the connection, on the event loop -----------------------------------
 
@@ -141,10 +145,14 @@ class EngineStream:
             self._refused(response.error_message)
             return
         result = response.infer_response
-        for output, raw in zip(result.outputs, result.raw_output_contents, strict=False):
-            if output.name == ENGINE_OUTPUT:  # beside it: sequence_length, which NVIDIA requires
-                self._pending.frombytes(raw)
-                break
+        outputs = result.outputs
+        if outputs and outputs[0].name == ENGINE_OUTPUT:  # where engines put it: no loop
+            self._pending.frombytes(result.raw_output_contents[0])
+        else:
+            for output, raw in zip(outputs, result.raw_output_contents, strict=False):
+                if output.name == ENGINE_OUTPUT:  # beside it: sequence_length, which NVIDIA requires
+                    self._pending.frombytes(raw)
+                    break
         if result.parameters["triton_final_response"].bool_param:
             self._final = True
             self.cached_tokens = _cached_blocks(result) * self._block
@@ -200,8 +208,15 @@ class EngineStream:
                 raise self._error
             if self.finish_reason is not None:
                 return ""
+            if self._interval and self._pending and not self._final:
+                delay = self._due - asyncio.get_running_loop().time()
+                if delay > 0:  # more tokens may come meanwhile: they go out together
+                    await asyncio.sleep(delay)
+                    continue
             text = self._take() if self._pending else ""
             if text or self.finish_reason is not None:
+                if self._interval:
+                    self._due = asyncio.get_running_loop().time() + self._interval
                 return text
             if self._final:
                 self.finish_reason = "length" if self.completion_tokens >= self.max_tokens else "stop"
@@ -599,6 +614,8 @@ class TritonRelay:
     Args:
         address: Where Triton's gRPC endpoint is now, as (host, port); None while it is not ready.
         stream_timeout_s: Longest a request may stream before it ends with a 504.
+        stream_interval_s: After a stream's first text, the least time between two of its texts
+            (0: each as it arrives).
         idle_timeout_s: Longest Triton may send nothing while requests are open before they end
             with a 503 (it hangs).
     """
@@ -611,8 +628,10 @@ class TritonRelay:
         idle_timeout_s: float = 120.0,
         flavor: str = "ensemble",
         tokens_per_block: int = 32,
+        stream_interval_s: float = 0.0,
     ) -> None:
         self.address = address
+        self.stream_interval_s = stream_interval_s
         self.flavor = flavor
         self.tokens_per_block = tokens_per_block  # the engine's KV cache block: cached_tokens per block
         self.stream_timeout_s = stream_timeout_s
@@ -693,6 +712,7 @@ class TritonRelay:
             stream = kind(request, decoder, request_id, connection.cancel)
             message = engine_message(request, request_id)
         stream._block = self.tokens_per_block
+        stream._interval = self.stream_interval_s
         stream.stream_id = connection.start_call(STREAM_INFER, message, stream)
         if with_weights is not None:  # the engine may not hold the adapter: then send its weights
 

@@ -113,6 +113,7 @@ class Runtime:
         self.info = read_pack_info(self.model_path)
         self.tokenizer = _load_tokenizer(self.model_path / "tokenizer")
         self.formatter = PromptFormatter(self.tokenizer)
+        IncrementalDetokenizer(self.tokenizer)  # builds the byte table now, not in a first request
         self.reasoning = style_of(self.info.reasoning_parser)  # pack_model.py --reasoning-parser
         max_seq_len = int(self.info.max_seq_len or self.info.max_input_len or 2048)
         self.limits = EngineLimits(
@@ -142,6 +143,7 @@ class Runtime:
             idle_timeout_s=settings.stream_idle_timeout_s,
             flavor=self.flavor,
             tokens_per_block=tokens_per_block(self.model_path, self.info),
+            stream_interval_s=settings.stream_interval_ms / 1000.0,
         )
 
     @property

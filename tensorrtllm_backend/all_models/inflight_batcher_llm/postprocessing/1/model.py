@@ -59,6 +59,7 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException("postprocessing: parameter tokenizer_dir is not set")
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
         self.skip_special = _param(config, "skip_special_tokens", "true").lower() in {"1", "true", "yes"}
+        IncrementalDetokenizer(self.tokenizer, self.skip_special)  # its byte table, built at load time
         self.states: OrderedDict[tuple[str, int], IncrementalDetokenizer] = OrderedDict()
 
     def _decoder(self) -> IncrementalDetokenizer:
