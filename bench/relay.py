@@ -256,6 +256,7 @@ class Profiler:
             "--rate",
             "1000",
             "--gil",
+            "--nonblocking",  # never pauses the worker: the run is not slowed into coalescing more
         ]
         self.recorders = [
             subprocess.Popen(

@@ -61,6 +61,7 @@ class PromptFormatter:
         self._bos: str | None = getattr(tokenizer, "bos_token", None) or None
         self.bos_token = self._bos
         self._rust = getattr(tokenizer, "backend_tokenizer", None)
+        self._fast = getattr(self._rust, "encode_batch_fast", None)  # tokenizers >= 0.20
         self._max_token_chars: int | None = None
 
     @property
@@ -146,6 +147,8 @@ class PromptFormatter:
         """
         add_special = add_special_tokens and not (self._bos is not None and text.startswith(self._bos))
         if self._rust is not None:
+            if self._fast is not None:  # no offsets computed: a third less per prompt
+                return self._fast([text], add_special_tokens=add_special)[0].ids
             return self._rust.encode(text, add_special_tokens=add_special).ids
         return self._tokenizer.encode(text, add_special_tokens=add_special)
 
