@@ -8,7 +8,9 @@ tokenizer, no middleware, no validation. Two sources:
   loop after each (chunks as fast as the loop turns: the client is never waited for);
 - `--triton HOST:PORT` (`floor-relay`): each request streams token ids from Triton's `tensorrt_llm`
   model over our HTTP/2 gRPC client, parses each response, and writes a chunk per wake-up, paced by
-  the engine exactly as the service is.
+  the engine exactly as the service is;
+- with `--push` too (`floor-push`): the chunk is written from the gRPC callback itself, no wake-up of
+  the request's task per token (what an event-loop hop per token costs).
 
 `bench/relay.py --targets ...,floor,floor-relay` drives both with the same load generator and reads
 their CPU time from /proc: the service's CPU per token minus floor-relay's is what BentoML, the
@@ -31,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 WORD = b" token"
 TRITON: tuple[str, int] | None = None
+PUSH = False
 _connection: Any = None
 
 
@@ -97,6 +100,37 @@ class _Sink:
             self.waiter.set_result(None)
 
 
+class _PushSink(_Sink):
+    """Writes each token's chunk from inside the connection's data_received: uvicorn's `send` of a
+    body chunk completes without suspending unless the client's socket is full (then it finishes
+    when the socket drains)."""
+
+    def __init__(self, send: Any) -> None:
+        super().__init__()
+        self.send = send
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def on_message(self, data: bytes) -> None:
+        contents = self.parse(data).infer_response.raw_output_contents
+        if contents and contents[0]:
+            self._step(
+                self.send(
+                    {"type": "http.response.body", "body": WORD * (len(contents[0]) // 4), "more_body": True}
+                )
+            )
+
+    def _step(self, coroutine: Any) -> None:
+        try:
+            waiting = coroutine.send(None)
+        except StopIteration:
+            return
+        waiting.add_done_callback(lambda _: self._step(coroutine))
+
+    def on_end(self, status: int, message: str) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+
 async def relay(tokens: int, send: Any) -> None:
     from trtllm_service.relay.grpc_http2 import GrpcConnection
     from trtllm_service.relay.request import GenerationRequest, engine_message
@@ -106,10 +140,14 @@ async def relay(tokens: int, send: Any) -> None:
         assert TRITON is not None
         _connection = await GrpcConnection.open(*TRITON)
     request = GenerationRequest(prompt_ids=tuple(range(100, 132)), max_tokens=tokens, top_k=1, end_id=-1)
-    sink = _Sink()
+    sink = _PushSink(send) if PUSH else _Sink()
     _connection.start_call(
         "/inference.GRPCInferenceService/ModelStreamInfer", engine_message(request, uuid.uuid4().hex), sink
     )
+    if isinstance(sink, _PushSink):
+        await sink.done
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        return
     loop = asyncio.get_running_loop()
     sent = 0
     while True:
@@ -130,9 +168,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--triton", metavar="HOST:PORT", help="stream tokens from this Triton's tensorrt_llm")
+    parser.add_argument("--push", action="store_true", help="with --triton: write from the gRPC callback")
     args = parser.parse_args()
     if args.triton:
-        global TRITON
+        global TRITON, PUSH
+        PUSH = args.push
         host, port = args.triton.rsplit(":", 1)
         TRITON = (host, int(port))
     uvicorn.run(

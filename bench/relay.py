@@ -33,7 +33,7 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
-TARGETS = ("engine", "direct", "generate", "chat", "completions", "floor", "floor-relay")
+TARGETS = ("engine", "direct", "generate", "chat", "completions", "floor", "floor-relay", "floor-push")
 
 
 def free_port() -> int:
@@ -169,7 +169,9 @@ class Floor:
     """bench/asgi_floor.py in its own process: uvicorn's own cost per streamed chunk, alone or relaying
     from Triton (`triton`: its gRPC address)."""
 
-    def __init__(self, triton: str | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, triton: str | None = None, env: dict[str, str] | None = None, push: bool = False
+    ) -> None:
         self.port = free_port()
         self.process = subprocess.Popen(
             [
@@ -178,6 +180,7 @@ class Floor:
                 "--port",
                 str(self.port),
                 *(["--triton", triton] if triton else []),
+                *(["--push"] if push else []),
             ],
             env=env,
             start_new_session=True,
@@ -513,6 +516,10 @@ def scenario(args: argparse.Namespace, engine: str, levels: list[int], max_token
                 floors["floor"] = Floor()
             if engine == "synthetic" and "floor-relay" in args.targets.split(","):
                 floors["floor-relay"] = Floor(f"127.0.0.1:{service.triton()['grpc_port']}", service.env)
+            if engine == "synthetic" and "floor-push" in args.targets.split(","):
+                floors["floor-push"] = Floor(
+                    f"127.0.0.1:{service.triton()['grpc_port']}", service.env, push=True
+                )
             print(f"[{engine}] cold start {service.cold_start_s:.1f} s", flush=True)
             runs: list[dict[str, Any]] = []
             stalled_at = None
@@ -644,7 +651,16 @@ def plot(report: dict[str, Any], path: Path) -> None:
     for row, result in enumerate(scenarios):
         for target, color in zip(
             TARGETS,
-            ("tab:purple", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:gray", "tab:brown"),
+            (
+                "tab:purple",
+                "tab:blue",
+                "tab:orange",
+                "tab:green",
+                "tab:red",
+                "tab:gray",
+                "tab:brown",
+                "tab:pink",
+            ),
             strict=True,
         ):
             runs = [r for r in result["runs"] if r["target"] == target]

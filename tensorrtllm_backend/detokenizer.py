@@ -18,17 +18,14 @@ postprocessing's model.py. A fast tokenizer is decoded through its Rust tokenize
 1 us per window), skipping the transformers wrapper.
 
 Byte-level tokenizers (GPT-2's scheme: Llama 3, Qwen, SmolLM, ...) take a faster path: their decode
-is each token's fixed bytes, joined, read as UTF-8 with U+FFFD for invalid bytes. A table of every
-id's bytes (built once per tokenizer and checked token by token against the Rust decode; any
-mismatch keeps the window path) and an incremental UTF-8 decoder give the same text for a fraction
-of the cost: a table lookup per token, no decode calls. Such a decoder holds back at most the 3 bytes
-of a character not yet complete and emits stray bytes as U+FFFD at once, so the pieces join to the
-whole decode as above.
+is each token's fixed bytes, joined, read as UTF-8 with U+FFFD for invalid bytes. With a table of
+every id's bytes (built once per tokenizer and checked token by token against the Rust decode; any
+mismatch keeps the window path), the same steps run on the bytes of the tokens not emitted yet: a
+table lookup and one UTF-8 decode per token instead of two decode calls, the same pieces.
 """
 
 from __future__ import annotations
 
-import codecs
 import time
 from typing import Any
 
@@ -37,7 +34,6 @@ TRIM_AFTER = 512
 REPLACEMENT = "\ufffd"
 
 
-_utf8_decoder = codecs.getincrementaldecoder("utf-8")
 _TABLES: dict[tuple[int, bool], tuple[Any, list[bytes] | None]] = {}
 """(id of a Rust tokenizer, skip_special_tokens) -> (that tokenizer, its byte table or None)."""
 
@@ -88,12 +84,14 @@ def byte_table(rust: Any, skip_special_tokens: bool) -> list[bytes] | None:
 class IncrementalDetokenizer:
     """Emits the stable new suffix of the decoded text as ids arrive (one instance per stream)."""
 
-    __slots__ = ("_decode", "_table", "_utf8", "ids", "last_used", "prefix", "read")
+    __slots__ = ("_decode", "_held", "_table", "_window", "ids", "last_used", "prefix", "read")
 
-    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True, *, byte_path: bool = True) -> None:
+        """`byte_path` False: the window path even for a byte-level tokenizer (the tests compare)."""
         rust = getattr(tokenizer, "backend_tokenizer", None)
-        self._table = byte_table(rust, skip_special_tokens) if rust is not None else None
-        self._utf8 = _utf8_decoder("replace") if self._table is not None else None
+        self._table = byte_table(rust, skip_special_tokens) if rust is not None and byte_path else None
+        self._held: list[bytes] = []  # byte path: the bytes of each token not emitted yet
+        self._window = b""  # byte path: the bytes of the tokens emitted last
         if rust is not None:
 
             def decode(ids: list[int]) -> str:
@@ -121,11 +119,7 @@ class IncrementalDetokenizer:
         self.last_used = time.monotonic()
         table = self._table
         if table is not None:
-            size = len(table)
-            if len(new_ids) == 1:
-                token = new_ids[0]
-                return self._utf8.decode(table[token] if 0 <= token < size else b"")  # type: ignore[union-attr]
-            return self._utf8.decode(b"".join([table[t] if 0 <= t < size else b"" for t in new_ids]))  # type: ignore[union-attr]
+            return self._push_bytes(table, new_ids)
         if not len(new_ids):
             return ""
         ids = self.ids
@@ -149,4 +143,31 @@ class IncrementalDetokenizer:
             del ids[: self.prefix]
             self.read -= self.prefix
             self.prefix = 0
+        return after[len(before) :]
+
+    def _push_bytes(self, table: list[bytes], new_ids: Any) -> str:
+        """`push` on bytes: the window path's steps, with the window's text decoded from the table's
+        bytes (the tokens emitted last, then those held since) rather than by the tokenizer."""
+        if not len(new_ids):
+            return ""
+        held = self._held
+        size = len(table)
+        for token in new_ids:
+            held.append(table[token] if 0 <= token < size else b"")
+        window = self._window  # the bytes of the tokens emitted last (the window's start)
+        before = window.decode("utf-8", "replace") if window else ""
+        count = end = len(held)
+        after = (window + (held[0] if count == 1 else b"".join(held))).decode("utf-8", "replace")
+        while after.endswith(REPLACEMENT) and end > 1 and count - end < LOOK_BACK:
+            end -= 1
+            after = (window + b"".join(held[:end])).decode("utf-8", "replace")
+        if after.endswith(REPLACEMENT):
+            if count - end < LOOK_BACK:
+                return ""  # no complete character among the new tokens yet
+            end = count  # a long run of stray bytes: emit it, as U+FFFD, like a full decode
+            after = (window + b"".join(held)).decode("utf-8", "replace")
+        if len(after) <= len(before):
+            return ""
+        self._window = b"".join(held[:end])
+        del held[:end]
         return after[len(before) :]
