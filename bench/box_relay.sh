@@ -5,7 +5,8 @@
 #              then in .whl/bento replace bentoml, starlette and fastapi by the versions
 #              requirements.txt pins, and add httptools and annotated-doc (the box lacks them):
 #              pip download --no-deps -d .whl/bento bentoml==1.4.40 starlette==0.50.0 fastapi==0.121.3 \
-#                httptools==0.9.0 annotated-doc==0.0.4 py-spy==0.4.3 hpack==4.1.0   (cp312, manylinux)
+#                httptools==0.9.0 annotated-doc==0.0.4 hpack==4.1.0   (cp312, manylinux; no py-spy: it
+#                cannot attach in the box's VM, and what travels must stay under 64 MiB)
 #              mkdir .box; cp ../shared/gpu/box_env.sh .box/   (.whl/ and .box/ ignored by git)
 #              git archive --format=tar <before-commit> service.py trtllm_service tensorrtllm_backend \
 #                pack_model.py bentofile.yaml requirements.txt | xz > .box/head.tar.xz

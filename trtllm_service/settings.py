@@ -16,10 +16,10 @@ from pydantic import BaseModel, Field, ValidationError, field_validator
 def default_workers() -> int:
     """One HTTP worker per 8 cores, 1 to 8.
 
-    Measured (bench/relay.py, 16-core box, relay-box-after-w{2,4}-i4.md): two workers relay 56-66k
-    streamed tokens/s from four synthetic engines at 26-28 us of CPU per token; four relay no more
-    (57-60k, the engines' limit) at 36-40 us, since each wakes for fewer tokens. Two on 16 cores keep
-    headroom above what one engine streams, and a second worker that serves on when one dies.
+    Measured (bench/relay.py, 16-core box, relay-box{,2}-after-w{2,4}-i4.md): two workers relay
+    56-66k streamed tokens/s from four synthetic engines at 23-28 us of CPU per token; four relay no
+    more (53-63k, the engines' limit) at 24-43 us, since each wakes for fewer tokens. Two on 16 cores
+    keep headroom above what one engine streams, and a second worker that serves on when one dies.
     """
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(8, cores // 8))
