@@ -17,11 +17,11 @@ One module for both sides: the service imports it, and the model repository carr
 postprocessing's model.py. A fast tokenizer is decoded through its Rust tokenizer directly (about
 1 us per window), skipping the transformers wrapper.
 
-Byte-level tokenizers (GPT-2's scheme: Llama 3, Qwen, SmolLM, ...) take a faster path: their decode
-is each token's fixed bytes, joined, read as UTF-8 with U+FFFD for invalid bytes. With a table of
-every id's bytes (built once per tokenizer and checked token by token against the Rust decode; any
-mismatch keeps the window path), the same steps run on the bytes of the tokens not emitted yet: a
-table lookup and one UTF-8 decode per token instead of two decode calls, the same pieces.
+Byte-level tokenizers (GPT-2's scheme: Llama 3, Qwen, SmolLM, ...) decode a window faster without
+the tokenizer: their decode is each token's fixed bytes, joined, read as UTF-8 with U+FFFD for
+invalid bytes. A table of every id's bytes (built once per tokenizer and checked token by token
+against the Rust decode; any mismatch keeps the tokenizer) gives the same text from a lookup per
+token and one `bytes.decode`.
 """
 
 from __future__ import annotations
@@ -84,15 +84,21 @@ def byte_table(rust: Any, skip_special_tokens: bool) -> list[bytes] | None:
 class IncrementalDetokenizer:
     """Emits the stable new suffix of the decoded text as ids arrive (one instance per stream)."""
 
-    __slots__ = ("_decode", "_held", "_table", "_window", "ids", "last_used", "prefix", "read")
+    __slots__ = ("_decode", "_table", "ids", "last_used", "prefix", "read")
 
     def __init__(self, tokenizer: Any, skip_special_tokens: bool = True, *, byte_path: bool = True) -> None:
-        """`byte_path` False: the window path even for a byte-level tokenizer (the tests compare)."""
+        """`byte_path` False: the tokenizer decodes even a byte-level tokenizer's windows (the tests
+        compare the two)."""
         rust = getattr(tokenizer, "backend_tokenizer", None)
-        self._table = byte_table(rust, skip_special_tokens) if rust is not None and byte_path else None
-        self._held: list[bytes] = []  # byte path: the bytes of each token not emitted yet
-        self._window = b""  # byte path: the bytes of the tokens emitted last
-        if rust is not None:
+        table = byte_table(rust, skip_special_tokens) if rust is not None and byte_path else None
+        self._table = table
+        if table is not None:
+            size = len(table)
+
+            def decode(ids: list[int]) -> str:
+                return b"".join([table[i] if 0 <= i < size else b"" for i in ids]).decode("utf-8", "replace")
+
+        elif rust is not None:
 
             def decode(ids: list[int]) -> str:
                 return rust.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -117,9 +123,6 @@ class IncrementalDetokenizer:
     def push(self, new_ids: Any) -> str:
         """The text that `new_ids` complete ("" while they end inside a character)."""
         self.last_used = time.monotonic()
-        table = self._table
-        if table is not None:
-            return self._push_bytes(table, new_ids)
         if not len(new_ids):
             return ""
         ids = self.ids
@@ -143,31 +146,4 @@ class IncrementalDetokenizer:
             del ids[: self.prefix]
             self.read -= self.prefix
             self.prefix = 0
-        return after[len(before) :]
-
-    def _push_bytes(self, table: list[bytes], new_ids: Any) -> str:
-        """`push` on bytes: the window path's steps, with the window's text decoded from the table's
-        bytes (the tokens emitted last, then those held since) rather than by the tokenizer."""
-        if not len(new_ids):
-            return ""
-        held = self._held
-        size = len(table)
-        for token in new_ids:
-            held.append(table[token] if 0 <= token < size else b"")
-        window = self._window  # the bytes of the tokens emitted last (the window's start)
-        before = window.decode("utf-8", "replace") if window else ""
-        count = end = len(held)
-        after = (window + (held[0] if count == 1 else b"".join(held))).decode("utf-8", "replace")
-        while after.endswith(REPLACEMENT) and end > 1 and count - end < LOOK_BACK:
-            end -= 1
-            after = (window + b"".join(held[:end])).decode("utf-8", "replace")
-        if after.endswith(REPLACEMENT):
-            if count - end < LOOK_BACK:
-                return ""  # no complete character among the new tokens yet
-            end = count  # a long run of stray bytes: emit it, as U+FFFD, like a full decode
-            after = (window + b"".join(held)).decode("utf-8", "replace")
-        if len(after) <= len(before):
-            return ""
-        self._window = b"".join(held[:end])
-        del held[:end]
         return after[len(before) :]
