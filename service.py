@@ -23,7 +23,7 @@ from trtllm_service.api.openai import routes as openai_routes
 from trtllm_service.api.openapi import DocumentedService, describe, openai_routes_of
 from trtllm_service.api.request_id import RequestIdMiddleware
 from trtllm_service.api.shutdown import Drain
-from trtllm_service.api.streaming import StreamBody, first_text, text_chunks
+from trtllm_service.api.streaming import PushBody, TextFraming, first_text
 from trtllm_service.api.tracing import exclude_message_spans
 from trtllm_service.errors import APIError
 from trtllm_service.packed_model import read_pack_info
@@ -160,8 +160,8 @@ class TRTLLM:
         except APIError as exc:
             metrics.done(exc.status)
             return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())  # type: ignore[return-value]
-        chunks = text_chunks(stream, first, metrics, request.prompt_tokens)
-        return StreamBody(chunks, "text/plain; charset=utf-8")  # type: ignore[return-value]
+        framing = TextFraming(stream, first, metrics, request.prompt_tokens)
+        return PushBody(stream, framing, "text/plain; charset=utf-8")  # type: ignore[return-value]
 
 
 # `generate` returns its stream rather than being a generator (so errors before the first chunk

@@ -21,7 +21,9 @@ Byte-level tokenizers (GPT-2's scheme: Llama 3, Qwen, SmolLM, ...) decode a wind
 the tokenizer: their decode is each token's fixed bytes, joined, read as UTF-8 with U+FFFD for
 invalid bytes. A table of every id's bytes (built once per tokenizer and checked token by token
 against the Rust decode; any mismatch keeps the tokenizer) gives the same text from a lookup per
-token and one `bytes.decode`.
+token and one `bytes.decode`. The common push needs not even a window: when the text so far ends on
+a whole character and the new tokens' bytes are valid UTF-8 on their own, the window's new text is
+exactly those bytes' text (0.6 instead of 1.7 us per push).
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ def byte_table(rust: Any, skip_special_tokens: bool) -> list[bytes] | None:
 class IncrementalDetokenizer:
     """Emits the stable new suffix of the decoded text as ids arrive (one instance per stream)."""
 
-    __slots__ = ("_decode", "_table", "ids", "last_used", "prefix", "read")
+    __slots__ = ("_bytes", "_decode", "_table", "_whole", "ids", "last_used", "prefix", "read")
 
     def __init__(self, tokenizer: Any, skip_special_tokens: bool = True, *, byte_path: bool = True) -> None:
         """`byte_path` False: the tokenizer decodes even a byte-level tokenizer's windows (the tests
@@ -92,11 +94,17 @@ class IncrementalDetokenizer:
         rust = getattr(tokenizer, "backend_tokenizer", None)
         table = byte_table(rust, skip_special_tokens) if rust is not None and byte_path else None
         self._table = table
+        self._bytes: Any = None  # a byte table's: ids -> their bytes
         if table is not None:
             size = len(table)
 
+            def to_bytes(ids: Any) -> bytes:
+                return b"".join([table[i] if 0 <= i < size else b"" for i in ids])
+
             def decode(ids: list[int]) -> str:
-                return b"".join([table[i] if 0 <= i < size else b"" for i in ids]).decode("utf-8", "replace")
+                return to_bytes(ids).decode("utf-8", "replace")
+
+            self._bytes = to_bytes
 
         elif rust is not None:
 
@@ -111,6 +119,7 @@ class IncrementalDetokenizer:
                 )
 
         self._decode = decode
+        self._whole = True  # the bytes of ids[prefix:read] are valid UTF-8 (a byte table's shortcut)
         self.ids: list[int] = []
         self.prefix = 0
         self.read = 0
@@ -126,6 +135,16 @@ class IncrementalDetokenizer:
         if not len(new_ids):
             return ""
         ids = self.ids
+        if self._whole and self._bytes is not None and self.read == len(ids):
+            # The last window's bytes and the new tokens' bytes are both valid UTF-8: the window
+            # algorithm would emit exactly the new bytes' text, so no window is decoded.
+            try:
+                text = self._bytes(new_ids).decode()
+            except UnicodeDecodeError:
+                text = ""
+            if text and text[-1] != REPLACEMENT:  # a literal U+FFFD at the end is held, as below
+                ids.extend(new_ids)
+                return self._emitted(len(ids), text)
         ids.extend(new_ids)
         decode = self._decode
         before = decode(ids[self.prefix : self.read]) if self.read > self.prefix else ""
@@ -141,9 +160,19 @@ class IncrementalDetokenizer:
             after = decode(ids[self.prefix : end])
         if len(after) <= len(before):
             return ""
+        if self._bytes is not None:
+            try:
+                self._bytes(ids[self.read : end]).decode()
+                self._whole = True
+            except UnicodeDecodeError:
+                self._whole = False
+        return self._emitted(end, after[len(before) :])
+
+    def _emitted(self, end: int, text: str) -> str:
+        """Moves the window on: the next one starts at the tokens just emitted."""
         self.prefix, self.read = self.read, end
         if self.prefix > TRIM_AFTER:
-            del ids[: self.prefix]
+            del self.ids[: self.prefix]
             self.read -= self.prefix
             self.prefix = 0
-        return after[len(before) :]
+        return text

@@ -128,6 +128,9 @@ def test_hung_triton_then_recovery_then_graceful_shutdown_under_load(
     processes = server.descendants() + triton_processes(server)
     assert server.process is not None
     server.process.send_signal(signal.SIGTERM)
+    # BentoML's arbiter passes SIGTERM on to the workers: once one drains, /readyz says so (a
+    # request that came before that is served, as it should be).
+    assert wait_for(lambda: not http_ok(readyz), timeout=10, interval=0.02), "/readyz still 200 draining"
     turned_away = httpx.post(generate, json=hello, timeout=30)
     assert turned_away.status_code == 503, turned_away.text
     assert turned_away.json()["error"]["message"].startswith("The service is shutting down")

@@ -103,6 +103,26 @@ def test_byte_level_tokenizers_take_the_byte_path_with_the_window_paths_pieces(t
             position += size
 
 
+def test_whole_characters_skip_the_window_and_split_ones_take_it(tokenizer: Any) -> None:
+    """Text that stays on whole characters is emitted from the new tokens' bytes alone (no window
+    decoded); a split character, a literal U+FFFD and the tokens after them go through the window,
+    and the pieces are still the window path's."""
+    text = "Plain words, then 𝄞 split, a literal \ufffd mark, and plain words again."
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    fast, window = IncrementalDetokenizer(tokenizer), IncrementalDetokenizer(tokenizer, byte_path=False)
+    windows = []
+    decode = fast._decode
+    fast._decode = lambda run: windows.append(len(run)) or decode(run)
+    out, slow = [], 0
+    for token in ids:
+        decoded = len(windows)
+        out.append(fast.push([token]))
+        slow += len(windows) > decoded
+    assert out == [window.push([token]) for token in ids]
+    assert "".join(out) == text
+    assert 0 < slow < len(ids) // 3, "most pushes decode no window; the split character's do"
+
+
 def test_other_decoders_keep_the_window_path() -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast

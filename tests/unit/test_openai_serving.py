@@ -339,20 +339,36 @@ def test_error_mid_stream_is_an_error_event_and_closes_every_choice() -> None:
 
 
 def test_closing_a_stream_closes_every_engine_stream() -> None:
-    async def go(n: int) -> FakeRuntime:
+    """The client goes away after the opening and n text frames (one choice: the pushed response;
+    several: the merged generator): every engine stream is closed early."""
+
+    async def go(n: int) -> tuple[FakeRuntime, int]:
         runtime = FakeRuntime(hang=True)
         serving = OpenAIServing(runtime)  # type: ignore[arg-type]
         request = parse_request(ChatCompletionRequest, {**CHAT, "n": n, "max_tokens": 50, "stream": True})
         response = await serving.chat(request)
-        frames = response.chunks  # type: ignore[attr-defined]
-        for _ in range(n + 1):
-            await anext(frames)
-        assert runtime.open == n
-        await frames.aclose()  # type: ignore[attr-defined]
-        return runtime
+        gone = asyncio.Event()
+        bodies: list[bytes] = []
+        open_then = -1
+
+        async def send(message: dict[str, Any]) -> None:
+            nonlocal open_then
+            if message.get("body"):
+                bodies.append(message["body"])
+                if len(bodies) == n + 1:
+                    open_then = runtime.open
+                    gone.set()
+
+        async def receive() -> dict[str, Any]:
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        await response({"type": "http"}, receive, send)
+        return runtime, open_then
 
     for n in (1, 3):
-        runtime = asyncio.run(go(n))
+        runtime, open_then = asyncio.run(go(n))
+        assert open_then == n
         assert (runtime.open, runtime.closed_early) == (0, n)
 
 

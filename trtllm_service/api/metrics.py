@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -126,10 +127,43 @@ RUNNING = Gauge(
 )
 
 
+class _ModelMetrics:
+    """One model's labelled series, looked up once (prometheus_client's `labels()` builds and checks
+    the label tuple under a lock on every call)."""
+
+    __slots__ = ("completion_tokens", "e2e", "itl", "prompt_tokens", "requests", "running", "ttft")
+
+    def __init__(self, model: str) -> None:
+        self.running = RUNNING.labels(model)
+        self.ttft = TTFT.labels(model)
+        self.itl = ITL.labels(model)
+        self.e2e = E2E.labels(model)
+        self.prompt_tokens = PROMPT_TOKENS.labels(model)
+        self.completion_tokens = COMPLETION_TOKENS.labels(model)
+        self.requests: dict[tuple[str, str, str], Any] = {}  # (route, status, finish reason) -> series
+
+    def request(self, model: str, route: str, status: int, finish_reason: str) -> Any:
+        key = (route, str(status), finish_reason)
+        series = self.requests.get(key)
+        if series is None:
+            series = self.requests[key] = REQUESTS.labels(model, *key)
+        return series
+
+
+_MODELS: dict[str, _ModelMetrics] = {}
+
+
+def _of(model: str) -> _ModelMetrics:
+    metrics = _MODELS.get(model)
+    if metrics is None:
+        metrics = _MODELS[model] = _ModelMetrics(model)
+    return metrics
+
+
 class RequestMetrics:
     """Times and counts one generation request; `done` records it (once)."""
 
-    __slots__ = ("_first", "_model", "_recorded", "_route", "_start")
+    __slots__ = ("_first", "_model", "_recorded", "_route", "_series", "_start")
 
     def __init__(self, model: str, route: str) -> None:
         self._model = model
@@ -137,12 +171,13 @@ class RequestMetrics:
         self._start = time.perf_counter()
         self._first: float | None = None
         self._recorded = False
-        RUNNING.labels(model).inc()
+        self._series = _of(model)
+        self._series.running.inc()
 
     def first_token(self) -> None:
         if self._first is None:
             self._first = time.perf_counter()
-            TTFT.labels(self._model).observe(self._first - self._start)
+            self._series.ttft.observe(self._first - self._start)
 
     def done(
         self,
@@ -154,17 +189,17 @@ class RequestMetrics:
         if self._recorded:
             return
         self._recorded = True
-        model = self._model
-        RUNNING.labels(model).dec()
-        REQUESTS.labels(model, self._route, str(status), finish_reason or "").inc()
+        series = self._series
+        series.running.dec()
+        series.request(self._model, self._route, status, finish_reason or "").inc()
         if status != 200:
             return
         end = time.perf_counter()
-        E2E.labels(model).observe(end - self._start)
-        PROMPT_TOKENS.labels(model).observe(prompt_tokens)
-        COMPLETION_TOKENS.labels(model).observe(completion_tokens)
+        series.e2e.observe(end - self._start)
+        series.prompt_tokens.observe(prompt_tokens)
+        series.completion_tokens.observe(completion_tokens)
         if self._first is not None and completion_tokens > 1:
-            ITL.labels(model).observe((end - self._first) / (completion_tokens - 1))
+            series.itl.observe((end - self._first) / (completion_tokens - 1))
 
 
 GENERATION_ROUTES = frozenset({"/generate", "/v1/chat/completions", "/v1/completions"})

@@ -1,12 +1,15 @@
 """Streamed HTTP bodies: the engine's text goes out as it comes, in as few writes as the client allows.
 
-`StreamBody` is a bare ASGI response over an async generator of byte chunks. Each chunk is one write;
-the generators (text for `/generate`, SSE for `/v1`) take everything the relay received since their
-last write, so a client that is behind gets several tokens per write, and the first token is never
-held back. The client going away (uvicorn silently drops writes after a disconnect, so `receive` is
-watched) cancels the writer; however the response ends, the generator is closed, which cancels the
-engine requests behind it. A generator that fails after the first chunk aborts the connection, so a
-client never mistakes a cut-off answer for a complete one.
+One engine stream (every `/generate`, and `/v1` answers with one choice) is a `PushBody`: the
+stream calls it back when Triton's response arrives, and its text is framed (`Framing`: plain text,
+or SSE) and written there and then, with no task woken per token. Several choices merged, or an
+answer sent whole, are a `StreamBody` over an async generator of byte chunks. Either way each write
+takes everything the relay received since the previous one, so a client that is behind gets several
+tokens per write, and the first token is never held back. The client going away (uvicorn silently
+drops writes after a disconnect, so `receive` is watched) ends the response; however it ends, the
+engine requests behind it are closed (cancelled when unfinished). A failure after the first chunk
+is reported in the stream (SSE) or aborts the connection, so a client never mistakes a cut-off
+answer for a complete one.
 
 Body chunks other than the last go to the server's own `send` (put in the scope by `ServerSendApp`,
 outside every middleware) rather than through the middlewares' `send` wrappers, which only act on
@@ -17,7 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 from collections.abc import AsyncGenerator, Mapping
+from typing import Any, Protocol
 
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -89,25 +94,207 @@ class StreamBody(Response):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def text_chunks(
-    stream: EngineStream, first: str, metrics: RequestMetrics, prompt_tokens: int
-) -> AsyncGenerator[bytes, None]:
-    """The body of `/generate`: the generated text, UTF-8, in chunks as the relay delivers it."""
-    status = 499  # the client went away, unless the stream ends or fails
-    try:
-        if first:
-            yield first.encode()
-        while stream.finish_reason is None:
-            text = await stream.read()
-            if text:
-                yield text.encode()
-        status = 200
-    except APIError as exc:
-        status = exc.status
-        raise
-    finally:
+class Framing(Protocol):
+    """What a pushed response writes, around one engine stream's texts."""
+
+    def opening(self) -> bytes:
+        """The first chunk (the text read before the response started, its framing)."""
+
+    def frame(self, text: str) -> bytes:
+        """The chunk of newly generated text (b"": nothing to write)."""
+
+    def closing(self) -> bytes:
+        """The last chunk, once the stream has finished (b"": none)."""
+
+    def failure(self, error: Exception) -> tuple[int, bytes | None]:
+        """The status a failure after the start counts as, and the chunk that reports it in the
+        stream (None: there is none, the connection is aborted)."""
+
+    def done(self, status: int) -> None:
+        """The response ended with `status` (499: the client went away): close, record metrics."""
+
+
+class PushBody(Response):
+    """An ASGI response that streams one engine stream's text, written from the stream's own wake-up.
+
+    Nothing is scheduled per token: when a response arrives on the relay's connection, the stream
+    calls back here (inside the connection's data_received), its text is read, framed and written to
+    the server at once. uvicorn's `send` of a body chunk finishes without suspending unless the
+    client's socket is full; then writing waits for it to drain, and what arrives meanwhile goes out
+    together. The start and the end of the response still go through the middlewares, from the
+    request's task, as does `Framing.done`; the callbacks run in the request's context (its request
+    id, its span). An error after the start is the framing's failure chunk, or an aborted connection.
+    """
+
+    def __init__(
+        self,
+        stream: EngineStream,
+        framing: Framing,
+        media_type: str,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        self.stream = stream
+        self.framing = framing
+        self.status_code = 200
+        self.background = None
+        self.media_type = media_type
+        self.init_headers(headers)
+        self._send: Send | None = None
+        self._ended: asyncio.Future[tuple[int, BaseException | None]] | None = None
+        self._outcome: tuple[int, BaseException | None] | None = None
+        self._blocked: Any = None  # a body write waiting for the client's socket to drain
+        self._timer: asyncio.TimerHandle | None = None
+        self._context: contextvars.Context | None = None
+        self._pumping = False
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        loop = asyncio.get_running_loop()
+        self._send = scope.get(SERVER_SEND, send)
+        self._ended = ended = loop.create_future()
+        self._context = contextvars.copy_context()
+        status, error = 499, None  # the client went away, unless the stream ends or fails
+        watcher = asyncio.ensure_future(_until_disconnect(receive))
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            self._context.run(self._start)
+            await asyncio.wait((ended, watcher), return_when=asyncio.FIRST_COMPLETED)
+            if ended.done():
+                status, error = ended.result()
+                if error is None:
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            self.stream.on_wake = None
+            if self._timer is not None:
+                self._timer.cancel()
+            if self._blocked is not None:
+                self._blocked.close()
+                self._blocked = None
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            self.framing.done(status)
+        if error is not None:
+            raise error
+
+    def _start(self) -> None:
+        self.stream.on_wake = self._wake
+        if self._write(self.framing.opening()):
+            self._pump()
+
+    def _wake(self) -> None:
+        if self._timer is not None and not self.stream.settled:
+            return  # text is held (TRTLLM_STREAM_INTERVAL_MS): the timer writes what comes meanwhile
+        if not self._pumping and self._context is not None:
+            self._context.run(self._pump)
+
+    def _pump(self) -> None:
+        """Writes what the stream has; ends the response when it has finished or failed."""
+        if self._blocked is not None or self._outcome is not None:
+            return
+        self._pumping = True
+        stream = self.stream
+        try:
+            while True:
+                text = stream.poll()
+                if text is None:
+                    if stream.hold and self._timer is None:  # held (TRTLLM_STREAM_INTERVAL_MS)
+                        self._timer = asyncio.get_running_loop().call_later(stream.hold, self._release)
+                    return
+                if text and not self._write(self.framing.frame(text)):
+                    return
+                if stream.finish_reason is not None:
+                    self._finish(200, self.framing.closing())
+                    return
+        except Exception as exc:
+            status, chunk = self.framing.failure(exc)
+            self._finish(status, chunk, None if chunk is not None else exc)
+        finally:
+            self._pumping = False
+
+    def _release(self) -> None:
+        self._timer = None
+        self._wake()
+
+    def _write(self, chunk: bytes) -> bool:
+        """Writes a body chunk; False when the write waits for the client (it resumes by itself)."""
+        if not chunk:
+            return True
+        assert self._send is not None
+        writing = self._send({"type": "http.response.body", "body": chunk, "more_body": True})
+        return self._step(writing)
+
+    def _step(self, writing: Any) -> bool:
+        try:
+            waiting = writing.send(None)
+        except StopIteration:
+            return True
+        except OSError:  # the client went away
+            self._end((499, None))
+            return False
+        except Exception as exc:
+            self._end((500, exc))
+            return False
+        self._blocked = writing
+        if waiting is None:  # a bare yield: go on at the next turn of the loop
+            asyncio.get_running_loop().call_soon(self._drained, None)
+        else:
+            waiting._asyncio_future_blocking = False
+            waiting.add_done_callback(self._drained)
+        return False
+
+    def _drained(self, _: object) -> None:
+        writing, self._blocked = self._blocked, None
+        if writing is None:
+            return  # the response ended meanwhile
+        assert self._context is not None
+        if not self._context.run(self._step, writing):
+            return
+        if self._outcome is not None:
+            self._end(self._outcome)
+        else:
+            self._wake()
+
+    def _finish(self, status: int, chunk: bytes | None, error: BaseException | None = None) -> None:
+        """The stream is over: its last chunk is written (once the client has taken it, the end)."""
+        self._outcome = (status, error)
+        if chunk is None or self._write(chunk):
+            self._end(self._outcome)
+
+    def _end(self, outcome: tuple[int, BaseException | None]) -> None:
+        self._outcome = outcome
+        self.stream.on_wake = None
+        if self._ended is not None and not self._ended.done():
+            self._ended.set_result(outcome)
+
+
+class TextFraming:
+    """The body of `/generate`: the generated text, UTF-8, as it comes; a failure after the start
+    aborts the connection (plain text has no way to report it)."""
+
+    __slots__ = ("first", "metrics", "prompt_tokens", "stream")
+
+    def __init__(self, stream: EngineStream, first: str, metrics: RequestMetrics, prompt_tokens: int) -> None:
+        self.stream = stream
+        self.first = first
+        self.metrics = metrics
+        self.prompt_tokens = prompt_tokens
+
+    def opening(self) -> bytes:
+        return self.first.encode()
+
+    def frame(self, text: str) -> bytes:
+        return text.encode()
+
+    def closing(self) -> bytes:
+        return b""
+
+    def failure(self, error: Exception) -> tuple[int, bytes | None]:
+        return (error.status if isinstance(error, APIError) else 500), None
+
+    def done(self, status: int) -> None:
+        stream = self.stream
         stream.close()
-        metrics.done(status, stream.finish_reason, prompt_tokens, stream.completion_tokens)
+        self.metrics.done(status, stream.finish_reason, self.prompt_tokens, stream.completion_tokens)
 
 
 async def first_text(stream: EngineStream, metrics: RequestMetrics) -> str:

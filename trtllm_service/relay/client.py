@@ -7,9 +7,10 @@ step would cost a Python-backend round trip per token inside Triton. Every call 
 event loop.
 
 Per request, an `EngineStream` collects token ids as they arrive (from inside the connection's
-data_received, no task per token) and wakes its reader. The reader takes everything that arrived
-since it last asked, so a client that is behind gets the tokens already received in one chunk; the
-first token, or any token when the reader is waiting, goes out at once. Stop strings are matched on
+data_received, no task per token) and calls back its reader (`on_wake`: a pushed response, which
+reads and writes there and then) or wakes it (`read()`). The reader takes everything that arrived
+since it last asked (`poll()`), so a client that is behind gets the tokens already received in one
+chunk; the first token, or any token when the reader is waiting, goes out at once. Stop strings are matched on
 the decoded text; a match ends the stream and cancels the engine request (RST_STREAM: Triton then
 cancels the request in the engine). Errors become `APIError`s: a request the engine refused 400,
 Triton unreachable or restarting 503, a stream longer than the timeout 504, anything else 500.
@@ -93,13 +94,17 @@ class EngineStream:
         "_interval",
         "_matcher",
         "_pending",
+        "_queued",
+        "_reading",
         "_retry",
         "_timer",
         "_waiter",
         "cached_tokens",
         "completion_tokens",
         "finish_reason",
+        "hold",
         "max_tokens",
+        "on_wake",
         "prompt_logprobs",
         "request_id",
         "stream_id",
@@ -136,6 +141,10 @@ class EngineStream:
         self._retry: Callable[[EngineStream], int] | None = None  # resends with the LoRA weights
         self._interval = 0.0  # seconds between two writes after the first (TRTLLM_STREAM_INTERVAL_MS)
         self._due = 0.0  # the event loop's time before which text is held
+        self.hold = 0.0  # after poll() found text held: the seconds it stays held
+        self.on_wake: Callable[[], None] | None = None  # instead of waking read(): something arrived
+        self._reading: GrpcConnection | None = None  # the connection whose reads deliver this stream
+        self._queued = False  # on_wake is due at the end of the connection's current read
 
     # ---- CallSink: called by the connection, on the event loop -----------------------------------
 
@@ -187,16 +196,61 @@ class EngineStream:
         self._wake()
 
     def _wake(self) -> None:
+        if self.on_wake is not None:  # a pushed response reads the stream itself: after this read
+            reading = self._reading
+            if reading is None or not reading.reading:
+                self.on_wake()
+            elif not self._queued:
+                self._queued = True
+                reading.after_read(self._woken)
+            return
         waiter = self._waiter
         if waiter is not None:
             self._waiter = None
             if not waiter.done():
                 waiter.set_result(None)
 
+    def _woken(self) -> None:
+        self._queued = False
+        if self.on_wake is not None:
+            self.on_wake()
+
     def timed_out(self) -> None:
         self._fail(APIError.timeout())
 
     # ---- the reader --------------------------------------------------------------------------------
+
+    @property
+    def settled(self) -> bool:
+        """Whether the engine has sent its last response, or the request failed."""
+        return self._final or self._error is not None
+
+    def poll(self) -> str | None:
+        """The text generated since the last read, without waiting: None when there is none yet
+        (or it is held until `hold` seconds have passed), "" only with `finish_reason` set.
+
+        Raises APIError when the request failed.
+        """
+        if self._error is not None:
+            raise self._error
+        if self.finish_reason is not None:
+            return ""
+        if self._interval and self._pending and not self._final:
+            delay = self._due - asyncio.get_running_loop().time()
+            if delay > 0:  # more tokens may come meanwhile: they go out together
+                self.hold = delay
+                return None
+        text = self._take() if self._pending else ""
+        if text or self.finish_reason is not None:
+            if self._interval:
+                self._due = asyncio.get_running_loop().time() + self._interval
+            return text
+        if self._final:
+            self.finish_reason = "length" if self.completion_tokens >= self.max_tokens else "stop"
+            self._done()
+            return self._matcher.flush() if self._matcher is not None else ""
+        self.hold = 0.0
+        return None
 
     async def read(self) -> str:
         """The text generated since the last read; waits for some unless the stream has finished.
@@ -204,24 +258,12 @@ class EngineStream:
         Returns "" only with `finish_reason` set. Raises APIError when the request failed.
         """
         while True:
-            if self._error is not None:
-                raise self._error
-            if self.finish_reason is not None:
-                return ""
-            if self._interval and self._pending and not self._final:
-                delay = self._due - asyncio.get_running_loop().time()
-                if delay > 0:  # more tokens may come meanwhile: they go out together
-                    await asyncio.sleep(delay)
-                    continue
-            text = self._take() if self._pending else ""
-            if text or self.finish_reason is not None:
-                if self._interval:
-                    self._due = asyncio.get_running_loop().time() + self._interval
+            text = self.poll()
+            if text is not None:
                 return text
-            if self._final:
-                self.finish_reason = "length" if self.completion_tokens >= self.max_tokens else "stop"
-                self._done()
-                return self._matcher.flush() if self._matcher is not None else ""
+            if self.hold:
+                await asyncio.sleep(self.hold)
+                continue
             self._waiter = asyncio.get_running_loop().create_future()
             await self._waiter
 
@@ -713,6 +755,7 @@ class TritonRelay:
             message = engine_message(request, request_id)
         stream._block = self.tokens_per_block
         stream._interval = self.stream_interval_s
+        stream._reading = connection
         stream.stream_id = connection.start_call(STREAM_INFER, message, stream)
         if with_weights is not None:  # the engine may not hold the adapter: then send its weights
 

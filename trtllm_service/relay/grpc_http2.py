@@ -18,13 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import struct
 import time
+from collections.abc import Callable
 from typing import Protocol
 from urllib.parse import unquote
 
 from hpack import Decoder
 from hpack.exceptions import HPACKError
+
+logger = logging.getLogger("trtllm_service.relay")
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
@@ -141,6 +145,8 @@ class GrpcConnection(asyncio.Protocol):
         self.close_reason = ""
         self.last_received = time.monotonic()  # when the peer last sent anything (the relay's watchdog)
         self._lost: asyncio.Future[None] | None = None
+        self.reading = False  # inside data_received: sinks may defer work to the read's end
+        self._after_read: list[Callable[[], None]] = []
 
     @classmethod
     async def open(cls, host: str, port: int, *, timeout_s: float = 5.0) -> GrpcConnection:
@@ -179,6 +185,25 @@ class GrpcConnection(asyncio.Protocol):
             self._lost.set_result(None)
 
     def data_received(self, data: bytes) -> None:
+        self.reading = True
+        try:
+            self._read(data)
+        finally:
+            self.reading = False
+            if self._after_read:
+                callbacks, self._after_read = self._after_read, []
+                for callback in callbacks:
+                    try:
+                        callback()
+                    except Exception:  # one sink's failure must not keep the others waiting
+                        logger.exception("a callback after a read failed")
+
+    def after_read(self, callback: Callable[[], None]) -> None:
+        """Calls `callback` once every frame of the current socket read has been handled (a stream
+        that got several responses in one read then writes them as one chunk)."""
+        self._after_read.append(callback)
+
+    def _read(self, data: bytes) -> None:
         self.last_received = time.monotonic()
         buffer = self._buffer
         if buffer:

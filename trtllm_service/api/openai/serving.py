@@ -60,7 +60,7 @@ from trtllm_service.api.openai.protocol import (
 )
 from trtllm_service.api.openai.responses import RESPONSES_ROUTE, ResponseBuilder, ResponsesRequest
 from trtllm_service.api.openai.sse import SSE_DONE, ChatChunkEncoder, CompletionChunkEncoder, error_frame
-from trtllm_service.api.streaming import StreamBody
+from trtllm_service.api.streaming import PushBody, StreamBody
 from trtllm_service.chat import reasoning, tool_calls
 from trtllm_service.chat.reasoning import ReasoningSplitter, ReasoningStyle
 from trtllm_service.errors import APIError
@@ -261,10 +261,10 @@ class OpenAIServing:
             frames = _whole_frames(choices, whole, metrics, prompt_tokens)
             return StreamBody(frames, "text/event-stream", SSE_HEADERS)  # type: ignore[return-value]
 
-        def stream() -> AsyncGenerator[bytes, None]:
+        def stream() -> Response:
             opening = [encoder.role(choice.index) for choice in choices]
             usage = self._usage_frame(request, encoder, choices, prompt_tokens)
-            return _sse_frames(choices, opening, delta, finish, usage, metrics, prompt_tokens)
+            return _sse_body(choices, opening, delta, finish, usage, metrics, prompt_tokens)
 
         return await self._respond(request, choices, http_request, stream, build, metrics, prompt_tokens)
 
@@ -326,7 +326,7 @@ class OpenAIServing:
             body, offsets[index] = completion_logprobs(entries, texts, top, offsets[index])  # type: ignore[arg-type]
             return encoder.text_logprobs(text, index, body)
 
-        def stream() -> AsyncGenerator[bytes, None]:
+        def stream() -> Response:
             opening = [
                 encoder.text_logprobs(c.echo, c.index, completion_logprobs([], texts, top, 0, prompt)[0])  # type: ignore[arg-type]
                 if texts is not None and (prompt := prompt_entries(c))
@@ -335,7 +335,7 @@ class OpenAIServing:
                 if c.echo
             ]
             usage = self._usage_frame(request, encoder, choices, prompt_tokens)
-            return _sse_frames(choices, opening, delta, encoder.finish, usage, metrics, prompt_tokens)
+            return _sse_body(choices, opening, delta, encoder.finish, usage, metrics, prompt_tokens)
 
         return await self._respond(request, choices, http_request, stream, build, metrics, prompt_tokens)
 
@@ -390,8 +390,8 @@ class OpenAIServing:
                 reason, builder.usage(prompt_tokens, tokens, _cached_tokens(choices, 1))
             )
 
-        def stream() -> AsyncGenerator[bytes, None]:
-            return _sse_frames(
+        def stream() -> Response:
+            return _sse_body(
                 choices,
                 [builder.opening()],
                 delta,
@@ -495,7 +495,7 @@ class OpenAIServing:
         request: SamplingFields,
         choices: list[_Choice],
         http_request: Request | None,
-        frames: Callable[[], AsyncGenerator[bytes, None]],
+        frames: Callable[[], Response],
         build: Callable[[list[_Result], int], BaseModel | dict[str, Any]],
         metrics: RequestMetrics,
         prompt_tokens: int,
@@ -503,7 +503,7 @@ class OpenAIServing:
         """The SSE stream of `frames()`, or one JSON body built from all results (and the prompt
         tokens found in the KV cache), for any endpoint."""
         if request.stream:
-            return StreamBody(frames(), "text/event-stream", SSE_HEADERS)  # type: ignore[return-value]
+            return frames()
         try:
             results = await _collect_all(choices, http_request)
         except APIError as exc:
@@ -704,7 +704,7 @@ async def _collect_all(choices: list[_Choice], http_request: Request | None) -> 
             choice.stream.close()
 
 
-async def _sse_frames(
+def _sse_body(
     choices: list[_Choice],
     opening: list[str],
     text_frame: TextFrame,
@@ -715,52 +715,101 @@ async def _sse_frames(
     *,
     failure_frame: Callable[[APIError], str] = error_frame,
     done: str = SSE_DONE,
-) -> AsyncGenerator[bytes, None]:
-    """The SSE frames of a streamed response: opening frames, text and finish chunks, usage, `done`;
+) -> Response:
+    """The SSE response of a streamed answer: opening frames, text and finish chunks, usage, `done`;
     a failure after the start is `failure_frame` and the end of the stream.
 
-    One choice is relayed directly (the common, hot case); several are merged as their text comes.
-    A text frame may be empty (text held back, say the start of a reasoning tag): nothing is written.
+    One choice (the common, hot case) is pushed: its text is framed and written as it arrives
+    (`PushBody`). Several are merged as their text comes, by a generator. A text frame may be empty
+    (text held back, say the start of a reasoning tag): nothing is written.
     """
+    frames = _Frames("".join(opening), text_frame, finish_frame, usage_frame, failure_frame, done)
+    if len(choices) == 1:
+        framing = _SSEFraming(choices[0], frames, metrics, prompt_tokens)
+        return PushBody(choices[0].stream, framing, "text/event-stream", SSE_HEADERS)
+    merged = _merged_frames(choices, frames, metrics, prompt_tokens)
+    return StreamBody(merged, "text/event-stream", SSE_HEADERS)
+
+
+@dataclass(frozen=True, slots=True)
+class _Frames:
+    """How an endpoint writes a streamed answer's SSE frames."""
+
+    head: str
+    text: TextFrame
+    finish: Callable[[str, int], str]
+    usage: Callable[[int], str] | None
+    failure: Callable[[APIError], str]
+    done: str
+
+
+class _SSEFraming:
+    """The SSE frames of one streamed choice, for `PushBody`."""
+
+    __slots__ = ("choice", "frames", "metrics", "prompt_tokens", "stream")
+
+    def __init__(self, choice: _Choice, frames: _Frames, metrics: RequestMetrics, prompt_tokens: int) -> None:
+        self.choice = choice
+        self.stream = choice.stream
+        self.frames = frames
+        self.metrics = metrics
+        self.prompt_tokens = prompt_tokens
+
+    def opening(self) -> bytes:
+        text, head = self.choice.first, self.frames.head
+        if not text:
+            return head.encode()
+        return (head + self.frames.text(text, self.choice.index, self.stream.take_logprobs())).encode()
+
+    def frame(self, text: str) -> bytes:
+        return self.frames.text(text, self.choice.index, self.stream.take_logprobs()).encode()
+
+    def closing(self) -> bytes:
+        stream, index, frames = self.stream, self.choice.index, self.frames
+        rest = stream.take_logprobs()  # tokens whose text never showed (a stop string's, say)
+        tail = (frames.text("", index, rest) if rest else "") + frames.finish(
+            stream.finish_reason or "stop", index
+        )
+        if frames.usage is not None:
+            tail += frames.usage(stream.completion_tokens)
+        return (tail + frames.done).encode()
+
+    def failure(self, error: Exception) -> tuple[int, bytes | None]:
+        reported = _api_error(error)
+        return reported.status, self.frames.failure(reported).encode()
+
+    def done(self, status: int) -> None:
+        stream = self.stream
+        stream.close()
+        reason = _finish_reason([_Result("", 0, stream.finish_reason or "stop")]) if status == 200 else None
+        self.metrics.done(status, reason, self.prompt_tokens, stream.completion_tokens)
+
+
+async def _merged_frames(
+    choices: list[_Choice], frames: _Frames, metrics: RequestMetrics, prompt_tokens: int
+) -> AsyncGenerator[bytes, None]:
+    """The SSE frames of several streamed choices, merged as their text comes (see `_sse_body`)."""
     status, reason = 499, None  # the client went away, unless the stream ends or fails
-    merged: AsyncGenerator[tuple[int, str, str | None, list[TokenLogprob]], None] | None = None
+    merged = _merged(choices)
     try:
-        head = "".join(opening)
-        if len(choices) == 1:
-            only = choices[0]
-            stream, index = only.stream, only.index
-            text = only.first
-            yield (head + text_frame(text, index, stream.take_logprobs())).encode() if text else head.encode()
-            while stream.finish_reason is None:
-                text = await stream.read()
-                if text and (frame := text_frame(text, index, stream.take_logprobs())):
-                    yield frame.encode()
-            rest = stream.take_logprobs()  # tokens whose text never showed (a stop string's, say)
-            tail = (text_frame("", index, rest) if rest else "") + finish_frame(stream.finish_reason, index)
-        else:
-            if head:
-                yield head.encode()
-            tail = ""
-            merged = _merged(choices)
-            async for index, text, finish, logprobs in merged:
-                frame = text_frame(text, index, logprobs) if text or logprobs else ""
-                if finish is not None:
-                    frame += finish_frame(finish, index)
-                if frame:
-                    yield frame.encode()
-        tokens = sum(c.stream.completion_tokens for c in choices)
-        if usage_frame is not None:
-            tail += usage_frame(tokens)
-        yield (tail + done).encode()
+        if frames.head:
+            yield frames.head.encode()
+        async for index, text, finish, logprobs in merged:
+            frame = frames.text(text, index, logprobs) if text or logprobs else ""
+            if finish is not None:
+                frame += frames.finish(finish, index)
+            if frame:
+                yield frame.encode()
+        tail = "" if frames.usage is None else frames.usage(sum(c.stream.completion_tokens for c in choices))
+        yield (tail + frames.done).encode()
         status = 200
         reason = _finish_reason([_Result("", 0, c.stream.finish_reason or "stop") for c in choices])
     except Exception as exc:  # the 200 status is sent already: report in the stream, then end it
         error = _api_error(exc)
         status = error.status
-        yield failure_frame(error).encode()
+        yield frames.failure(error).encode()
     finally:
-        if merged is not None:
-            await merged.aclose()  # stops its pumps first, so that no stream is still being read
+        await merged.aclose()  # stops its pumps first, so that no stream is still being read
         for choice in choices:
             choice.stream.close()
         metrics.done(status, reason, prompt_tokens, sum(c.stream.completion_tokens for c in choices))

@@ -1,0 +1,258 @@
+"""PushBody: one engine stream's text written from the stream's own wake-up, as Triton's responses
+(tests.support.engine_response) reach the stream on a real event loop; the server's `send` is a
+stand-in that records, or holds a write the way uvicorn does when the client's socket is full."""
+
+from __future__ import annotations
+
+import asyncio
+from array import array
+from typing import Any
+
+import pytest
+
+from tests.support import engine_response
+from trtllm_service.api.metrics import RequestMetrics
+from trtllm_service.api.streaming import SERVER_SEND, PushBody, TextFraming
+from trtllm_service.errors import APIError
+from trtllm_service.relay.client import EngineStream
+from trtllm_service.relay.request import GenerationRequest
+
+
+class Words:
+    """Token i decodes to " w<i>"."""
+
+    def push(self, ids: Any) -> str:
+        return "".join(f" w{i}" for i in ids)
+
+
+class Recorded:
+    """What the response did: chunks written to the server, messages through the middleware chain,
+    engine requests cancelled, and the status `done` recorded."""
+
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+        self.chain_sent: list[dict[str, Any]] = []
+        self.cancelled: list[int] = []
+        self.status: int | None = None
+
+    async def server_send(self, message: dict[str, Any]) -> None:
+        self.written.append(message["body"])
+
+    async def chain(self, message: dict[str, Any]) -> None:
+        self.chain_sent.append(message)
+
+
+class RecordingFraming(TextFraming):
+    def __init__(self, stream: EngineStream, recorded: Recorded) -> None:
+        super().__init__(stream, "", RequestMetrics("test", "/generate"), 1)
+        self.recorded = recorded
+
+    def done(self, status: int) -> None:
+        self.recorded.status = status
+        super().done(status)
+
+
+def _stream(recorded: Recorded) -> EngineStream:
+    request = GenerationRequest(prompt_ids=array("i", [1]), max_tokens=100)
+    stream = EngineStream(request, Words(), "id", recorded.cancelled.append)  # type: ignore[arg-type]
+    stream.stream_id = 7
+    return stream
+
+
+def _scope(server_send: Any) -> dict[str, Any]:
+    return {"type": "http", SERVER_SEND: server_send}
+
+
+def test_each_response_is_written_before_the_event_loop_turns() -> None:
+    """No task runs per token: a chunk is written inside the stream's on_message."""
+    recorded = Recorded()
+
+    async def scenario() -> None:
+        stream = _stream(recorded)
+        body = PushBody(stream, RecordingFraming(stream, recorded), "text/plain")
+        serving = asyncio.ensure_future(body(_scope(recorded.server_send), _never, recorded.chain))
+        await asyncio.sleep(0.01)  # the response has started
+        for token in range(3):
+            stream.on_message(engine_response([token]))
+            assert recorded.written[-1] == f" w{token}".encode(), "written without a turn of the loop"
+        stream.on_message(engine_response([], final=True))
+        await serving
+
+    asyncio.run(scenario())
+    assert recorded.written == [b" w0", b" w1", b" w2"]
+    assert [m["type"] for m in recorded.chain_sent] == ["http.response.start", "http.response.body"]
+    assert recorded.chain_sent[-1]["more_body"] is False
+    assert recorded.status == 200
+    assert recorded.cancelled == [], "a finished request is not cancelled"
+
+
+def test_a_full_client_socket_holds_writes_and_what_came_meanwhile_goes_out_together() -> None:
+    recorded = Recorded()
+    drained: asyncio.Future[None] | None = None
+
+    async def server_send(message: dict[str, Any]) -> None:
+        nonlocal drained
+        if message["body"] == b" w0":  # the socket is full after this one: the write waits
+            drained = asyncio.get_running_loop().create_future()
+            await drained
+        recorded.written.append(message["body"])
+
+    async def scenario() -> None:
+        stream = _stream(recorded)
+        body = PushBody(stream, RecordingFraming(stream, recorded), "text/plain")
+        serving = asyncio.ensure_future(body(_scope(server_send), _never, recorded.chain))
+        await asyncio.sleep(0.01)
+        stream.on_message(engine_response([0]))
+        for token in (1, 2, 3):
+            stream.on_message(engine_response([token]))
+        assert recorded.written == [], "the first write waits for the client"
+        assert drained is not None
+        drained.set_result(None)
+        await asyncio.sleep(0.01)
+        stream.on_message(engine_response([4], final=True))
+        await serving
+
+    asyncio.run(scenario())
+    assert recorded.written == [b" w0", b" w1 w2 w3", b" w4"]
+    assert recorded.status == 200
+
+
+def test_the_client_going_away_while_a_write_waits_cancels_the_engine_request() -> None:
+    recorded = Recorded()
+
+    async def server_send(message: dict[str, Any]) -> None:
+        await asyncio.get_running_loop().create_future()  # never drains
+
+    async def scenario() -> None:
+        stream = _stream(recorded)
+        gone = asyncio.Event()
+
+        async def receive() -> dict[str, Any]:
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        body = PushBody(stream, RecordingFraming(stream, recorded), "text/plain")
+        serving = asyncio.ensure_future(body(_scope(server_send), receive, recorded.chain))
+        await asyncio.sleep(0.01)
+        stream.on_message(engine_response([0]))
+        stream.on_message(engine_response([1]))
+        gone.set()
+        await serving
+        stream.on_message(engine_response([2]))  # late responses reach nobody
+
+    asyncio.run(scenario())
+    assert recorded.status == 499
+    assert recorded.cancelled == [7]
+    assert [m["type"] for m in recorded.chain_sent] == ["http.response.start"], "no end after the client left"
+
+
+def test_a_failure_after_the_start_aborts_a_text_response() -> None:
+    recorded = Recorded()
+
+    async def scenario() -> None:
+        stream = _stream(recorded)
+        body = PushBody(stream, RecordingFraming(stream, recorded), "text/plain")
+        serving = asyncio.ensure_future(body(_scope(recorded.server_send), _never, recorded.chain))
+        await asyncio.sleep(0.01)
+        stream.on_message(engine_response([0]))
+        stream.on_message(engine_response(error="engine exploded"))
+        with pytest.raises(APIError, match="engine exploded"):
+            await serving
+
+    asyncio.run(scenario())
+    assert recorded.written == [b" w0"]
+    assert recorded.status == 500
+    assert [m["type"] for m in recorded.chain_sent] == ["http.response.start"], "aborted: no clean end"
+
+
+def test_held_text_goes_out_when_its_interval_has_passed() -> None:
+    """TRTLLM_STREAM_INTERVAL_MS: text held by the interval is written by a timer, not a response."""
+    recorded = Recorded()
+    times: list[float] = []
+
+    async def server_send(message: dict[str, Any]) -> None:
+        times.append(asyncio.get_running_loop().time())
+        recorded.written.append(message["body"])
+
+    async def scenario() -> float:
+        stream = _stream(recorded)
+        stream._interval = 0.2
+        body = PushBody(stream, RecordingFraming(stream, recorded), "text/plain")
+        serving = asyncio.ensure_future(body(_scope(server_send), _never, recorded.chain))
+        await asyncio.sleep(0.01)
+        started = asyncio.get_running_loop().time()
+        stream.on_message(engine_response([0]))  # the first text: at once
+        stream.on_message(engine_response([1]))  # held
+        stream.on_message(engine_response([2]))
+        assert recorded.written == [b" w0"]
+        await asyncio.sleep(0.3)  # no response arrives meanwhile
+        stream.on_message(engine_response([], final=True))
+        await serving
+        return started
+
+    started = asyncio.run(scenario())
+    assert recorded.written == [b" w0", b" w1 w2"]
+    assert 0.15 <= times[1] - started <= 0.29
+    assert recorded.status == 200
+
+
+def test_the_last_response_releases_held_text_at_once() -> None:
+    recorded = Recorded()
+
+    async def scenario() -> None:
+        stream = _stream(recorded)
+        stream._interval = 30.0
+        body = PushBody(stream, RecordingFraming(stream, recorded), "text/plain")
+        serving = asyncio.ensure_future(body(_scope(recorded.server_send), _never, recorded.chain))
+        await asyncio.sleep(0.01)
+        stream.on_message(engine_response([0]))
+        stream.on_message(engine_response([1]))  # held for 30 s
+        stream.on_message(engine_response([2], final=True))
+        await asyncio.wait_for(serving, 2)
+
+    asyncio.run(scenario())
+    assert recorded.written == [b" w0", b" w1 w2"]
+    assert recorded.status == 200
+
+
+def test_responses_that_arrive_in_one_socket_read_go_out_as_one_chunk() -> None:
+    """Behind a real connection: the stream is read once the whole socket read is handled."""
+    from trtllm_service.relay.grpc_http2 import DATA, GrpcConnection, _frame
+
+    recorded = Recorded()
+
+    class Socket:
+        def write(self, data: bytes) -> None:
+            pass
+
+        def get_extra_info(self, name: str) -> Any:
+            return None
+
+    def read_of(*responses: bytes) -> bytes:
+        return b"".join(_frame(DATA, 0, 1, b"\x00" + len(r).to_bytes(4, "big") + r) for r in responses)
+
+    async def scenario() -> None:
+        connection = GrpcConnection("triton:8001")
+        connection.connection_made(Socket())  # type: ignore[arg-type]
+        stream = _stream(recorded)
+        stream.stream_id = connection.start_call(
+            "/inference.GRPCInferenceService/ModelStreamInfer", b"", stream
+        )
+        stream._reading = connection
+        body = PushBody(stream, RecordingFraming(stream, recorded), "text/plain")
+        serving = asyncio.ensure_future(body(_scope(recorded.server_send), _never, recorded.chain))
+        await asyncio.sleep(0.01)
+        connection.data_received(read_of(engine_response([0])))
+        connection.data_received(read_of(engine_response([1]), engine_response([2]), engine_response([3])))
+        assert recorded.written == [b" w0", b" w1 w2 w3"]
+        connection.data_received(read_of(engine_response([4]), engine_response([], final=True)))
+        await serving
+
+    asyncio.run(scenario())
+    assert recorded.written == [b" w0", b" w1 w2 w3", b" w4"]
+    assert recorded.status == 200
+
+
+async def _never() -> dict[str, Any]:
+    await asyncio.sleep(3600)
+    return {"type": "http.disconnect"}
