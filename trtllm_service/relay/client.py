@@ -7,12 +7,12 @@ step would cost a Python-backend round trip per token inside Triton. Every call 
 event loop.
 
 Per request, an `EngineStream` collects token ids as they arrive (from inside the connection's
-data_received, no task per token) and calls back its reader (`on_wake`: a pushed response, which
-reads and writes there and then) or wakes it (`read()`). The reader takes everything that arrived
-since it last asked (`poll()`), so a client that is behind gets the tokens already received in one
-chunk; the first token, or any token when the reader is waiting, goes out at once. Stop strings are matched on
-the decoded text; a match ends the stream and cancels the engine request (RST_STREAM: Triton then
-cancels the request in the engine). Errors become `APIError`s: a request the engine refused 400,
+data_received, no task per token) and calls back its reader once the socket read is handled
+(`on_wake`: a pushed response, which reads and writes there and then) or wakes it (`read()`). The
+reader takes everything that arrived since it last asked (`poll()`), so a client that is behind gets
+the tokens already received in one chunk; the first token, or any token when the reader is waiting,
+goes out at once. Stop strings are matched on the decoded text; a match ends the stream and cancels
+the engine request (RST_STREAM: Triton then cancels the request in the engine). Errors become `APIError`s: a request the engine refused 400,
 Triton unreachable or restarting 503, a stream longer than the timeout 504, anything else 500.
 
 A Triton that hangs (alive, answering nothing) is noticed by a watchdog, one per worker, that looks
