@@ -131,9 +131,10 @@ class _ModelMetrics:
     """One model's labelled series, looked up once (prometheus_client's `labels()` builds and checks
     the label tuple under a lock on every call)."""
 
-    __slots__ = ("completion_tokens", "e2e", "itl", "prompt_tokens", "requests", "running", "ttft")
+    __slots__ = ("completion_tokens", "e2e", "itl", "model", "prompt_tokens", "requests", "running", "ttft")
 
     def __init__(self, model: str) -> None:
+        self.model = model
         self.running = RUNNING.labels(model)
         self.ttft = TTFT.labels(model)
         self.itl = ITL.labels(model)
@@ -142,11 +143,11 @@ class _ModelMetrics:
         self.completion_tokens = COMPLETION_TOKENS.labels(model)
         self.requests: dict[tuple[str, str, str], Any] = {}  # (route, status, finish reason) -> series
 
-    def request(self, model: str, route: str, status: int, finish_reason: str) -> Any:
+    def request(self, route: str, status: int, finish_reason: str) -> Any:
         key = (route, str(status), finish_reason)
         series = self.requests.get(key)
         if series is None:
-            series = self.requests[key] = REQUESTS.labels(model, *key)
+            series = self.requests[key] = REQUESTS.labels(self.model, *key)
         return series
 
 
@@ -163,10 +164,9 @@ def _of(model: str) -> _ModelMetrics:
 class RequestMetrics:
     """Times and counts one generation request; `done` records it (once)."""
 
-    __slots__ = ("_first", "_model", "_recorded", "_route", "_series", "_start")
+    __slots__ = ("_first", "_recorded", "_route", "_series", "_start")
 
     def __init__(self, model: str, route: str) -> None:
-        self._model = model
         self._route = route
         self._start = time.perf_counter()
         self._first: float | None = None
@@ -191,7 +191,7 @@ class RequestMetrics:
         self._recorded = True
         series = self._series
         series.running.dec()
-        series.request(self._model, self._route, status, finish_reason or "").inc()
+        series.request(self._route, status, finish_reason or "").inc()
         if status != 200:
             return
         end = time.perf_counter()

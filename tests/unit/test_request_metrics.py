@@ -1,0 +1,31 @@
+"""RequestMetrics records each request once into the model's labelled series (looked up once per
+model): read back from prometheus_client's registry, as a scrape would."""
+
+from __future__ import annotations
+
+from prometheus_client import REGISTRY
+
+from trtllm_service.api.metrics import RequestMetrics
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_each_request_counts_once_under_its_model_route_status_and_reason() -> None:
+    done = {"model_name": "metrics-test", "route": "/generate", "status": "200", "finished_reason": "length"}
+    refused = {**done, "status": "400", "finished_reason": ""}
+    before = _sample("trtllm:requests_total", **done), _sample("trtllm:requests_total", **refused)
+    for _ in range(3):
+        metrics = RequestMetrics("metrics-test", "/generate")
+        assert _sample("trtllm:num_requests_running", model_name="metrics-test") == 1
+        metrics.first_token()
+        metrics.done(200, "length", prompt_tokens=5, completion_tokens=9)
+        metrics.done(200, "length", prompt_tokens=5, completion_tokens=9)  # a second call: nothing
+    RequestMetrics("metrics-test", "/generate").done(400)
+    assert _sample("trtllm:requests_total", **done) - before[0] == 3
+    assert _sample("trtllm:requests_total", **refused) - before[1] == 1
+    assert _sample("trtllm:num_requests_running", model_name="metrics-test") == 0
+    assert _sample("trtllm:request_generation_tokens_sum", model_name="metrics-test") == 27
+    assert _sample("trtllm:inter_token_latency_seconds_count", model_name="metrics-test") == 3
+    assert _sample("trtllm:request_prompt_tokens_count", model_name="other-model") == 0
