@@ -8,7 +8,10 @@ foreground as the parent of the server:
   exited after a grace period the child and all of its descendants are killed with SIGKILL;
 * the launcher exits with the child's exit status (128 + N when the child died of signal N);
 * the child is started with PR_SET_PDEATHSIG=SIGTERM, so it is told to shut down even when the
-  launcher itself is killed with SIGKILL.
+  launcher itself is killed with SIGKILL;
+* the launcher is the child subreaper of its tree: when the server dies, its Python backend stubs
+  are re-parented to the launcher instead of init, and the launcher kills and reaps them before
+  it exits (a stub notices its parent's death by itself only most of the time).
 
 For several ranks, ``mpirun`` starts each tritonserver through this same script in its rank mode
 (``--supervise_rank``), which supervises one rank the same way and adds two rules mpirun lacks:
@@ -45,6 +48,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +73,7 @@ RANK_MODE = "--supervise_rank"
 """First argument of the rank mode: ``--supervise_rank GRACE_SECS -- tritonserver ...``."""
 STAGING_PREFIX = "triton-launch-"
 PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
 
 
 class LauncherError(Exception):
@@ -458,8 +463,8 @@ def _log(message: str) -> None:
     print(f"{PROG}: {message}", file=sys.stderr, flush=True)
 
 
-def _pdeathsig_preexec(parent_pid: int) -> Callable[[], None] | None:
-    """A preexec_fn that makes the child receive SIGTERM when the launcher dies (Linux)."""
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl (Linux), or None."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -468,6 +473,20 @@ def _pdeathsig_preexec(parent_pid: int) -> Callable[[], None] | None:
         return None
     prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
     prctl.restype = ctypes.c_int
+    return prctl
+
+
+def _become_subreaper() -> bool:
+    """Make orphaned descendants (a killed server's stubs) children of this process, not init's."""
+    prctl = _prctl()
+    return prctl is not None and prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def _pdeathsig_preexec(parent_pid: int) -> Callable[[], None] | None:
+    """A preexec_fn that makes the child receive SIGTERM when the launcher dies (Linux)."""
+    prctl = _prctl()
+    if prctl is None:
+        return None
 
     def preexec() -> None:
         prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
@@ -525,6 +544,27 @@ def _kill_tree(proc: subprocess.Popen) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def _reap_leftovers(grace_secs: float) -> list[int]:
+    """Wait for, then SIGKILL and reap, what is left below the launcher once its child exited:
+    processes re-parented here (``_become_subreaper``). ``grace_secs`` is how long they may take
+    to finish on their own (ranks that mpirun left stop gracefully: their mpirun-death signal);
+    a dead server's Python stubs get none. Returns the pids killed."""
+    deadline = time.monotonic() + grace_secs
+    while children(os.getpid()) and time.monotonic() < deadline:
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        time.sleep(0.05)
+    leftovers = descendants(os.getpid())
+    for pid in leftovers:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in leftovers:
+        with contextlib.suppress(ChildProcessError):  # not ours: reaped by its own parent
+            os.waitpid(pid, 0)
+    return leftovers
+
+
 def stop_targets(pid: int, ranks: bool) -> list[int]:
     """Who gets the stop signal: the server, or under mpirun each rank's supervisor. Not mpirun:
     stopping, it SIGTERMs every rank and SIGKILLs it a second later, too soon for tritonserver to
@@ -577,6 +617,7 @@ def supervise(
     handled = [signal.SIGTERM, signal.SIGINT, signal.SIGHUP]
     previous = {sig: signal.signal(sig, on_signal) for sig in handled}
     previous[signal.SIGALRM] = signal.signal(signal.SIGALRM, on_alarm)
+    _become_subreaper()
     try:
         try:
             proc = subprocess.Popen(list(cmd), env=dict(env), preexec_fn=_pdeathsig_preexec(os.getpid()))
@@ -586,6 +627,11 @@ def supervise(
         if state["pending"] is not None:
             forward(int(state["pending"]))  # a signal arrived while the child was starting
         returncode = proc.wait()
+        leftovers = _reap_leftovers(kill_grace_secs + 2.0 if ranks else 0.0)
+        if leftovers:
+            _log(
+                f"killed {len(leftovers)} process(es) left behind by {os.path.basename(cmd[0])}: {leftovers}"
+            )
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         for sig, handler in previous.items():

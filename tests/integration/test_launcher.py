@@ -293,6 +293,38 @@ def test_two_servers_side_by_side(launch, tmp_path: Path):
         assert wait_gone(tree, 5) == []
 
 
+def test_a_killed_server_leaves_no_child_behind(tmp_path: Path):
+    """A tritonserver killed outright leaves its Python stubs to notice on their own (a stub polls
+    its parent); one that does not is re-parented to the rank supervisor, which kills and reaps
+    it. The fake server's child here never notices: it sleeps on, ignoring SIGTERM."""
+    pidfile = tmp_path / "stub.pid"
+    fake_server = f"(trap '' TERM INT HUP; exec sleep 300) & echo $! > {pidfile}; wait"
+    proc = subprocess.Popen(
+        [sys.executable, str(LAUNCHER), "--supervise_rank", "5", "--", "sh", "-c", fake_server],
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stub = psutil.Process(int(pidfile.read_text()))
+        server = stub.parent()
+        assert server is not None and server.parent().pid == proc.pid
+        server.kill()
+        _, err = proc.communicate(timeout=STOP_TIMEOUT)
+        assert proc.returncode == 128 + signal.SIGKILL, err
+        assert "exited unasked" in err and f"left behind by sh: [{stub.pid}]" in err, err
+        assert alive([stub]) == []
+        with pytest.raises(psutil.NoSuchProcess):  # reaped, not a zombie
+            stub.status()
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
 def test_escalates_to_sigkill_and_kills_descendants(tmp_path: Path):
     """A child that ignores SIGTERM is SIGKILLed after the grace period, with its descendants."""
     pidfile = tmp_path / "grandchild.pid"
