@@ -24,7 +24,7 @@ from trtllm_service.api.openapi import DocumentedService, describe, openai_route
 from trtllm_service.api.request_id import RequestIdMiddleware
 from trtllm_service.api.shutdown import Drain
 from trtllm_service.api.streaming import PushBody, TextFraming, first_text
-from trtllm_service.api.tracing import exclude_message_spans
+from trtllm_service.api.tracing import tune_request_tracing
 from trtllm_service.errors import APIError
 from trtllm_service.packed_model import read_pack_info
 from trtllm_service.relay.guided import GuideRequestError, checked, json_schema_guide
@@ -40,7 +40,7 @@ SETTINGS = get_settings()
 MODEL_TAG = default_model_tag(SETTINGS.model_tag)
 MODEL_NAME = MODEL_TAG.split(":")[0]
 DRAIN = Drain(SETTINGS.shutdown_grace_s)  # SIGTERM: requests in flight finish, new ones get 503
-exclude_message_spans()  # before BentoML builds the app: no span per streamed chunk
+tune_request_tracing()  # before BentoML builds the app: no span per chunk, none built unread
 cancel_request_timers()  # BentoML's request timeout would hold every request's context for 600 s
 expose_server_send()  # streamed chunks skip the middlewares' send wrappers (api/streaming.py)
 
