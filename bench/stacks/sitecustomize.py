@@ -8,6 +8,8 @@ service's workers, the load generators); it takes the place of any other sitecus
   (ITIMER_PROF, so samples are proportional to CPU, syscalls included), SIGRTMIN+6 stops it and
   writes the collapsed stacks, in py-spy's raw format, to $BENCH_PROFILE_DIR/<pid>.txt. Python runs
   the handler between bytecodes: time in a C call is charged to the line that made it.
+- $BENCH_TIMELINE: timestamps along each request's path to its first token (`timeline.py`,
+  `bench/ttft_breakdown.py`).
 """
 
 import faulthandler
@@ -44,3 +46,8 @@ if os.environ.get("BENCH_PROFILE_DIR"):
     signal.signal(signal.SIGPROF, _sample)
     signal.signal(signal.SIGRTMIN + 5, _start)
     signal.signal(signal.SIGRTMIN + 6, _stop)
+
+if os.environ.get("BENCH_TIMELINE"):  # timestamps along each request's path to its first token
+    import timeline
+
+    timeline.install()

@@ -11,7 +11,8 @@ It speaks what a gRPC client needs and no more: server-streaming calls (one requ
 half-close; ModelStreamInfer takes that shape), response messages handed to a `CallSink` as they
 complete, trailers (grpc-status, grpc-message), cancellation with RST_STREAM, flow control both
 ways, SETTINGS, PING and GOAWAY. Header blocks are decoded with `hpack` (once at the start and once
-at the end of a call); request headers are literal fields, never indexed.
+at the end of a call; `HeaderBlocks` remembers the blocks that only index the table, which is what
+Triton sends once its table holds its headers); request headers are literal fields, never indexed.
 """
 
 from __future__ import annotations
@@ -123,6 +124,49 @@ class _Call:
         self.pending = b""  # request bytes waiting for flow-control window (DATA payload)
 
 
+class HeaderBlocks:
+    """HPACK decoding (the connection's decoder state) that remembers blocks made only of indexed
+    fields: from its second call on, Triton answers every call with the same two such blocks, which
+    `hpack` would decode again each time (pure Python, tens of microseconds per call before its first
+    token). An indexed field changes nothing, so such a block means the same headers for as long as
+    the dynamic table stays as it is; any other block may change the table, and empties the memory."""
+
+    __slots__ = ("_decoder", "_known")
+
+    MAX_KNOWN = 64
+
+    def __init__(self) -> None:
+        self._decoder = Decoder()
+        self._known: dict[bytes, list[tuple[bytes, bytes]]] = {}
+
+    def decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
+        """The block's (name, value) pairs, raw bytes. Raises HPACKError."""
+        known = self._known.get(block)
+        if known is not None:
+            return known
+        headers = self._decoder.decode(block, raw=True)
+        if not _only_indexed(block):
+            self._known.clear()
+        elif len(self._known) < self.MAX_KNOWN:
+            self._known[block] = headers
+        return headers
+
+
+def _only_indexed(block: bytes) -> bool:
+    """Whether every field of the block is an indexed header field (RFC 7541 6.1: a set high bit,
+    its index an integer with a 7-bit prefix)."""
+    i, end = 0, len(block)
+    while i < end:
+        if not block[i] & 0x80:
+            return False
+        if block[i] & 0x7F == 0x7F:  # the index goes on in continuation bytes
+            i += 1
+            while i < end and block[i] & 0x80:
+                i += 1
+        i += 1
+    return True
+
+
 class GrpcConnection(asyncio.Protocol):
     """An HTTP/2 connection that multiplexes gRPC calls. Open it with `GrpcConnection.open`."""
 
@@ -133,7 +177,7 @@ class GrpcConnection(asyncio.Protocol):
         self._calls: dict[int, _Call] = {}
         self._queued: list[tuple[str, bytes, _Call]] = []  # waiting for MAX_CONCURRENT_STREAMS
         self._next_stream = 1
-        self._decoder = Decoder()
+        self._headers = HeaderBlocks()
         self._header_block: tuple[int, int, bytearray] | None = None  # stream, flags, fragments
         self._max_streams = 1 << 31
         self._peer_window = DEFAULT_WINDOW  # the peer's initial stream window for our sends
@@ -415,7 +459,7 @@ class GrpcConnection(asyncio.Protocol):
 
     def _on_headers(self, stream_id: int, flags: int, block: bytes) -> None:
         try:
-            headers = self._decoder.decode(block, raw=True)  # every block: the decoder keeps state
+            headers = self._headers.decode(block)  # every block: the decoder keeps state
         except HPACKError as exc:
             self._connection_error(f"undecodable headers: {exc}")
             return

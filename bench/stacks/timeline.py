@@ -1,0 +1,199 @@
+"""Benchmark-only: timestamps along one request's path to its first token, in a service worker.
+
+Imported by this folder's sitecustomize when $BENCH_TIMELINE names a directory. The service's
+modules (and the ASGI middlewares BentoML stacks around it) are wrapped as they are imported, so no
+line of the service changes: each wrapped call appends (label, time) to the request's list, kept in a
+context variable set where the request enters (ServerSendApp, the outermost ASGI app). The Triton
+response that carries the first token arrives outside the request's context; it is matched to the
+request through its stream. SIGRTMIN+7 appends, per label sequence, the median of each step to
+$BENCH_TIMELINE/<pid>.txt as JSON lines, and starts over.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import importlib.abc
+import importlib.util
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from typing import Any
+
+_MARKS: contextvars.ContextVar[list[tuple[str, float]] | None] = contextvars.ContextVar("marks", default=None)
+_STREAMS: dict[int, list[tuple[str, float]]] = {}  # id(engine stream) -> its request's marks
+_DONE: list[list[tuple[str, float]]] = []
+
+MIDDLEWARES = {  # module -> ASGI classes whose entry is marked (outermost first, as BentoML stacks them)
+    "trtllm_service.api.request_id": ["RequestIdMiddleware"],
+    "bentoml._internal.server.http.instruments": [
+        "HTTPTrafficMetricsMiddleware",
+        "RunnerTrafficMetricsMiddleware",
+    ],
+    "opentelemetry.instrumentation.asgi": ["OpenTelemetryMiddleware"],
+    "bentoml._internal.server.http.access": ["AccessLogMiddleware"],
+    "starlette.middleware.cors": ["CORSMiddleware"],
+    "trtllm_service.api.limits": ["ConcurrencyLimitMiddleware", "BodyLimitMiddleware"],
+    "trtllm_service.api.openai.routes": ["V1NotFoundMiddleware"],
+    "_bentoml_impl.server.app": ["ContextMiddleware"],
+    "starlette.routing": ["Router"],
+    "fastapi.applications": ["FastAPI"],
+}
+
+
+def mark(label: str) -> None:
+    marks = _MARKS.get()
+    if marks is not None:
+        marks.append((label, time.perf_counter()))
+
+
+def _on_entry(fn: Any, label: str) -> Any:
+    @functools.wraps(fn)
+    async def wrapped(*args: Any, **kwargs: Any) -> Any:
+        mark(label)
+        return await fn(*args, **kwargs)
+
+    return wrapped
+
+
+def _on_exit(fn: Any, label: str) -> Any:
+    if getattr(fn, "__code__", None) is not None and fn.__code__.co_flags & 0x80:  # a coroutine function
+
+        @functools.wraps(fn)
+        async def wrapped_async(*args: Any, **kwargs: Any) -> Any:
+            result = await fn(*args, **kwargs)
+            mark(label)
+            return result
+
+        return wrapped_async
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        result = fn(*args, **kwargs)
+        mark(label)
+        return result
+
+    return wrapped
+
+
+def _patch(module: Any) -> None:
+    name = module.__name__
+    for cls_name in MIDDLEWARES.get(name, []):
+        cls = getattr(module, cls_name, None)
+        if cls is not None:
+            cls.__call__ = _on_entry(cls.__call__, cls_name)
+    if name == "trtllm_service.api.streaming":
+        _patch_streaming(module)
+    elif name == "trtllm_service.api.openai.routes":
+        module._serve = _on_entry(module._serve, "handler")
+        module.parse_request = _on_exit(module.parse_request, "parsed")
+    elif name == "trtllm_service.api.openai.serving":
+        module.OpenAIServing._start = _on_exit(module.OpenAIServing._start, "first text")
+    elif name == "trtllm_service.relay.runtime":
+        for method in ("prepare_chat", "prepare_prompts"):
+            setattr(module.Runtime, method, _on_exit(getattr(module.Runtime, method), "prepared"))
+    elif name == "trtllm_service.relay.grpc_http2":
+        module.GrpcConnection.start_call = _on_exit(module.GrpcConnection.start_call, "request sent")
+    elif name == "trtllm_service.relay.client":
+        _patch_client(module)
+
+
+def _patch_streaming(module: Any) -> None:
+    outermost = module.ServerSendApp.__call__
+
+    async def entered(self: Any, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope.get("method") == "POST":
+            _MARKS.set([("asgi", time.perf_counter())])
+        await outermost(self, scope, receive, send)
+
+    module.ServerSendApp.__call__ = entered
+    module.first_text = _on_exit(module.first_text, "first text")
+    module.PushBody.__call__ = _on_entry(module.PushBody.__call__, "response")
+    start = module.PushBody._start
+
+    def started(self: Any) -> None:
+        mark("started")
+        start(self)
+        mark("written")
+        marks = _STREAMS.pop(id(self.stream), None)
+        if marks is not None:
+            _DONE.append(marks)
+
+    module.PushBody._start = started
+
+
+def _patch_client(module: Any) -> None:
+    start = module.TritonRelay.start
+
+    async def started(self: Any, *args: Any, **kwargs: Any) -> Any:
+        stream = await start(self, *args, **kwargs)
+        marks = _MARKS.get()
+        if marks is not None:
+            _STREAMS[id(stream)] = marks
+        return stream
+
+    module.TritonRelay.start = started
+    for cls in (module.EngineStream, module.TextEngineStream):
+        on_message = cls.on_message
+
+        def first(self: Any, data: bytes, _on_message: Any = on_message) -> None:
+            marks = _STREAMS.get(id(self))
+            if marks is not None and marks[-1][0] == "request sent":
+                marks.append(("first response", time.perf_counter()))
+            _on_message(self, data)
+
+        cls.on_message = first
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Patches the modules above right after they are executed."""
+
+    WANTED = {
+        *MIDDLEWARES,
+        "trtllm_service.api.streaming",
+        "trtllm_service.api.openai.serving",
+        "trtllm_service.relay.runtime",
+        "trtllm_service.relay.grpc_http2",
+        "trtllm_service.relay.client",
+    }
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in self.WANTED:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        execute = spec.loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            execute(module)
+            _patch(module)
+
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _dump(signum: int, frame: Any) -> None:
+    done, _DONE[:] = _DONE[:], []
+    groups: dict[tuple[str, ...], list[list[tuple[str, float]]]] = {}
+    for marks in done:
+        groups.setdefault(tuple(label for label, _ in marks), []).append(marks)
+    with open(os.path.join(os.environ["BENCH_TIMELINE"], f"{os.getpid()}.txt"), "a") as out:
+        for labels, rows in groups.items():
+            steps = [
+                [labels[i - 1], labels[i], statistics.median((r[i][1] - r[i - 1][1]) * 1e3 for r in rows)]
+                for i in range(1, len(labels))
+            ]
+            out.write(json.dumps({"requests": len(rows), "steps": steps}) + "\n")
+
+
+def install() -> None:
+    sys.meta_path.insert(0, _Finder())
+    signal.signal(signal.SIGRTMIN + 7, _dump)
