@@ -97,7 +97,7 @@ def markdown(label: str, command: str, results: list[dict]) -> str:
         )
         out.append("|---|" + "---|" * len(runs))
         steps = [f"{a} -> {b}" for a, b, _ in runs[0]["steps"]]
-        for i, step in enumerate(steps):
+        for step in steps:
             cells = []
             for r in runs:
                 match = [ms for a, b, ms in r["steps"] if f"{a} -> {b}" == step]

@@ -148,10 +148,8 @@ def _patch_client(module: Any) -> None:
         cls.on_message = first
 
 
-class _Finder(importlib.abc.MetaPathFinder):
-    """Patches the modules above right after they are executed."""
-
-    WANTED = {
+_WANTED = frozenset(
+    {
         *MIDDLEWARES,
         "trtllm_service.api.streaming",
         "trtllm_service.api.openai.serving",
@@ -159,9 +157,14 @@ class _Finder(importlib.abc.MetaPathFinder):
         "trtllm_service.relay.grpc_http2",
         "trtllm_service.relay.client",
     }
+)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    """Patches the modules above right after they are executed."""
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in self.WANTED:
+        if fullname not in _WANTED:
             return None
         sys.meta_path.remove(self)
         try:
