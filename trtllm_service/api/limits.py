@@ -31,7 +31,6 @@ _SLOT = struct.Struct("<qq")  # pid, requests in flight
 
 
 _SLOTS = 256
-_TABLE = struct.Struct(f"<{2 * _SLOTS}q")
 
 
 class SharedSlots:
@@ -58,8 +57,15 @@ class SharedSlots:
         return self._map
 
     def _slots(self, table: mmap.mmap) -> list[tuple[int, int]]:
-        flat = _TABLE.unpack_from(table)  # one call for the whole table (a request's fixed cost)
-        return list(zip(flat[0::2], flat[1::2], strict=True))
+        """The slots ever taken: (pid, count) each. A process takes the first free slot, so those never
+        taken (pid 0) are all at the end, and the scan stops at the first (a request's fixed cost)."""
+        slots = []
+        for index in range(self.SLOTS):
+            slot = _SLOT.unpack_from(table, index * _SLOT.size)
+            if slot[0] == 0:
+                break
+            slots.append(slot)
+        return slots
 
     def try_acquire(self, limit: int) -> bool:
         """Counts one more request of this process unless `limit` are in flight already."""
@@ -75,7 +81,7 @@ class SharedSlots:
             if total >= limit:
                 return False
             index = self._slot_of(me, slots)
-            pid, count = slots[index]
+            pid, count = _SLOT.unpack_from(table, index * _SLOT.size)
             _SLOT.pack_into(table, index * _SLOT.size, me, (count if pid == me else 0) + 1)
             return True
         finally:
@@ -107,17 +113,19 @@ class SharedSlots:
 
     def _slot_of(self, me: int, slots: list[tuple[int, int]]) -> int:
         """This process's slot: the one it holds, else a free one (empty, or left by a dead process)."""
-        if self._mine is not None and slots[self._mine][0] == me:
+        if self._mine is not None and self._mine < len(slots) and slots[self._mine][0] == me:
             return self._mine
         free = None
         for index, (pid, count) in enumerate(slots):
             if pid == me:
                 self._mine = index
                 return index
-            if free is None and (pid == 0 or count == 0 or not _alive(pid)):
+            if free is None and (count == 0 or not _alive(pid)):
                 free = index
-        if free is None:
-            raise RuntimeError(f"more than {self.SLOTS} processes share {self.path}")
+        if free is None:  # the first slot never taken
+            if len(slots) == self.SLOTS:
+                raise RuntimeError(f"more than {self.SLOTS} processes share {self.path}")
+            free = len(slots)
         self._mine = free
         return free
 
