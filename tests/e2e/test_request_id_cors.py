@@ -21,6 +21,7 @@ from tests.support import wait_for
 FLAVORS = ("llmapi",)  # neither depends on the repository flavour
 
 HEX_ID = re.compile(r"[0-9a-f]{32}")
+TRACE = re.compile(r"\(trace=([0-9a-f]{32}),span=[0-9a-f]{16},sampled=([01])")
 
 
 def chat(model_name: str, **extra: Any) -> dict[str, Any]:
@@ -87,6 +88,37 @@ def test_request_ids_are_echoed_and_logged(service: BentoService, model_name: st
     ]
     line = next(line for line in service.log().splitlines() if "[request_id=e2e-sse]" in line)
     assert "path=/v1/chat/completions" in line and "status=200" in line
+
+
+def test_log_lines_carry_the_requests_trace(service: BentoService) -> None:
+    """BentoML's log lines show the trace of the request they belong to (OpenTelemetry's current
+    span), which api/tracing.py starts alone when nothing records spans: a caller's `traceparent`
+    is followed, its trace id and sampled flag kept; without one, each request is a fresh trace."""
+    caller = "4bf92f3577b34da6a3ce929d0e0e4736"
+    body = {"prompt": "Hi", "max_tokens": 2}
+    with httpx.Client(base_url=service.url, timeout=60) as client:
+        traced = client.post(
+            "/generate",
+            json=body,
+            headers={"traceparent": f"00-{caller}-00f067aa0ba902b7-01", "X-Request-Id": "e2e-traced"},
+        )
+        fresh = [
+            client.post("/generate", json=body, headers={"X-Request-Id": f"e2e-fresh-{i}"}) for i in range(2)
+        ]
+    assert [r.status_code for r in (traced, *fresh)] == [200, 200, 200]
+    ids = ["e2e-traced", "e2e-fresh-0", "e2e-fresh-1"]
+    assert wait_for(lambda: all(logged(service, i) for i in ids), 10)
+
+    def traces(request_id: str) -> set[tuple[str, str]]:
+        lines = [line for line in service.log().splitlines() if f"[request_id={request_id}]" in line]
+        found = {m.groups() for line in lines for m in [TRACE.search(line)] if m}
+        assert found, lines
+        return found
+
+    assert traces("e2e-traced") == {(caller, "1")}
+    (first, sampled_first), (second, sampled_second) = *traces("e2e-fresh-0"), *traces("e2e-fresh-1")
+    assert first != second and caller not in (first, second) and int(first, 16) and int(second, 16)
+    assert sampled_first == sampled_second == "0"  # BentoML's default sample rate: 0
 
 
 # ---- CORS, from a page on another origin -------------------------------------------------------------------
