@@ -23,7 +23,7 @@ invalid bytes. A table of every id's bytes (built once per tokenizer and checked
 against the Rust decode; any mismatch keeps the tokenizer) gives the same text from a lookup per
 token and one `bytes.decode`. The common push needs not even a window: when the text so far ends on
 a whole character and the new tokens' bytes are valid UTF-8 on their own, the window's new text is
-exactly those bytes' text (0.6 instead of 1.7 us per push).
+exactly those bytes' text (0.86 instead of 1.7 us per push).
 """
 
 from __future__ import annotations

@@ -59,8 +59,11 @@ def _stream(recorded: Recorded) -> EngineStream:
     return stream
 
 
-def _scope(server_send: Any) -> dict[str, Any]:
-    return {"type": "http", SERVER_SEND: server_send}
+def _serve(recorded: Recorded, stream: EngineStream, server_send: Any = None, *, receive: Any = None) -> Any:
+    """A PushBody of `stream` being served (a task), its writes to `server_send` (else recorded)."""
+    body = PushBody(stream, RecordingFraming(stream, recorded), "text/plain")
+    scope = {"type": "http", SERVER_SEND: server_send or recorded.server_send}
+    return asyncio.ensure_future(body(scope, receive or _never, recorded.chain))
 
 
 def test_each_response_is_written_before_the_event_loop_turns() -> None:
@@ -69,8 +72,7 @@ def test_each_response_is_written_before_the_event_loop_turns() -> None:
 
     async def scenario() -> None:
         stream = _stream(recorded)
-        body = PushBody(stream, RecordingFraming(stream, recorded), "text/plain")
-        serving = asyncio.ensure_future(body(_scope(recorded.server_send), _never, recorded.chain))
+        serving = _serve(recorded, stream)
         await asyncio.sleep(0.01)  # the response has started
         for token in range(3):
             stream.on_message(engine_response([token]))
@@ -99,8 +101,7 @@ def test_a_full_client_socket_holds_writes_and_what_came_meanwhile_goes_out_toge
 
     async def scenario() -> None:
         stream = _stream(recorded)
-        body = PushBody(stream, RecordingFraming(stream, recorded), "text/plain")
-        serving = asyncio.ensure_future(body(_scope(server_send), _never, recorded.chain))
+        serving = _serve(recorded, stream, server_send)
         await asyncio.sleep(0.01)
         stream.on_message(engine_response([0]))
         for token in (1, 2, 3):
@@ -131,8 +132,7 @@ def test_the_client_going_away_while_a_write_waits_cancels_the_engine_request() 
             await gone.wait()
             return {"type": "http.disconnect"}
 
-        body = PushBody(stream, RecordingFraming(stream, recorded), "text/plain")
-        serving = asyncio.ensure_future(body(_scope(server_send), receive, recorded.chain))
+        serving = _serve(recorded, stream, server_send, receive=receive)
         await asyncio.sleep(0.01)
         stream.on_message(engine_response([0]))
         stream.on_message(engine_response([1]))
@@ -151,8 +151,7 @@ def test_a_failure_after_the_start_aborts_a_text_response() -> None:
 
     async def scenario() -> None:
         stream = _stream(recorded)
-        body = PushBody(stream, RecordingFraming(stream, recorded), "text/plain")
-        serving = asyncio.ensure_future(body(_scope(recorded.server_send), _never, recorded.chain))
+        serving = _serve(recorded, stream)
         await asyncio.sleep(0.01)
         stream.on_message(engine_response([0]))
         stream.on_message(engine_response(error="engine exploded"))
@@ -177,8 +176,7 @@ def test_held_text_goes_out_when_its_interval_has_passed() -> None:
     async def scenario() -> float:
         stream = _stream(recorded)
         stream._interval = 0.2
-        body = PushBody(stream, RecordingFraming(stream, recorded), "text/plain")
-        serving = asyncio.ensure_future(body(_scope(server_send), _never, recorded.chain))
+        serving = _serve(recorded, stream, server_send)
         await asyncio.sleep(0.01)
         started = asyncio.get_running_loop().time()
         stream.on_message(engine_response([0]))  # the first text: at once
@@ -202,8 +200,7 @@ def test_the_last_response_releases_held_text_at_once() -> None:
     async def scenario() -> None:
         stream = _stream(recorded)
         stream._interval = 30.0
-        body = PushBody(stream, RecordingFraming(stream, recorded), "text/plain")
-        serving = asyncio.ensure_future(body(_scope(recorded.server_send), _never, recorded.chain))
+        serving = _serve(recorded, stream)
         await asyncio.sleep(0.01)
         stream.on_message(engine_response([0]))
         stream.on_message(engine_response([1]))  # held for 30 s
@@ -239,8 +236,7 @@ def test_responses_that_arrive_in_one_socket_read_go_out_as_one_chunk() -> None:
             "/inference.GRPCInferenceService/ModelStreamInfer", b"", stream
         )
         stream._reading = connection
-        body = PushBody(stream, RecordingFraming(stream, recorded), "text/plain")
-        serving = asyncio.ensure_future(body(_scope(recorded.server_send), _never, recorded.chain))
+        serving = _serve(recorded, stream)
         await asyncio.sleep(0.01)
         connection.data_received(read_of(engine_response([0])))
         connection.data_received(read_of(engine_response([1]), engine_response([2]), engine_response([3])))

@@ -12,8 +12,9 @@ data_received, no task per token) and calls back its reader once the socket read
 reader takes everything that arrived since it last asked (`poll()`), so a client that is behind gets
 the tokens already received in one chunk; the first token, or any token when the reader is waiting,
 goes out at once. Stop strings are matched on the decoded text; a match ends the stream and cancels
-the engine request (RST_STREAM: Triton then cancels the request in the engine). Errors become `APIError`s: a request the engine refused 400,
-Triton unreachable or restarting 503, a stream longer than the timeout 504, anything else 500.
+the engine request (RST_STREAM: Triton then cancels the request in the engine). Errors become
+`APIError`s: a request the engine refused 400, Triton unreachable or restarting 503, a stream longer
+than the timeout 504, anything else 500.
 
 A Triton that hangs (alive, answering nothing) is noticed by a watchdog, one per worker, that looks
 once a second: when requests are open and nothing at all arrived on the connection for the idle
