@@ -83,6 +83,11 @@ class TRTLLM:
     async def __is_ready__(self) -> bool:
         return self.runtime.ready and not DRAIN.draining
 
+    async def __is_alive__(self) -> bool:
+        """False once Triton's restarts in a row are used up: /livez 503, so the orchestrator
+        replaces the service instead of leaving it unready for good."""
+        return not self.runtime.triton.gave_up
+
     async def __metrics__(self, text: str) -> str:
         """BentoML's metrics (ours among them) followed by Triton's, so one scrape covers both."""
         return await append_triton_metrics(text, self.runtime.triton.metrics_url)

@@ -4,6 +4,7 @@ with SIGTERM or Ctrl-C, and models that cannot be served."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import threading
@@ -150,6 +151,76 @@ def test_triton_crash_mid_stream_then_recovery_then_sigterm(make_service: Any) -
         f"the stream broken by the crash ended like a complete answer ({len(reader.chunks)} chunks, "
         f"error {reader.error!r}): a client cannot tell it was cut short"
     )
+
+
+def engine_stub(server: BentoService) -> psutil.Process:
+    """The Python-backend stub serving the engine's model instance (tensorrt_llm_0_0)."""
+    [stub] = [
+        process
+        for process in triton_processes(server)
+        if process.cmdline()[-2:-1] == ["tensorrt_llm_0_0"] and "python_backend_stub" in process.cmdline()[0]
+    ]
+    return stub
+
+
+def test_a_dead_engine_stub_mid_stream_restarts_triton(make_service: Any) -> None:
+    """SIGKILL the engine's Python-backend stub during a long stream. Triton itself stays up and
+    "ready" and fails every request of that model from then on; the service notices the stub's death,
+    ends the stream as cut short, restarts Triton and answers again."""
+    server = make_service(FAST_RESTART)
+    readyz = f"{server.url}/readyz"
+    [tritonserver] = server.tritonserver_pids()
+    stub = engine_stub(server)
+
+    reader = StreamReader(server.url, LONG_REQUEST)
+    reader.start()
+    assert reader.streaming.wait(60), f"the stream did not start: {reader.status} {reader.error}"
+    killed_at = time.monotonic()
+    stub.kill()
+
+    assert wait_for(lambda: not http_ok(readyz), timeout=5), "/readyz still 200 after the stub died"
+    assert reader.done.wait(15), "the in-flight stream did not end after the stub died"
+    assert reader.ended_at is not None and reader.ended_at - killed_at < 10, "the stream ended late"
+    assert isinstance(reader.error, httpx.RemoteProtocolError), (
+        f"the stream cut by the stub's death ended like a complete answer: {reader.error!r}"
+    )
+    assert wait_for(lambda: http_ok(readyz), timeout=60, interval=0.5), (
+        f"/readyz did not recover within 60 s:\n{server.log()[-3000:]}"
+    )
+    answer = httpx.post(
+        f"{server.url}/generate", json={"prompt": "Hello!", "max_tokens": 5, "temperature": 0}, timeout=60
+    )
+    assert answer.status_code == 200 and answer.text, answer.text
+    assert tritonserver not in server.tritonserver_pids()
+    assert "stub of model instance 'tensorrt_llm_0_0'" in server.log()
+    metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
+    assert re.search(r"^trtllm:triton_restarts_total(\{[^}]*\})? 1\.0$", metrics, re.MULTILINE), metrics[
+        -2000:
+    ]
+    stop_gracefully(server, lambda process: process.send_signal(signal.SIGTERM))
+
+
+def test_restarts_used_up_fail_the_liveness_probe(make_service: Any) -> None:
+    """TRITON_MAX_RESTARTS=0 and Triton dies: nothing will bring it back inside this service, so
+    /livez answers 503 in every worker (the orchestrator replaces the service) instead of the
+    service staying unready but alive for good."""
+    server = make_service({"TRITON_MAX_RESTARTS": "0", "TRTLLM_WORKERS": "2"})
+    livez = f"{server.url}/livez"
+    assert http_ok(livez)
+    [tritonserver] = server.tritonserver_pids()
+    os.kill(tritonserver, signal.SIGKILL)
+    # Both workers answer /livez; the follower learns from the owner's state file within a poll.
+    statuses: set[int] = set()
+
+    def every_worker_says_dead() -> bool:
+        statuses.clear()
+        statuses.update(httpx.get(livez, timeout=10).status_code for _ in range(20))
+        return statuses == {503}
+
+    assert wait_for(every_worker_says_dead, timeout=10), f"/livez still answers {statuses}"
+    answer = httpx.post(f"{server.url}/generate", json={"prompt": "Hi", "max_tokens": 2}, timeout=30)
+    assert answer.status_code == 503, answer.text
+    assert "giving up" in server.log()
 
 
 def end_requests_early(server: BentoService) -> None:

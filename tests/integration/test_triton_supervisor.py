@@ -131,6 +131,74 @@ def test_a_hung_server_is_unready_then_restarted(repo: Path, tmp_path: Path) -> 
     asyncio.run(scenario())
 
 
+def test_a_dead_python_stub_is_noticed_and_triton_restarted(
+    repo: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Triton 2.51 stays ready when a Python-backend stub dies (it fails that model's requests from
+    then on): the supervisor watches the stubs' processes and restarts Triton."""
+
+    async def scenario() -> None:
+        supervisor = _supervisor(repo, tmp_path, restart_backoff_s=0.2, probe_interval_s=0.5)
+        await supervisor.start()
+        try:
+            assert sorted(stub.instance for stub in supervisor.stubs) == [
+                "postprocessing_0_0",
+                "preprocessing_0_0",
+                "tensorrt_llm_0_0",
+                "tensorrt_llm_bls_0_0",
+            ]
+            [engine] = [stub for stub in supervisor.stubs if stub.instance == "tensorrt_llm_0_0"]
+            assert psutil.Process(engine.pid).name().startswith("triton_python")
+            server = supervisor.triton.pid if supervisor.triton else None
+            os.kill(engine.pid, signal.SIGKILL)
+            started = time.monotonic()
+            assert await _until(lambda: not supervisor.ready, 5), "a dead stub went unnoticed"
+            assert time.monotonic() - started < 3
+            assert await _until(lambda: supervisor.restarts == 1, 30), "Triton was not restarted"
+            assert await _until(lambda: supervisor.ready, 120), supervisor.log_tail()
+            assert supervisor.triton is not None and supervisor.triton.pid != server
+            assert len(supervisor.stubs) == 4 and engine.pid not in {stub.pid for stub in supervisor.stubs}
+            assert all(stub.alive() for stub in supervisor.stubs)
+        finally:
+            await supervisor.stop()
+        assert not any(stub.alive() for stub in supervisor.stubs), "stubs left after stop"
+
+    with caplog.at_level("ERROR", logger="trtllm_service.triton"):
+        asyncio.run(scenario())
+    assert "stub of model instance 'tensorrt_llm_0_0'" in caplog.text, caplog.text
+
+
+def test_restarts_in_a_row_are_limited_and_a_stable_run_resets_the_count(repo: Path, tmp_path: Path) -> None:
+    """max_restarts=1: a crash, a run that stays up past stable_run_s, a crash (restarted: the count
+    began again), a crash right after (no restart: gave_up, for the liveness probe)."""
+
+    async def kill_and_wait(supervisor: TritonSupervisor) -> None:
+        pid = supervisor.triton.pid if supervisor.triton else None
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        assert await _until(lambda: not supervisor.ready, 10)
+
+    async def scenario() -> None:
+        supervisor = _supervisor(repo, tmp_path, restart_backoff_s=0.2, max_restarts=1, stable_run_s=3)
+        await supervisor.start()
+        try:
+            await kill_and_wait(supervisor)
+            assert await _until(lambda: supervisor.ready, 120), supervisor.log_tail()
+            assert supervisor.restarts == 1 and not supervisor.gave_up
+            await asyncio.sleep(3.5)
+            await kill_and_wait(supervisor)
+            assert await _until(lambda: supervisor.ready, 120), "the count did not start again"
+            assert supervisor.restarts == 2 and not supervisor.gave_up
+            await kill_and_wait(supervisor)
+            assert await _until(lambda: supervisor.gave_up, 10), "a crash loop was restarted forever"
+            await asyncio.sleep(1)
+            assert supervisor.restarts == 2 and not supervisor.ready
+        finally:
+            await supervisor.stop()
+
+    asyncio.run(scenario())
+
+
 def test_a_server_that_answers_again_is_ready_again_without_restart(repo: Path, tmp_path: Path) -> None:
     async def scenario() -> None:
         supervisor = _supervisor(repo, tmp_path, probe_interval_s=0.5, stall_timeout_s=60)

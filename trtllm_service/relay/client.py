@@ -56,6 +56,11 @@ STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
 INVALID_REQUEST_MARKER = "invalid request: "
 """Our Triton models start the message of a refused request with this (in-stream errors carry no
 gRPC status code)."""
+DEAD_STUB_MARKER = "is not healthy"
+"""Triton's Python backend answers every request of a model whose stub process died with "Stub
+process '<instance>' is not healthy."; the owner restarts Triton within a probe interval."""
+DEAD_STUB_RETRY_S = 10
+"""About how long a restarted Triton takes to be ready again (the demo on 2 cores: 11-12 s)."""
 
 _parse_response = service_pb2.ModelStreamInferResponse.FromString
 LLMAPI_CACHE_OUTPUT = "kv_cache_reused_block"
@@ -189,7 +194,7 @@ class EngineStream:
             self._cancel(self.stream_id)  # the refused call: nothing more of it is read
             self.stream_id = retry(self)
             return
-        self._fail(_refused(message))
+        self._fail(engine_refusal(message))
 
     def _fail(self, error: APIError) -> None:
         if self._error is None and self.finish_reason is None:
@@ -643,10 +648,17 @@ def _floats(named: dict[str, tuple[Any, bytes]], name: str) -> list[float]:
     return np.frombuffer(named[name][1], dtype=np.float32).tolist() if name in named else []
 
 
-def _refused(message: str) -> APIError:
+def engine_refusal(message: str) -> APIError:
+    """The client's error for an error response of Triton: a 400 for a request our models refused,
+    a 503 while a dead Python-backend stub is being replaced (a retry will be served), else a 500."""
     if INVALID_REQUEST_MARKER in message:
         return APIError.bad_request(
             message[message.index(INVALID_REQUEST_MARKER) + len(INVALID_REQUEST_MARKER) :]
+        )
+    if DEAD_STUB_MARKER in message and "Stub process '" in message:
+        return APIError.unavailable(
+            f"The inference server is restarting after a model process died: {message}",
+            retry_after=DEAD_STUB_RETRY_S,
         )
     return APIError.server_error(f"Inference server error: {message}")
 

@@ -11,7 +11,8 @@ else ever signals it.
 
 `TritonSupervisor` watches the process: it is not ready while it starts, after it died (it is
 restarted with backoff) and while it does not answer health probes; a server that stays
-unresponsive past `stall_timeout_s` is killed and restarted.
+unresponsive past `stall_timeout_s` is killed and restarted, and so is one whose Python-backend
+stub died (Triton itself stays "ready" then, failing every request of that model).
 """
 
 from __future__ import annotations
@@ -56,8 +57,59 @@ EXIT_TIMEOUT_S = 10
 stopping. The service gives it its shutdown grace and more: BentoML's process manager, stopping a
 worker, also SIGTERMs the worker's children (Triton among them) at once, while the worker still
 drains its requests through Triton."""
+STABLE_RUN_S = 600.0
+"""A Triton that stayed up this long (seconds) starts the count of restarts in a row again."""
 UNREADY_AFTER_MISSES = 2
 """Health probes in a row that must go unanswered before Triton counts as not ready."""
+
+
+PYTHON_STUB = "triton_python_backend_stub"
+
+
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """A process's state letter and start time (clock ticks after boot), or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0].decode(), int(fields[19])
+
+
+@dataclass(frozen=True)
+class PythonStub:
+    """One Python-backend stub process of a running Triton, found once its models are ready.
+
+    Triton never restarts a stub that died. 2.51's Python backend does not even report it: the
+    server and the model stay ready while every request of that model fails with "Stub process
+    ... is not healthy"; newer ones (python_backend #423) report the model unready, which the
+    health probes alone would only act on after the stall timeout. The stub's process says it at once.
+    """
+
+    pid: int
+    started: int  # start time from /proc: a reused pid is another process
+    instance: str  # the model instance it serves, e.g. tensorrt_llm_0_0
+
+    @classmethod
+    def find(cls, root: int) -> list[PythonStub]:
+        """The stubs among `root`'s descendants (under mpirun, every rank's)."""
+        stubs = []
+        for pid in launcher.descendants(root):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+            except OSError:
+                continue
+            stat = _proc_stat(pid)
+            if stat is None or os.path.basename(argv[0].decode(errors="replace")) != PYTHON_STUB:
+                continue
+            # argv ends with the instance name and its execution environment ("DEFAULT")
+            instance = argv[-2].decode(errors="replace") if len(argv) >= 3 else "?"
+            stubs.append(cls(pid, stat[1], instance))
+        return stubs
+
+    def alive(self) -> bool:
+        stat = _proc_stat(self.pid)
+        return stat is not None and stat[1] == self.started and stat[0] not in "ZX"
 
 
 class TritonStartupError(RuntimeError):
@@ -304,6 +356,7 @@ class TritonSupervisor:
         restart_backoff_s: float = 1.0,
         probe_interval_s: float = 1.0,
         stall_timeout_s: float = 30.0,
+        stable_run_s: float = STABLE_RUN_S,
         verbose: bool = False,
         exit_timeout_s: float = EXIT_TIMEOUT_S,
         on_state_change: Callable[[bool], None] | None = None,
@@ -320,6 +373,7 @@ class TritonSupervisor:
         self.restart_backoff_s = restart_backoff_s
         self.probe_interval_s = probe_interval_s
         self.stall_timeout_s = stall_timeout_s
+        self.stable_run_s = stable_run_s
         self.verbose = verbose
         self.exit_timeout_s = exit_timeout_s
         self.on_state_change = on_state_change
@@ -329,6 +383,10 @@ class TritonSupervisor:
         self.triton: TritonProcess | None = None
         self.restarts = 0
         self.generation = 0
+        self.stubs: list[PythonStub] = []
+        self.gave_up = False
+        self._failures = 0  # restarts in a row, without a stable run between them
+        self._ready_since: float | None = None
         self._ready = False
         self._stopping = False
         self._watch: asyncio.Task[None] | None = None
@@ -372,6 +430,7 @@ class TritonSupervisor:
             exit_timeout_s=self.exit_timeout_s,
         )
         self.triton = TritonProcess(command, env, self.log_path, ranks=self.world_size > 1)
+        self._ready_since = None
         await self.triton.start()
         self.generation += 1
         logger.info("Triton starting (pid %s, gRPC %s:%d)", self.triton.pid, self.host, self.ports.grpc)
@@ -380,6 +439,8 @@ class TritonSupervisor:
         except BaseException:
             await self.triton.stop()
             raise
+        self.stubs = PythonStub.find(self.triton.pid) if self.triton.pid else []
+        self._ready_since = time.monotonic()
         self._set_ready(True)
 
     async def _wait_ready(self, triton: TritonProcess) -> None:
@@ -407,21 +468,31 @@ class TritonSupervisor:
         return True
 
     async def _supervise(self) -> None:
-        """Restarts Triton when it dies or stops answering; readiness follows what the probes see."""
+        """Restarts Triton when it dies or stops answering; readiness follows what the probes see.
+
+        Up to `max_restarts` in a row, with doubling backoff; a run that stayed up for
+        `stable_run_s` starts the count again (Kubernetes' crash-loop back-off resets the same way).
+        Past that it gives up: `gave_up`, for the liveness probe, so the orchestrator replaces the
+        whole service."""
         while not self._stopping:
             assert self.triton is not None
             cause = await self._watch_one(self.triton)
             if self._stopping:
                 return
             self._set_ready(False)
-            if self.restarts >= self.max_restarts:
-                logger.error("%s; %d restarts used, giving up", cause, self.restarts)
+            if self._ready_since is not None and time.monotonic() - self._ready_since >= self.stable_run_s:
+                self._failures = 0  # a crash a week is not a crash loop
+            if self._failures >= self.max_restarts:
+                logger.error("%s; %d restarts in a row used, giving up", cause, self._failures)
+                self.gave_up = True
+                self._notify_state()
                 return
-            delay = self.restart_backoff_s * (2**self.restarts)
+            delay = self.restart_backoff_s * (2**self._failures)
+            self._failures += 1
             self.restarts += 1
             if self.on_restart is not None:
                 self.on_restart()
-            logger.error("%s; restart %d/%d in %.1f s", cause, self.restarts, self.max_restarts, delay)
+            logger.error("%s; restart %d/%d in %.1f s", cause, self._failures, self.max_restarts, delay)
             await self.triton.stop(timeout_s=2.0)
             await asyncio.sleep(delay)
             if self._stopping:
@@ -432,7 +503,7 @@ class TritonSupervisor:
                 logger.error("%s", exc)
 
     async def _watch_one(self, triton: TritonProcess) -> str:
-        """Waits until this run of Triton dies or hangs; returns why.
+        """Waits until this run of Triton dies, hangs or loses a Python-backend stub; returns why.
 
         A probe may take twice the probe interval, and it takes two unanswered probes in a row to
         call Triton unready: a machine whose cores are all busy streaming can be slow to answer
@@ -446,6 +517,12 @@ class TritonSupervisor:
                 done, _ = await asyncio.wait([exited], timeout=self.probe_interval_s)
                 if done:
                     return f"tritonserver exited (code {exited.result()})"
+                dead = next((stub for stub in self.stubs if not stub.alive()), None)
+                if dead is not None:
+                    return (
+                        f"the Python-backend stub of model instance {dead.instance!r} (pid {dead.pid}) "
+                        "died; Triton fails that model's requests until it restarts"
+                    )
                 healthy = await http_ok(
                     self.host, self.ports.http, "/v2/health/ready", timeout_s=2 * self.probe_interval_s
                 )
@@ -475,8 +552,11 @@ class TritonSupervisor:
         if ready == self._ready:
             return
         self._ready = ready
+        self._notify_state()
+
+    def _notify_state(self) -> None:
         if self.on_state_change is not None:
-            self.on_state_change(ready)
+            self.on_state_change(self._ready)
 
     async def stop(self) -> None:
         """Stops Triton and every process of its tree; safe to call twice."""

@@ -51,6 +51,7 @@ class TritonState:
     generation: int = 0
     restarts: int = 0
     stopping: bool = False
+    gave_up: bool = False
 
 
 class SharedTriton:
@@ -90,6 +91,13 @@ class SharedTriton:
             return self.supervisor.ready
         state = self.state
         return state is not None and state.ready and not state.stopping and pid_alive(state.owner_pid)
+
+    @property
+    def gave_up(self) -> bool:
+        """The owner used up its restarts in a row: only replacing the service brings Triton back."""
+        if self.supervisor is not None:
+            return self.supervisor.gave_up
+        return self.state is not None and self.state.gave_up
 
     def grpc_address(self) -> tuple[str, int] | None:
         """Where to send requests now; None while Triton is not ready."""
@@ -204,6 +212,7 @@ class SharedTriton:
             generation=supervisor.generation,
             restarts=supervisor.restarts,
             stopping=stopping,
+            gave_up=supervisor.gave_up,
         )
         self.state = state
         path = self.run_dir / STATE_FILE

@@ -1,0 +1,58 @@
+"""Which HTTP error a client gets for an error response of Triton, fed as Triton's bytes
+(tests.support.engine_response) to a real EngineStream."""
+
+from __future__ import annotations
+
+from array import array
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
+from tests.support import engine_response, load_tokenizer
+from trtllm_service.errors import APIError
+from trtllm_service.relay.client import EngineStream
+from trtllm_service.relay.request import GenerationRequest
+
+
+@pytest.fixture(scope="module")
+def tokenizer(demo_model_dir: Path) -> Any:
+    return load_tokenizer(str(demo_model_dir))
+
+
+def _error_of(tokenizer: Any, message: str) -> APIError:
+    stream = EngineStream(
+        GenerationRequest(prompt_ids=array("i", [1]), max_tokens=10),
+        IncrementalDetokenizer(tokenizer),
+        "id",
+        lambda _: None,
+    )
+    stream.on_message(engine_response(error=message))
+    with pytest.raises(APIError) as caught:
+        stream.poll()
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "Stub process 'tensorrt_llm_0_0' is not healthy.",  # Triton 2.51's Python backend, verbatim
+        "in ensemble 'ensemble', Stub process 'preprocessing_0_0' is not healthy.",
+    ],
+)
+def test_a_dead_python_stub_is_a_503_to_retry(tokenizer: Any, message: str) -> None:
+    """The owner restarts Triton when a stub dies; until then its errors say: come back later."""
+    error = _error_of(tokenizer, message)
+    assert error.status == 503
+    assert error.headers().get("Retry-After") == "10"
+    assert message in error.body()["error"]["message"]
+
+
+def test_a_refused_request_is_a_400_and_other_engine_errors_500s(tokenizer: Any) -> None:
+    refused = _error_of(tokenizer, "invalid request: beam_width 5 exceeds the engine's max_beam_width 1")
+    assert refused.status == 400
+    assert refused.body()["error"]["message"] == "beam_width 5 exceeds the engine's max_beam_width 1"
+    failed = _error_of(tokenizer, "CUDA error: an illegal memory access was encountered")
+    assert failed.status == 500
+    assert "is not healthy" not in failed.body()["error"]["message"]
