@@ -760,6 +760,9 @@ def main() -> None:
         "scenario abandoned)",
     )
     args = parser.parse_args()
+    # SIGTERM (`timeout`, a box call running out) unwinds like Ctrl-C: the services and Tritons this
+    # run started are stopped, not left serving beside the next run.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     if args.workers is None:
         from trtllm_service.settings import default_workers
 
