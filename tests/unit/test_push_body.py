@@ -88,6 +88,75 @@ def test_each_response_is_written_before_the_event_loop_turns() -> None:
     assert recorded.cancelled == [], "a finished request is not cancelled"
 
 
+class Bracketed(RecordingFraming):
+    """A body with an opening and a closing of its own (as SSE has: a role chunk; the finish
+    chunk, usage and [DONE])."""
+
+    def opening(self) -> bytes:
+        return b"<open>"
+
+    def closing(self) -> bytes:
+        return b"<close>"
+
+
+def test_the_opening_goes_with_the_first_text_and_the_closing_with_the_last() -> None:
+    """Fewer writes per request: the opening and the text already there at the start are one write,
+    the last text and the closing another; text is never held for the body's end."""
+    recorded = Recorded()
+
+    async def scenario() -> None:
+        stream = _stream(recorded)
+        stream.on_message(engine_response([0]))  # the first text came before the response started
+        serving = _serve_bracketed(recorded, stream)
+        await asyncio.sleep(0.01)
+        assert recorded.written == [b"<open> w0"]
+        stream.on_message(engine_response([1]))
+        stream.on_message(engine_response([2], final=True))
+        assert recorded.written[-1] == b" w2<close>", "written at once, not at the body's end"
+        await serving
+
+    asyncio.run(scenario())
+    assert recorded.written == [b"<open> w0", b" w1", b" w2<close>"]
+    assert recorded.chain_sent[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+    assert recorded.status == 200
+
+
+def test_a_closing_without_text_goes_with_the_body_end() -> None:
+    recorded = Recorded()
+
+    async def scenario() -> None:
+        stream = _stream(recorded)
+        stream.on_message(engine_response([0]))
+        serving = _serve_bracketed(recorded, stream)
+        await asyncio.sleep(0.01)
+        stream.on_message(engine_response([], final=True))  # the last response carries no token
+        await serving
+
+    asyncio.run(scenario())
+    assert recorded.written == [b"<open> w0"]
+    assert recorded.chain_sent[-1] == {"type": "http.response.body", "body": b"<close>", "more_body": False}
+
+
+def test_a_one_token_answer_is_one_write_before_the_end() -> None:
+    recorded = Recorded()
+
+    async def scenario() -> None:
+        stream = _stream(recorded)
+        stream.on_message(engine_response([0], final=True))
+        await _serve_bracketed(recorded, stream)
+
+    asyncio.run(scenario())
+    assert recorded.written == [b"<open> w0<close>"]
+    assert recorded.chain_sent[-1]["body"] == b""
+
+
+def _serve_bracketed(recorded: Recorded, stream: EngineStream) -> Any:
+    body = PushBody(stream, Bracketed(stream, recorded), "text/event-stream")
+    return asyncio.ensure_future(
+        body({"type": "http", SERVER_SEND: recorded.server_send}, _never, recorded.chain)
+    )
+
+
 def test_a_full_client_socket_holds_writes_and_what_came_meanwhile_goes_out_together() -> None:
     recorded = Recorded()
     drained: asyncio.Future[None] | None = None

@@ -146,6 +146,7 @@ class PushBody(Response):
         self._timer: asyncio.TimerHandle | None = None
         self._context: contextvars.Context | None = None
         self._pumping = False
+        self._last = b""  # the body's last chunk, sent with its end
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         loop = asyncio.get_running_loop()
@@ -157,11 +158,12 @@ class PushBody(Response):
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             self._context.run(self._start)
-            await asyncio.wait((ended, watcher), return_when=asyncio.FIRST_COMPLETED)
+            if not ended.done():
+                await asyncio.wait((ended, watcher), return_when=asyncio.FIRST_COMPLETED)
             if ended.done():
                 status, error = ended.result()
-                if error is None:
-                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                if error is None:  # the last chunk and the body's end: one write
+                    await send({"type": "http.response.body", "body": self._last, "more_body": False})
         finally:
             self.stream.on_wake = None
             if self._timer is not None:
@@ -178,8 +180,7 @@ class PushBody(Response):
 
     def _start(self) -> None:
         self.stream.on_wake = self._wake
-        if self._write(self.framing.opening()):
-            self._pump()
+        self._pump(self.framing.opening())
 
     def _wake(self) -> None:
         if self._timer is not None and not self.stream.settled:
@@ -187,27 +188,31 @@ class PushBody(Response):
         if not self._pumping and self._context is not None:
             self._context.run(self._pump)
 
-    def _pump(self) -> None:
-        """Writes what the stream has; ends the response when it has finished or failed."""
+    def _pump(self, head: bytes = b"") -> None:
+        """Writes what the stream has (after `head`) in one write; ends the response when the stream
+        has finished or failed."""
         if self._blocked is not None or self._outcome is not None:
             return
         self._pumping = True
         stream = self.stream
+        chunks = [head] if head else []
         try:
             while True:
                 text = stream.poll()
                 if text is None:
                     if stream.hold and self._timer is None:  # held (TRTLLM_STREAM_INTERVAL_MS)
                         self._timer = asyncio.get_running_loop().call_later(stream.hold, self._release)
-                    return
-                if text and not self._write(self.framing.frame(text)):
-                    return
+                    break
+                if text:
+                    chunks.append(self.framing.frame(text))
                 if stream.finish_reason is not None:
-                    self._finish(200, self.framing.closing())
+                    self._finish(200, b"".join(chunks), self.framing.closing())
                     return
+            if chunks:
+                self._write(b"".join(chunks))
         except Exception as exc:
             status, chunk = self.framing.failure(exc)
-            self._finish(status, chunk, None if chunk is not None else exc)
+            self._finish(status, b"".join(chunks), chunk, None if chunk is not None else exc)
         finally:
             self._pumping = False
 
@@ -254,10 +259,17 @@ class PushBody(Response):
         else:
             self._wake()
 
-    def _finish(self, status: int, chunk: bytes | None, error: BaseException | None = None) -> None:
-        """The stream is over: its last chunk is written (once the client has taken it, the end)."""
+    def _finish(
+        self, status: int, text: bytes, last: bytes | None, error: BaseException | None = None
+    ) -> None:
+        """The stream is over. Text goes out at once, `last` (the closing chunk, or the failure's)
+        with it; without text, `last` goes with the body's end (one write fewer, nothing the client
+        waits for is held). `last` None: the response ends with `error` after the text."""
         self._outcome = (status, error)
-        if chunk is None or self._write(chunk):
+        if text and last:
+            text, last = text + last, b""
+        self._last = last or b""
+        if not text or self._write(text):
             self._end(self._outcome)
 
     def _end(self, outcome: tuple[int, BaseException | None]) -> None:
