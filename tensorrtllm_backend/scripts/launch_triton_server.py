@@ -506,16 +506,22 @@ def _children_by_parent() -> dict[int, list[int]]:
     for entry in entries:
         if not entry.isdigit():
             continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # "pid (comm) state ppid ..." where comm may contain spaces and parentheses
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        if len(fields) >= 2:
+        fields = proc_stat(entry)
+        if fields is not None and len(fields) >= 2:
             children.setdefault(int(fields[1]), []).append(int(entry))
     return children
+
+
+def proc_stat(pid: int | str) -> list[bytes] | None:
+    """The fields of /proc/PID/stat after the command name (state, ppid, ... start time at index
+    19), or None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # "pid (comm) state ppid ..." where comm may contain spaces and parentheses
+    return stat[stat.rfind(b")") + 2 :].split()
 
 
 def children(pid: int) -> list[int]:

@@ -113,6 +113,18 @@ class StreamReader(threading.Thread):
             self.done.set()
 
 
+def assert_serving_again(server: BentoService, dead_tritonserver: int) -> None:
+    """/readyz recovers, a request is answered, and by another tritonserver than the dead one."""
+    assert wait_for(lambda: http_ok(f"{server.url}/readyz"), timeout=60, interval=0.5), (
+        f"/readyz did not recover within 60 s:\n{server.log()[-3000:]}"
+    )
+    answer = httpx.post(
+        f"{server.url}/generate", json={"prompt": "Hello!", "max_tokens": 5, "temperature": 0}, timeout=60
+    )
+    assert answer.status_code == 200 and answer.text, answer.text
+    assert dead_tritonserver not in server.tritonserver_pids()
+
+
 def test_triton_crash_mid_stream_then_recovery_then_sigterm(make_service: Any) -> None:
     """SIGKILL tritonserver during a long stream: readiness drops, the stream ends at once with an
     error, Triton comes back with nothing of the old one left, and SIGTERM then stops everything."""
@@ -132,14 +144,7 @@ def test_triton_crash_mid_stream_then_recovery_then_sigterm(make_service: Any) -
     assert reader.ended_at is not None and reader.ended_at - killed_at < 5, "the stream ended late"
     assert reader.status == 200
 
-    assert wait_for(lambda: http_ok(readyz), timeout=60, interval=0.5), (
-        f"/readyz did not recover within 60 s:\n{server.log()[-3000:]}"
-    )
-    answer = httpx.post(
-        f"{server.url}/generate", json={"prompt": "Hello!", "max_tokens": 5, "temperature": 0}, timeout=60
-    )
-    assert answer.status_code == 200 and answer.text, answer.text
-    assert tritonserver not in server.tritonserver_pids()
+    assert_serving_again(server, tritonserver)
     left = wait_gone(first_triton, timeout=10)
     assert not left, f"processes of the killed Triton are still running:\n{describe(left)}"
 
@@ -184,14 +189,7 @@ def test_a_dead_engine_stub_mid_stream_restarts_triton(make_service: Any) -> Non
     assert isinstance(reader.error, httpx.RemoteProtocolError), (
         f"the stream cut by the stub's death ended like a complete answer: {reader.error!r}"
     )
-    assert wait_for(lambda: http_ok(readyz), timeout=60, interval=0.5), (
-        f"/readyz did not recover within 60 s:\n{server.log()[-3000:]}"
-    )
-    answer = httpx.post(
-        f"{server.url}/generate", json={"prompt": "Hello!", "max_tokens": 5, "temperature": 0}, timeout=60
-    )
-    assert answer.status_code == 200 and answer.text, answer.text
-    assert tritonserver not in server.tritonserver_pids()
+    assert_serving_again(server, tritonserver)
     assert "stub of model instance 'tensorrt_llm_0_0'" in server.log()
     metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
     assert re.search(r"^trtllm:triton_restarts_total(\{[^}]*\})? 1\.0$", metrics, re.MULTILINE), metrics[

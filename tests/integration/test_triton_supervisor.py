@@ -57,6 +57,18 @@ async def _until(predicate: Callable[[], bool], timeout: float) -> bool:
     return predicate()
 
 
+async def _unready_then_restarted(
+    supervisor: TritonSupervisor, server: int | None, within: float, what: str
+) -> None:
+    """Not ready within `within` s of the fault, restarted once, then ready on a new tritonserver."""
+    started = time.monotonic()
+    assert await _until(lambda: not supervisor.ready, 5), f"{what} went unnoticed"
+    assert time.monotonic() - started < within
+    assert await _until(lambda: supervisor.restarts == 1, 30), f"Triton was not restarted after {what}"
+    assert await _until(lambda: supervisor.ready, 120), supervisor.log_tail()
+    assert supervisor.triton is not None and supervisor.triton.pid != server
+
+
 @pytest.fixture(scope="module")
 def repo(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_repository(
@@ -118,12 +130,7 @@ def test_a_hung_server_is_unready_then_restarted(repo: Path, tmp_path: Path) -> 
             hung = supervisor.triton.pid if supervisor.triton else None
             assert hung is not None
             os.kill(hung, signal.SIGSTOP)
-            started = time.monotonic()
-            assert await _until(lambda: not supervisor.ready, 5), "a hung server still counted as ready"
-            assert time.monotonic() - started < 5
-            assert await _until(lambda: supervisor.restarts == 1, 30), "the hung server was not restarted"
-            assert await _until(lambda: supervisor.ready, 120), supervisor.log_tail()
-            assert supervisor.triton is not None and supervisor.triton.pid != hung
+            await _unready_then_restarted(supervisor, hung, within=5, what="a hung server")
             assert not psutil.pid_exists(hung) or psutil.Process(hung).status() == psutil.STATUS_ZOMBIE
         finally:
             await supervisor.stop()
@@ -151,12 +158,7 @@ def test_a_dead_python_stub_is_noticed_and_triton_restarted(
             assert psutil.Process(engine.pid).name().startswith("triton_python")
             server = supervisor.triton.pid if supervisor.triton else None
             os.kill(engine.pid, signal.SIGKILL)
-            started = time.monotonic()
-            assert await _until(lambda: not supervisor.ready, 5), "a dead stub went unnoticed"
-            assert time.monotonic() - started < 3
-            assert await _until(lambda: supervisor.restarts == 1, 30), "Triton was not restarted"
-            assert await _until(lambda: supervisor.ready, 120), supervisor.log_tail()
-            assert supervisor.triton is not None and supervisor.triton.pid != server
+            await _unready_then_restarted(supervisor, server, within=3, what="a dead stub")
             assert len(supervisor.stubs) == 4 and engine.pid not in {stub.pid for stub in supervisor.stubs}
             assert all(stub.alive() for stub in supervisor.stubs)
         finally:

@@ -195,7 +195,7 @@ class PushBody(Response):
             return
         self._pumping = True
         stream = self.stream
-        chunks = [head] if head else []
+        out = head  # what this turn writes, in one write
         try:
             while True:
                 text = stream.poll()
@@ -204,15 +204,16 @@ class PushBody(Response):
                         self._timer = asyncio.get_running_loop().call_later(stream.hold, self._release)
                     break
                 if text:
-                    chunks.append(self.framing.frame(text))
+                    frame = self.framing.frame(text)
+                    out = out + frame if out else frame
                 if stream.finish_reason is not None:
-                    self._finish(200, b"".join(chunks), self.framing.closing())
+                    self._finish(200, out, self.framing.closing())
                     return
-            if chunks:
-                self._write(b"".join(chunks))
+            if out:
+                self._write(out)
         except Exception as exc:
             status, chunk = self.framing.failure(exc)
-            self._finish(status, b"".join(chunks), chunk, None if chunk is not None else exc)
+            self._finish(status, out, chunk, None if chunk is not None else exc)
         finally:
             self._pumping = False
 

@@ -68,10 +68,8 @@ PYTHON_STUB = "triton_python_backend_stub"
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:
     """A process's state letter and start time (clock ticks after boot), or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            fields = stat.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
+    fields = launcher.proc_stat(pid)
+    if fields is None or len(fields) < 20:
         return None
     return fields[0].decode(), int(fields[19])
 
