@@ -71,6 +71,9 @@ OPT_TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
 MIN_KILL_GRACE_SECS = 15.0
 RANK_MODE = "--supervise_rank"
 """First argument of the rank mode: ``--supervise_rank GRACE_SECS -- tritonserver ...``."""
+HOLD_SIGTERM_MODE = "--exec_holding_sigterm"
+"""First argument of ``--exec_holding_sigterm -- COMMAND ...``: COMMAND replaces this process (same
+pid) with SIGTERM blocked, so only the signals its owner chose to send stop it."""
 STAGING_PREFIX = "triton-launch-"
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -658,10 +661,31 @@ def supervise_rank(argv: Sequence[str]) -> int:
         grace = float(argv[0])
     except ValueError:
         raise LauncherError(f"{RANK_MODE}: grace {argv[0]!r} is not a number of seconds") from None
+    # The service execs mpirun with SIGTERM blocked (HOLD_SIGTERM_MODE) and a mask is inherited:
+    # a rank takes SIGTERM again, from its own death signal or a stop.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     die_with_mpirun = _pdeathsig_preexec(os.getppid())
     if die_with_mpirun is not None:
         die_with_mpirun()  # on ourselves: SIGTERM when mpirun dies, handled as any stop
     return supervise(argv[2:], os.environ, kill_grace_secs=grace, exit_is_failure=True)
+
+
+def exec_holding_sigterm(argv: Sequence[str]) -> int:
+    """``-- COMMAND ...``: execs COMMAND with SIGTERM blocked.
+
+    The mask survives exec and the handlers tritonserver installs, which a disposition would not;
+    a parent's own preexec hook cannot set it, as uvloop's spawn (libuv) clears the mask just
+    before exec. BentoML's process manager SIGTERMs a worker's children when it stops the worker;
+    the service stops Triton itself, after its drain, with SIGINT.
+    """
+    if len(argv) < 2 or argv[0] != "--":
+        raise LauncherError(f"usage: {HOLD_SIGTERM_MODE} -- COMMAND ...")
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        os.execv(argv[1], list(argv[1:]))
+    except OSError as exc:
+        raise LauncherError(f"cannot start {argv[1]}: {exc.strerror or exc}") from exc
+    return 0  # not reached
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -669,6 +693,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if argv[:1] == [RANK_MODE]:
             return supervise_rank(argv[1:])
+        if argv[:1] == [HOLD_SIGTERM_MODE]:
+            return exec_holding_sigterm(argv[1:])
         args = build_parser().parse_args(argv)
         _validate(args)
         try:

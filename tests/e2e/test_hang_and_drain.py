@@ -126,6 +126,8 @@ def test_hung_triton_then_recovery_then_graceful_shutdown_under_load(
         f"in flight: {sorted(set(seen))}"
     )
     processes = server.descendants() + triton_processes(server)
+    triton_log = Path(server.env["TRTLLM_RUN_DIR"]) / "triton.log"
+    signals_before = triton_log.read_text().count("Signal (")
     assert server.process is not None
     server.process.send_signal(signal.SIGTERM)
     # BentoML's arbiter passes SIGTERM on to the workers: once one drains, /readyz says so (a
@@ -134,6 +136,12 @@ def test_hung_triton_then_recovery_then_graceful_shutdown_under_load(
     turned_away = httpx.post(generate, json=hello, timeout=30)
     assert turned_away.status_code == 503, turned_away.text
     assert turned_away.json()["error"]["message"].startswith("The service is shutting down")
+    # BentoML's process manager SIGTERMs the workers' children too: Triton must not begin its own
+    # shutdown (its engine gives streams 30 s, then cuts them) before the drain has ended.
+    time.sleep(1)
+    assert in_flight(server) > 0 and triton_log.read_text().count("Signal (") == signals_before, (
+        "Triton was signalled while streams were still draining"
+    )
     for thread in threads:
         thread.join(120)
     unfinished = [r for r in results if not (r and r[0] == "length" and r[1] is True and r[2])]

@@ -109,6 +109,13 @@ def test_two_ranks_serve_restart_together_and_leave_nothing(two_rank_home: Path,
         assert {p.pid for p in second}.isdisjoint(p.pid for p in first)
         assert chat(service) == answer  # greedy, so the restarted tree answers the same
         everything += tree(service)
+
+        # BentoML's process manager SIGTERMs the worker's children (mpirun) when it stops the
+        # worker, before the drain: mpirun would take the ranks down a second later. It holds on.
+        mpirun = triton_tree(service)[0]
+        mpirun.send_signal(signal.SIGTERM)
+        time.sleep(2)
+        assert mpirun.is_running() and http_ok(readyz) and chat(service) == answer
     finally:
         everything += tree(service)
         service.stop()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import uvloop
 
 from tensorrtllm_backend.repository import build_repository, repository_values
 from trtllm_service.triton.process import TritonPorts, TritonStartupError, TritonSupervisor
@@ -116,6 +117,38 @@ def test_restart_after_crash_and_clean_stop(repo: Path, tmp_path: Path) -> None:
     asyncio.run(scenario())
     assert states[:3] == [True, False, True]
     assert "successfully loaded 'ensemble'" in (tmp_path / "run" / "triton.log").read_text()
+
+
+@pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
+def test_sigterm_from_outside_does_not_stop_triton_only_the_supervisor_does(
+    repo: Path, tmp_path: Path, loop: str
+) -> None:
+    """BentoML's process manager SIGTERMs a worker's children (Triton) the moment it stops the worker,
+    while the worker still drains its streams: Triton must serve on until the supervisor stops it.
+    On uvloop (what BentoML's workers run) and asyncio's own loop: they spawn differently."""
+
+    async def scenario() -> None:
+        supervisor = _supervisor(repo, tmp_path, probe_interval_s=0.25)
+        await supervisor.start()
+        server = supervisor.triton.pid if supervisor.triton else None
+        assert server is not None
+        tree = _tree(server)
+        try:
+            os.kill(server, signal.SIGTERM)  # what circus's stop_children sends
+            await asyncio.sleep(3)
+            assert supervisor.ready and supervisor.restarts == 0, supervisor.log_tail()
+            assert psutil.Process(server).status() != psutil.STATUS_ZOMBIE
+            assert "Signal (15)" not in supervisor.log_tail(), "Triton began its shutdown on SIGTERM"
+        finally:
+            started = time.monotonic()
+            await supervisor.stop()
+        assert time.monotonic() - started < 10, "the supervisor's stop was not a graceful one"
+        assert _gone(tree), "processes left after stop"
+        log = supervisor.log_tail(200)
+        assert "Signal (2) received" in log and "successfully unloaded" in log, log
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop if loop == "uvloop" else None) as runner:
+        runner.run(scenario())
 
 
 def test_a_hung_server_is_unready_then_restarted(repo: Path, tmp_path: Path) -> None:

@@ -44,7 +44,7 @@ from trtllm_service.relay.prompting import RequestPreparer
 from trtllm_service.relay.request import EngineLimits, GenerationRequest, SamplingParams
 from trtllm_service.settings import Settings
 from trtllm_service.triton.metrics import TRITON_RESTARTS, served_engine
-from trtllm_service.triton.process import EXIT_TIMEOUT_S, TritonPorts, TritonStartupError, TritonSupervisor
+from trtllm_service.triton.process import TritonPorts, TritonStartupError, TritonSupervisor
 from trtllm_service.triton.shared import SharedTriton
 from trtllm_service.versions import installed_tensorrt_llm, triton_version
 
@@ -234,9 +234,6 @@ class Runtime:
             restart_backoff_s=settings.triton_restart_backoff_s,
             stall_timeout_s=settings.triton_stall_timeout_s,
             verbose=settings.triton_log_verbose,
-            # Triton gets SIGTERM with the worker (from BentoML's process manager): it must let the
-            # requests in flight finish for as long as the worker's drain does.
-            exit_timeout_s=max(EXIT_TIMEOUT_S, settings.shutdown_grace_s + 5),
             on_restart=TRITON_RESTARTS.labels(self.model_name).inc,
         )
 

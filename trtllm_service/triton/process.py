@@ -5,9 +5,13 @@ tritonserver for one rank, mpirun for several). The service spawns it itself, in
 (its process group holds tritonserver and its Python-backend stubs, or mpirun; mpirun gives each
 rank a group of its own) with PR_SET_PDEATHSIG, so the tree is told to stop even when the service
 is SIGKILLed (each rank's supervisor dies with mpirun in turn).
-Stopping sends SIGTERM to the server (it unloads its models and stops its stubs; under mpirun, to
-each rank's supervisor, see the launcher), then SIGKILLs the tree after a grace period; nothing
-else ever signals it.
+Stopping sends SIGINT to the server (it unloads its models and stops its stubs, as on SIGTERM;
+under mpirun, to each rank's supervisor, see the launcher), then SIGKILLs the tree after a grace
+period. SIGTERM is blocked in the tree's first process: BentoML's process manager SIGTERMs every
+worker's children the moment it stops the workers (circus `stop_children`), which would start
+Triton's own shutdown (the engines give requests in flight 30 s, then cut them) while the worker
+still drains its streams through Triton. So nothing but the owner stops Triton, and only after
+the drain.
 
 `TritonSupervisor` watches the process: it is not ready while it starts, after it died (it is
 restarted with backoff) and while it does not answer health probes; a server that stays
@@ -26,6 +30,7 @@ import re
 import shutil
 import signal
 import socket
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -53,10 +58,10 @@ def triton_log_level(line: str) -> int:
 
 
 EXIT_TIMEOUT_S = 10
-"""tritonserver's --exit-timeout-secs by default: how long it waits for in-flight requests when
-stopping. The service gives it its shutdown grace and more: BentoML's process manager, stopping a
-worker, also SIGTERMs the worker's children (Triton among them) at once, while the worker still
-drains its requests through Triton."""
+"""tritonserver's --exit-timeout-secs: how long it waits for requests in flight when stopping (the
+service stops it after its own drain, so normally none are left)."""
+STOP_SIGNAL = signal.SIGINT
+"""How Triton is told to stop (its handler treats SIGINT and SIGTERM alike); SIGTERM is blocked."""
 STABLE_RUN_S = 600.0
 """A Triton that stayed up this long (seconds) starts the count of restarts in a row again."""
 UNREADY_AFTER_MISSES = 2
@@ -186,15 +191,19 @@ def triton_command(
             mpirun = shutil.which("mpirun")
             if mpirun is None:
                 raise launcher.LauncherError(f"world_size {world_size} needs mpirun, which is not on PATH")
-        return launcher.build_command(args, install, mpirun=mpirun), install.child_env()
+        command = launcher.build_command(args, install, mpirun=mpirun)
     except launcher.LauncherError as exc:
         raise TritonStartupError(str(exc)) from None
+    # Started through the launcher's exec that blocks SIGTERM (see the module's docstring): the
+    # same process, tritonserver or mpirun, once exec'd.
+    hold = [sys.executable, launcher.__file__, launcher.HOLD_SIGTERM_MODE, "--"]
+    return [*hold, *command], install.child_env()
 
 
 def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGTERM it when the service process dies."""
+    """Runs in the child before exec: the stop signal when the service process dies."""
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, STOP_SIGNAL)
 
 
 async def _exit_code(process: asyncio.subprocess.Process, poll_s: float = 0.1) -> int:
@@ -281,19 +290,19 @@ class TritonProcess:
                     logger.log(level, "[triton] %s", line)
 
     async def stop(self, timeout_s: float = EXIT_TIMEOUT_S + 5.0) -> None:
-        """SIGTERM to the server, SIGKILL to its whole group after `timeout_s`; safe to call twice."""
+        """The stop signal to the server, SIGKILL to its whole group after `timeout_s`; safe to call twice."""
         process = self.process
         if process is None:
             return
         if process.returncode is None:
             for pid in launcher.stop_targets(process.pid, self.ranks):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGTERM)
+                    os.kill(pid, STOP_SIGNAL)
             try:
                 await asyncio.wait_for(_exit_code(process), timeout_s)
             except asyncio.TimeoutError:
                 logger.warning(
-                    "Triton did not stop within %.0f s of SIGTERM; killing its process group", timeout_s
+                    "Triton did not stop within %.0f s of being told to; killing its process group", timeout_s
                 )
         self.kill_now()
         with contextlib.suppress(Exception):
