@@ -71,6 +71,7 @@ class TRTLLM:
     async def start_triton(self) -> None:
         share_bentoml_log_handlers(logger)
         DRAIN.install()
+        DRAIN.cut_by(self.runtime.relay.end_all)
         await self.runtime.start()
         if self.runtime.triton.owner:  # one line per service, not per worker
             url = deployment.serving_url()

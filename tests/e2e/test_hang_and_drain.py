@@ -156,3 +156,52 @@ def in_flight(server: Any) -> int:
     """Requests in flight in the service, from the count its workers share (pid, count per slot)."""
     data = (Path(server.env["TRTLLM_RUN_DIR"]) / "in_flight.slots").read_bytes()
     return sum(count for _, count in struct.iter_unpack("<qq", data) if count > 0)
+
+
+@pytest.mark.stress
+def test_requests_still_running_when_the_grace_runs_out_end_with_a_503(
+    make_service: Any, model_name: str
+) -> None:
+    """TRTLLM_SHUTDOWN_GRACE is the most a SIGTERM waits (uvicorn alone waits for every response,
+    however long): a chat stream, a /generate stream and an unstreamed chat request still running
+    then end with a 503 (the error event, a cut text stream, an error response), and the service
+    exits 0 leaving nothing behind."""
+    grace = 2
+    server = make_service({"TRTLLM_SHUTDOWN_GRACE": str(grace)})
+    chat = {"model": model_name, "messages": [{"role": "user", "content": "Count."}], "temperature": 0}
+    long = {**chat, "max_tokens": 1500}  # ~8 s on the demo engine alone: far past the grace
+    streamed: list[Any] = [None]
+    whole: list[Any] = [None]
+
+    def unstreamed() -> None:
+        response = httpx.post(f"{server.url}/v1/chat/completions", json=long, timeout=120)
+        whole[0] = (response.status_code, response.json())
+
+    threads = [
+        threading.Thread(target=chat_stream, args=(server.url, {**long, "stream": True}, streamed, 0)),
+        threading.Thread(target=unstreamed),
+    ]
+    reader = StreamReader(server.url, LONG_REQUEST)
+    for thread in [*threads, reader]:
+        thread.daemon = True
+        thread.start()
+    assert reader.streaming.wait(60) and wait_for(lambda: in_flight(server) == 3, 30), in_flight(server)
+    processes = server.descendants() + triton_processes(server)
+    assert server.process is not None
+    server.process.send_signal(signal.SIGTERM)
+    code = server.process.wait(timeout=grace + 40)
+    for thread in [*threads, reader]:
+        thread.join(10)
+
+    assert code == 0, f"bentoml serve exited with {code}:\n{server.log()[-3000:]}"
+    assert streamed[0][0] == "error event", f"the chat stream ran on past the grace: {streamed[0][:2]}"
+    error = streamed[0][1]
+    assert error["code"] == "service_unavailable", error
+    assert "shutdown grace ran out" in error["message"], error
+    status, body = whole[0]
+    assert status == 503 and "shutdown grace ran out" in body["error"]["message"], whole[0]
+    assert isinstance(reader.error, httpx.RemoteProtocolError), (
+        f"the /generate stream cut by the shutdown ended like a complete answer: {reader.error!r}"
+    )
+    left = wait_gone(processes, timeout=10)
+    assert not left, f"processes left behind:\n{describe(left)}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -126,6 +127,52 @@ def test_sigterm_drains_then_hands_over_and_a_second_one_is_at_once() -> None:
                 os.kill(os.getpid(), signal.SIGTERM)  # a second SIGTERM: straight to the server
                 await asyncio.sleep(0.05)
                 assert handed_over == [signal.SIGTERM, signal.SIGTERM]
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    asyncio.run(scenario())
+
+
+def test_sigterm_past_the_grace_ends_what_runs_then_hands_over() -> None:
+    """A request still running when the grace is up is ended through `cut_by` (here it waits for
+    its error, as a relayed stream does) before the previous handler runs."""
+
+    async def scenario() -> None:
+        ended: asyncio.Future[APIError] = asyncio.get_running_loop().create_future()
+
+        async def endless(_request: Request) -> PlainTextResponse:
+            error = await ended
+            return PlainTextResponse(error.message, status_code=error.status)
+
+        drain = Drain(grace_s=0.3)
+        app = ConcurrencyLimitMiddleware(
+            Starlette(routes=[Route("/generate", endless, methods=["POST"])]), limit=8, drain=drain
+        )
+
+        def cut(error: APIError) -> int:
+            ended.set_result(error)
+            return 1
+
+        drain.cut_by(cut)
+        handed_over: list[int] = []
+        previous = signal.signal(signal.SIGTERM, lambda signum, _frame: handed_over.append(signum))
+        try:
+            drain.install()
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+                running = asyncio.create_task(client.post("/generate"))
+                while app.in_flight == 0:
+                    await asyncio.sleep(0.01)
+                signalled = time.monotonic()
+                os.kill(os.getpid(), signal.SIGTERM)
+                response = await asyncio.wait_for(running, 5)
+                assert 0.3 <= time.monotonic() - signalled < 2
+                assert response.status_code == 503 and "shutdown grace ran out" in response.text
+                for _ in range(50):
+                    if handed_over:
+                        break
+                    await asyncio.sleep(0.05)
+                assert handed_over == [signal.SIGTERM]
         finally:
             signal.signal(signal.SIGTERM, previous)
 

@@ -224,6 +224,10 @@ class EngineStream:
     def timed_out(self) -> None:
         self._fail(APIError.timeout())
 
+    def end(self, error: APIError) -> None:
+        """Ends the request with `error` (its engine request is cancelled by the caller)."""
+        self._fail(error)
+
     # ---- the reader --------------------------------------------------------------------------------
 
     @property
@@ -694,8 +698,11 @@ class TritonRelay:
         self._connection: GrpcConnection | None = None
         self._opening: asyncio.Future[GrpcConnection] | None = None
         self._watchdog: asyncio.Task[None] | None = None
+        self._ended: APIError | None = None  # set by end_all: every request from then on fails so
 
     async def _connect(self) -> GrpcConnection:
+        if self._ended is not None:
+            raise self._ended
         where = self.address()
         if where is None:
             raise APIError.unavailable(
@@ -779,6 +786,19 @@ class TritonRelay:
         if stream.stream_id:
             stream._timer = asyncio.get_running_loop().call_later(self.stream_timeout_s, stream.timed_out)
         return stream
+
+    def end_all(self, error: APIError) -> int:
+        """Ends every request in flight with `error`, each cancelled in the engine, and fails every
+        later one the same way (the shutdown grace ran out). Returns how many it ended."""
+        self._ended = error
+        connection = self._connection
+        if connection is None:
+            return 0
+        sinks = connection.cancel_all()
+        for sink in sinks:
+            if isinstance(sink, EngineStream):
+                sink.end(error)
+        return len(sinks)
 
     async def reset(self) -> None:
         """Drops the connection (Triton restarted); the next request connects again."""

@@ -331,6 +331,18 @@ class GrpcConnection(asyncio.Protocol):
             self._transport.write(_frame(RST_STREAM, 0, stream_id, _u32.pack(CANCEL)))
         self._start_queued()
 
+    def cancel_all(self) -> list[CallSink]:
+        """Cancels every call (RST_STREAM CANCEL each, queued ones dropped); returns their sinks,
+        which hear nothing more from here."""
+        calls, self._calls = self._calls, {}
+        queued = {item[2].stream_id for item in self._queued}
+        self._queued.clear()
+        for call in calls.values():
+            call.ended = True
+            if call.stream_id not in queued and self._transport is not None and not self.closed:
+                self._transport.write(_frame(RST_STREAM, 0, call.stream_id, _u32.pack(CANCEL)))
+        return [call.sink for call in calls.values()]
+
     @property
     def active_calls(self) -> int:
         return len(self._calls)
