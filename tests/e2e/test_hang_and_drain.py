@@ -145,7 +145,10 @@ def test_hung_triton_then_recovery_then_graceful_shutdown_under_load(
     for thread in threads:
         thread.join(120)
     unfinished = [r for r in results if not (r and r[0] == "length" and r[1] is True and r[2])]
-    assert not unfinished, f"{len(unfinished)} of 32 streams did not finish: {unfinished[:3]}"
+    assert not unfinished, (
+        f"{len(unfinished)} of 32 streams did not finish: {unfinished[:3]}\n"
+        f"service log:\n{server.log()[-3000:]}\ntriton.log:\n{triton_log.read_text()[-2000:]}"
+    )
     code = server.process.wait(timeout=60)
     assert code == 0, f"bentoml serve exited with {code}:\n{server.log()[-3000:]}"
     left = wait_gone(processes, timeout=10)
