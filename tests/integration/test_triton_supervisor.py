@@ -51,6 +51,14 @@ def _supervisor(repo: Path, tmp_path: Path, **kwargs: object) -> TritonSuperviso
     )
 
 
+def _blocks_sigterm(pid: int) -> bool:
+    """Whether the process's (main thread's) signal mask blocks SIGTERM, from /proc."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigBlk:"):
+            return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    raise AssertionError(f"no SigBlk for {pid}")
+
+
 async def _until(predicate: Callable[[], bool], timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while not predicate() and time.monotonic() < deadline:
@@ -133,6 +141,10 @@ def test_sigterm_from_outside_does_not_stop_triton_only_the_supervisor_does(
         server = supervisor.triton.pid if supervisor.triton else None
         assert server is not None
         tree = _tree(server)
+        engines = [stub.pid for stub in supervisor.stubs if stub.instance.rsplit("_", 2)[0] == "tensorrt_llm"]
+        assert _blocks_sigterm(server) and engines, supervisor.stubs
+        # The engine's stub takes SIGTERM again: the processes an engine starts stop as upstream expects.
+        assert not any(_blocks_sigterm(pid) for pid in engines)
         try:
             os.kill(server, signal.SIGTERM)  # what circus's stop_children sends
             await asyncio.sleep(3)

@@ -11,7 +11,8 @@ period. SIGTERM is blocked in the tree's first process: BentoML's process manage
 worker's children the moment it stops the workers (circus `stop_children`), which would start
 Triton's own shutdown (the engines give requests in flight 30 s, then cut them) while the worker
 still drains its streams through Triton. So nothing but the owner stops Triton, and only after
-the drain.
+the drain. The engine models unblock it again in their stubs (`triton_adapter.take_sigterm`), so
+the processes an engine starts stop on SIGTERM as upstream expects.
 
 `TritonSupervisor` watches the process: it is not ready while it starts, after it died (it is
 restarted with backoff) and while it does not answer health probes; a server that stays

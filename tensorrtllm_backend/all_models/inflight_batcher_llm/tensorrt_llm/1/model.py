@@ -32,7 +32,17 @@ from contract import (
 )
 from engine import EngineLoop
 from lora import CACHE_MISS, LoraCache, LoraError, from_rows
-from triton_adapter import Collector, Counters, EngineInfo, Responder, Sender, make_source, mpi_rank, param
+from triton_adapter import (
+    Collector,
+    Counters,
+    EngineInfo,
+    Responder,
+    Sender,
+    make_source,
+    mpi_rank,
+    param,
+    take_sigterm,
+)
 
 NUMPY_TYPES = {"TYPE_FP32": np.float32, "TYPE_FP16": np.float16}
 
@@ -72,6 +82,7 @@ class TritonPythonModel:
     """The stand-in engine: parses requests, hands them to the engine loop."""
 
     def initialize(self, args: dict[str, str]) -> None:
+        take_sigterm()
         config = json.loads(args["model_config"])
         model_name = args.get("model_name", "tensorrt_llm")
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,16 @@ def make_source(
 
     words = printable_tokens(tokenizer_dir or model_dir)
     return SyntheticSource(words), vocab_size(model_dir, max(words) + 1), 1 << 20
+
+
+def take_sigterm() -> None:
+    """Unblocks SIGTERM in this stub, and so in every thread and process the engine starts from here.
+
+    The service starts Triton with SIGTERM blocked (BentoML's process manager must not stop it
+    before the service's drain ends), and a stub inherits the mask; an engine's worker processes
+    are stopped with SIGTERM as upstream expects, so the engine models undo it before they start one.
+    """
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
 def mpi_rank() -> int:

@@ -30,7 +30,16 @@ import yaml
 from contract import INVALID_REQUEST, RequestError
 from llm_engine import LLMEngine, TensorRTLLM
 from llmapi_contract import LlmApiError, TextLimits, is_stop_request, parse_text_request
-from triton_adapter import Collector, Counters, EngineInfo, Responder, Sender, make_source, mpi_rank
+from triton_adapter import (
+    Collector,
+    Counters,
+    EngineInfo,
+    Responder,
+    Sender,
+    make_source,
+    mpi_rank,
+    take_sigterm,
+)
 
 REQUIRE_ENV = "TRTLLM_REQUIRE_TENSORRT_LLM"
 ENGINES = ("tensorrt_llm", "reference", "synthetic")
@@ -76,6 +85,7 @@ class TritonPythonModel:
     """Parses LLM API requests and hands them to the LLM model.yaml picks."""
 
     def initialize(self, args: dict[str, str]) -> None:
+        take_sigterm()
         config = json.loads(args["model_config"])
         self.model_name = args.get("model_name", "tensorrt_llm")
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
