@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,7 +16,7 @@ import pytest
 import uvloop
 
 from tensorrtllm_backend.repository import build_repository, repository_values
-from trtllm_service.triton.process import TritonPorts, TritonStartupError, TritonSupervisor
+from trtllm_service.triton.process import PythonStub, TritonPorts, TritonStartupError, TritonSupervisor
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -284,3 +286,23 @@ def test_startup_failure_reports_the_log_tail(demo_model_dir: Path, tmp_path: Pa
             os.killpg(pid, 0)
 
     asyncio.run(scenario())
+
+
+def test_a_process_a_stub_forked_is_not_taken_for_a_stub() -> None:
+    """A stub's fork keeps the stub's command line and goes away again (the `segfault at 60` lines
+    of dmesg on these machines are such forks exiting): taken for a stub, its exit restarted Triton.
+    Here a stand-in tree: a parent (as tritonserver), a process named as a stub, and its fork."""
+    script = "import os, time\nif os.fork() == 0:\n    time.sleep(60)\n    os._exit(0)\ntime.sleep(60)\n"
+    stub = f'exec -a /opt/backends/python/triton_python_backend_stub {sys.executable} -c "$0" tensorrt_llm_0_0 DEFAULT'
+    root = subprocess.Popen(["bash", "-c", f"bash -c '{stub}' \"$0\" & wait", script], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while len(_tree(root.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        tree = _tree(root.pid)
+        assert len(tree) == 3, [p.cmdline() for p in tree]
+        stubs = PythonStub.find(root.pid)
+        assert [(s.instance, psutil.Process(s.pid).ppid()) for s in stubs] == [("tensorrt_llm_0_0", root.pid)]
+    finally:
+        os.killpg(root.pid, signal.SIGKILL)
+        root.wait()

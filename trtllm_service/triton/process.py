@@ -80,6 +80,10 @@ def _proc_stat(pid: int) -> tuple[str, int] | None:
     return fields[0].decode(), int(fields[19])
 
 
+def _is_stub(argv: list[bytes]) -> bool:
+    return bool(argv) and os.path.basename(argv[0].decode(errors="replace")) == PYTHON_STUB
+
+
 @dataclass(frozen=True)
 class PythonStub:
     """One Python-backend stub process of a running Triton, found once its models are ready.
@@ -96,19 +100,24 @@ class PythonStub:
 
     @classmethod
     def find(cls, root: int) -> list[PythonStub]:
-        """The stubs among `root`'s descendants (under mpirun, every rank's)."""
-        stubs = []
+        """The stubs among `root`'s descendants (under mpirun, every rank's). A process a stub forked
+        (same command line, gone again soon) is not one: a stub's parent is a tritonserver."""
+        argvs: dict[int, list[bytes]] = {}
         for pid in launcher.descendants(root):
             try:
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+                argvs[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
             except OSError:
                 continue
-            stat = _proc_stat(pid)
-            if stat is None or os.path.basename(argv[0].decode(errors="replace")) != PYTHON_STUB:
+        stubs = []
+        for pid, argv in argvs.items():
+            fields = launcher.proc_stat(pid)
+            if fields is None or len(fields) < 20 or not _is_stub(argv):
                 continue
+            if _is_stub(argvs.get(int(fields[1]), [])):
+                continue  # forked by a stub
             # argv ends with the instance name and its execution environment ("DEFAULT")
             instance = argv[-2].decode(errors="replace") if len(argv) >= 3 else "?"
-            stubs.append(cls(pid, stat[1], instance))
+            stubs.append(cls(pid, int(fields[19]), instance))
         return stubs
 
     def alive(self) -> bool:
