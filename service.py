@@ -23,7 +23,7 @@ from trtllm_service.api.openai import routes as openai_routes
 from trtllm_service.api.openapi import DocumentedService, describe, openai_routes_of
 from trtllm_service.api.request_id import RequestIdMiddleware
 from trtllm_service.api.shutdown import Drain
-from trtllm_service.api.streaming import PushBody, TextFraming, first_text
+from trtllm_service.api.streaming import PushBody, TextFraming, first_text, quiet_cut_streams
 from trtllm_service.api.tracing import tune_request_tracing
 from trtllm_service.errors import APIError
 from trtllm_service.packed_model import read_pack_info
@@ -70,6 +70,7 @@ class TRTLLM:
     @bentoml.on_startup
     async def start_triton(self) -> None:
         share_bentoml_log_handlers(logger)
+        quiet_cut_streams()
         DRAIN.install()
         DRAIN.cut_by(self.runtime.relay.end_all)
         await self.runtime.start()

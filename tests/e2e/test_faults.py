@@ -149,6 +149,9 @@ def test_triton_crash_mid_stream_then_recovery_then_sigterm(make_service: Any) -
     assert not left, f"processes of the killed Triton are still running:\n{describe(left)}"
 
     stop_gracefully(server, lambda process: process.send_signal(signal.SIGTERM))
+    log = server.log()
+    assert "a streamed answer was cut short (503): The inference server is unavailable" in log, log[-3000:]
+    assert "Exception in ASGI application" not in log, "the cut stream was logged with a traceback"
 
     # Last, so that the checks above run either way: a stream cut short by a crash must not look
     # like a complete answer. Plain HTTP has one way to say so: no end of the chunked body.
@@ -190,7 +193,15 @@ def test_a_dead_engine_stub_mid_stream_restarts_triton(make_service: Any) -> Non
         f"the stream cut by the stub's death ended like a complete answer: {reader.error!r}"
     )
     assert_serving_again(server, tritonserver)
-    assert "stub of model instance 'tensorrt_llm_0_0'" in server.log()
+    # Two ways Triton 2.51 takes a stub's death, both seen here: it stays up and fails that model's
+    # requests (the supervisor must notice the stub), or, when the stub died holding the shared
+    # memory's lock mid-response, tritonserver aborts (boost::interprocess::lock_exception; 1 run in
+    # 4 with the cores busy) and the supervisor restarts it for that.
+    [cause] = [line for line in server.log().splitlines() if "restart 1/" in line]
+    triton_log = (Path(server.env["TRTLLM_RUN_DIR"]) / "triton.log").read_text(errors="replace")
+    assert "stub of model instance 'tensorrt_llm_0_0'" in cause or (
+        "tritonserver exited (code -6)" in cause and "lock_exception" in triton_log
+    ), f"{cause}\ntriton.log:\n{triton_log[-2000:]}"
     metrics = httpx.get(f"{server.url}/metrics", timeout=10).text
     assert re.search(r"^trtllm:triton_restarts_total(\{[^}]*\})? 1\.0$", metrics, re.MULTILINE), metrics[
         -2000:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import logging
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Protocol
 
@@ -45,6 +46,31 @@ class ServerSendApp:
         if scope["type"] == "http":
             scope[SERVER_SEND] = send
         await self.app(scope, receive, send)
+
+
+class CutStreamLogFilter(logging.Filter):
+    """uvicorn logs an app's exception as "Exception in ASGI application" and its traceback (60
+    lines). A plain-text body whose engine stream failed after the first chunk is ended that way on
+    purpose (the only way to end it without its last chunk, so the client sees it cut short): it
+    gets one warning line with the reason instead, for each of the streams a Triton crash cuts."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, APIError):
+            record.msg, record.args = (
+                "a streamed answer was cut short (%d): %s",
+                (error.status, error.message),
+            )
+            record.exc_info, record.exc_text = None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+def quiet_cut_streams() -> None:
+    """Installs `CutStreamLogFilter` on uvicorn's error logger (once)."""
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, CutStreamLogFilter) for f in uvicorn_log.filters):
+        uvicorn_log.addFilter(CutStreamLogFilter())
 
 
 async def _until_disconnect(receive: Receive) -> None:
