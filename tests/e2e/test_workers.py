@@ -67,7 +67,7 @@ def generate_ok(service: BentoService, headers: dict[str, str] | None = None) ->
 
 KEY = "sk-workers-7f3a9c"
 SECRET = "PurpleElephant4417"  # a prompt text that must not reach the logs
-LONG = {"prompt": f"{SECRET} tell me a long story.", "max_tokens": 300, "temperature": 0, "ignore_eos": True}
+LONG = {"prompt": f"{SECRET} tell me a long story.", "max_tokens": 1000, "temperature": 0, "ignore_eos": True}
 
 
 @pytest.mark.flavors("llmapi")  # the workers' sharing of Triton does not depend on the flavour
@@ -132,11 +132,13 @@ def test_killing_a_follower_mid_stream_leaves_triton_alone(
 def open_streams_on_both_workers(
     service: BentoService, owner: int, follower: int
 ) -> list[tuple[int, socket.socket]]:
-    """Streams of LONG on fresh connections until both workers serve at least one:
-    (worker pid, socket), each with its answer started."""
+    """Streams of LONG on fresh connections until both workers serve at least one, the follower's
+    opened last: (worker pid, socket), each with its answer started. A follower's stream opened
+    before the owner was reached is closed: it could have finished (a CI run saw one complete)
+    by the time the follower is killed."""
     streams: list[tuple[int, socket.socket]] = []
     body = json.dumps(LONG).encode()
-    for _ in range(16):
+    for _ in range(24):
         sock = socket.create_connection(("127.0.0.1", service.port), timeout=60)
         sock.sendall(
             f"POST /generate HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
@@ -150,10 +152,15 @@ def open_streams_on_both_workers(
             for w in workers(service)
             if any(c.raddr and c.raddr.port == port for c in w.net_connections(kind="tcp"))
         )
+        if worker == follower and not streams:
+            sock.close()
+            continue
         streams.append((worker, sock))
-        if {owner, follower} <= {w for w, _ in streams}:
+        if worker == follower:
             return streams
-    raise AssertionError(f"16 connections did not reach both workers: {[w for w, _ in streams]}")
+    raise AssertionError(
+        f"24 connections did not reach the owner, then the follower: {[w for w, _ in streams]}"
+    )
 
 
 def read_to_end(sock: socket.socket) -> bool:
