@@ -4,10 +4,11 @@ without servers: Starlette apps through httpx's ASGI transport and the real sign
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -85,6 +86,34 @@ def test_only_json_and_forms_get_in(content_type: str | None, status: int) -> No
         assert response.json()["error"]["code"] == "unsupported_media_type"
 
 
+@contextlib.asynccontextmanager
+async def _draining(
+    handler: Callable[[Request], Awaitable[PlainTextResponse]], drain: Drain
+) -> AsyncIterator[tuple[ConcurrencyLimitMiddleware, httpx.AsyncClient, list[int]]]:
+    """(app, client, SIGTERMs handed over): `handler` behind the concurrency limit with `drain`
+    installed, and SIGTERM's previous handler replaced by a recorder for the scenario's length."""
+    app = ConcurrencyLimitMiddleware(
+        Starlette(routes=[Route("/generate", handler, methods=["POST"])]), limit=8, drain=drain
+    )
+    handed_over: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: handed_over.append(signum))
+    try:
+        drain.install()
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            yield app, client, handed_over
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+async def _handed_over(handed_over: list[int]) -> None:
+    """Waits up to 2.5 s for the drain to hand SIGTERM over."""
+    for _ in range(50):
+        if handed_over:
+            return
+        await asyncio.sleep(0.05)
+
+
 def test_sigterm_drains_then_hands_over_and_a_second_one_is_at_once() -> None:
     """The real SIGTERM, delivered to this process: new requests get 503 while the one in flight
     finishes; then the previous handler runs."""
@@ -97,38 +126,25 @@ def test_sigterm_drains_then_hands_over_and_a_second_one_is_at_once() -> None:
             return PlainTextResponse("done")
 
         drain = Drain(grace_s=30)
-        app = ConcurrencyLimitMiddleware(
-            Starlette(routes=[Route("/generate", slow, methods=["POST"])]), limit=8, drain=drain
-        )
-        handed_over: list[int] = []
-        previous = signal.signal(signal.SIGTERM, lambda signum, _frame: handed_over.append(signum))
-        try:
-            drain.install()
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-                first = asyncio.create_task(client.post("/generate"))
-                while app.in_flight == 0:
-                    await asyncio.sleep(0.01)
-                os.kill(os.getpid(), signal.SIGTERM)
-                while not drain.draining:
-                    await asyncio.sleep(0.01)
-                refused = await client.post("/generate")
-                assert refused.status_code == 503 and refused.headers["connection"] == "close"
-                assert "shutting down" in refused.json()["error"]["message"]
-                await asyncio.sleep(0.3)
-                assert handed_over == [], "handed over with a request in flight"
-                release.set()
-                assert (await first).text == "done"
-                for _ in range(50):
-                    if handed_over:
-                        break
-                    await asyncio.sleep(0.05)
-                assert handed_over == [signal.SIGTERM]
-                os.kill(os.getpid(), signal.SIGTERM)  # a second SIGTERM: straight to the server
-                await asyncio.sleep(0.05)
-                assert handed_over == [signal.SIGTERM, signal.SIGTERM]
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        async with _draining(slow, drain) as (app, client, handed_over):
+            first = asyncio.create_task(client.post("/generate"))
+            while app.in_flight == 0:
+                await asyncio.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGTERM)
+            while not drain.draining:
+                await asyncio.sleep(0.01)
+            refused = await client.post("/generate")
+            assert refused.status_code == 503 and refused.headers["connection"] == "close"
+            assert "shutting down" in refused.json()["error"]["message"]
+            await asyncio.sleep(0.3)
+            assert handed_over == [], "handed over with a request in flight"
+            release.set()
+            assert (await first).text == "done"
+            await _handed_over(handed_over)
+            assert handed_over == [signal.SIGTERM]
+            os.kill(os.getpid(), signal.SIGTERM)  # a second SIGTERM: straight to the server
+            await asyncio.sleep(0.05)
+            assert handed_over == [signal.SIGTERM, signal.SIGTERM]
 
     asyncio.run(scenario())
 
@@ -145,36 +161,23 @@ def test_sigterm_past_the_grace_ends_what_runs_then_hands_over() -> None:
             return PlainTextResponse(error.message, status_code=error.status)
 
         drain = Drain(grace_s=0.3)
-        app = ConcurrencyLimitMiddleware(
-            Starlette(routes=[Route("/generate", endless, methods=["POST"])]), limit=8, drain=drain
-        )
 
         def cut(error: APIError) -> int:
             ended.set_result(error)
             return 1
 
         drain.cut_by(cut)
-        handed_over: list[int] = []
-        previous = signal.signal(signal.SIGTERM, lambda signum, _frame: handed_over.append(signum))
-        try:
-            drain.install()
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-                running = asyncio.create_task(client.post("/generate"))
-                while app.in_flight == 0:
-                    await asyncio.sleep(0.01)
-                signalled = time.monotonic()
-                os.kill(os.getpid(), signal.SIGTERM)
-                response = await asyncio.wait_for(running, 5)
-                assert 0.3 <= time.monotonic() - signalled < 2
-                assert response.status_code == 503 and "shutdown grace ran out" in response.text
-                for _ in range(50):
-                    if handed_over:
-                        break
-                    await asyncio.sleep(0.05)
-                assert handed_over == [signal.SIGTERM]
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        async with _draining(endless, drain) as (app, client, handed_over):
+            running = asyncio.create_task(client.post("/generate"))
+            while app.in_flight == 0:
+                await asyncio.sleep(0.01)
+            signalled = time.monotonic()
+            os.kill(os.getpid(), signal.SIGTERM)
+            response = await asyncio.wait_for(running, 5)
+            assert 0.3 <= time.monotonic() - signalled < 2
+            assert response.status_code == 503 and "shutdown grace ran out" in response.text
+            await _handed_over(handed_over)
+            assert handed_over == [signal.SIGTERM]
 
     asyncio.run(scenario())
 
