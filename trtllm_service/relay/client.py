@@ -698,7 +698,7 @@ class TritonRelay:
         self._connection: GrpcConnection | None = None
         self._opening: asyncio.Future[GrpcConnection] | None = None
         self._watchdog: asyncio.Task[None] | None = None
-        self._ended: APIError | None = None  # set by end_all: every request from then on fails so
+        self._ended: APIError | None = None  # set by end_all: every later request fails with it
 
     async def _connect(self) -> GrpcConnection:
         if self._ended is not None:
