@@ -17,6 +17,7 @@ from tensorrtllm_backend.stop_strings import StopStringError, check_stop
 from trtllm_service.api import deployment
 from trtllm_service.api.auth import APIKeyMiddleware, APIKeys
 from trtllm_service.api.bentoml_patches import arrange_middlewares, cancel_request_timers, expose_server_send
+from trtllm_service.api.heap import freeze_startup_heap
 from trtllm_service.api.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
 from trtllm_service.api.metrics import RequestMetrics
 from trtllm_service.api.openai import routes as openai_routes
@@ -74,6 +75,7 @@ class TRTLLM:
         DRAIN.install()
         DRAIN.cut_by(self.runtime.relay.end_all)
         await self.runtime.start()
+        freeze_startup_heap()  # the loaded worker out of the collector's full passes (api/heap.py)
         if self.runtime.triton.owner:  # one line per service, not per worker
             url = deployment.serving_url()
             logger.info("serving %s on %s (OpenAI API at %s/v1, docs at %s/)", MODEL_NAME, url, url, url)

@@ -10,6 +10,8 @@ service's workers, the load generators); it takes the place of any other sitecus
   the handler between bytecodes: time in a C call is charged to the line that made it.
 - $BENCH_TIMELINE: timestamps along each request's path to its first token (`timeline.py`,
   `bench/ttft_breakdown.py`).
+- $BENCH_GC_LOG (a folder): every garbage collection, appended to <folder>/<pid>.gc as one line
+  (wall time, generation, CPU microseconds, objects collected), to tell start-up from serving.
 """
 
 import faulthandler
@@ -51,3 +53,23 @@ if os.environ.get("BENCH_TIMELINE"):  # timestamps along each request's path to 
     import timeline
 
     timeline.install()
+
+
+if os.environ.get("BENCH_GC_LOG"):
+    import gc
+    import time
+
+    _gc_started = [0.0]
+
+    def _gc_callback(phase: str, info: dict) -> None:
+        now = time.process_time()
+        if phase == "start":
+            _gc_started[0] = now
+            return
+        line = (
+            f"{time.time():.4f} {info['generation']} {(now - _gc_started[0]) * 1e6:.0f} {info['collected']}\n"
+        )
+        with open(f"{os.environ['BENCH_GC_LOG']}/{os.getpid()}.gc", "a") as log:
+            log.write(line)
+
+    gc.callbacks.append(_gc_callback)
