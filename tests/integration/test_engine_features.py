@@ -23,8 +23,10 @@ from tritonclient.utils import np_to_triton_dtype
 from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
 from tests.support import Streamer, TritonServer, engine_inputs, load_tokenizer
 from trtllm_service.errors import APIError
+from trtllm_service.relay import client
 from trtllm_service.relay.client import TritonRelay
 from trtllm_service.relay.request import EngineLimits, SamplingParams, settle
+from trtllm_service.relay.response_shape import ResponseShape
 
 pytestmark = pytest.mark.integration
 
@@ -222,3 +224,26 @@ def test_every_final_response_reports_the_reused_kv_cache_blocks(
         result = streamer.collect()
     assert result.error is None, result.error
     assert result.last("kv_cache_reused_block").reshape(-1).tolist() == [0]
+
+
+def test_responses_after_the_first_are_read_from_their_bytes(
+    server: TritonServer, tokenizer: Any, hf: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """relay/response_shape.py on Triton's own bytes: of a 24-token answer, protobuf parses only the
+    first response and the final one, and the answer is the one read with protobuf alone (shapes
+    switched off by the test, the only way to read the same stream both ways)."""
+    request = settle(
+        tokenizer.encode("Tell me about the sea"),
+        SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
+        _limits(tokenizer, hf),
+    )
+    parsed: list[bytes] = []
+    protobuf = client._parse_response
+    monkeypatch.setattr(client, "_parse_response", lambda data: parsed.append(data) or protobuf(data))
+    (text, tokens, finish, _), _ = run(server, tokenizer, request)
+    assert (tokens, finish) == (24, "length")
+    assert len(parsed) == 2
+    parsed.clear()
+    monkeypatch.setattr(ResponseShape, "learn", classmethod(lambda cls, *args: None))
+    assert run(server, tokenizer, request)[0][:3] == (text, 24, "length")
+    assert len(parsed) >= 24  # each response parsed by protobuf

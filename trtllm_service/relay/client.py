@@ -44,10 +44,13 @@ from trtllm_service.relay.logprobs import TokenLogprob, prompt_from_logits, top_
 from trtllm_service.relay.request import (
     ENGINE_CACHE_OUTPUT,
     ENGINE_OUTPUT,
+    LLMAPI_COUNT_OUTPUT,
+    LLMAPI_TEXT_OUTPUT,
     GenerationRequest,
     engine_message,
     llmapi_message,
 )
+from trtllm_service.relay.response_shape import SHAPES_PER_STREAM, ResponseShape
 from trtllm_service.request_ids import engine_request_id
 
 logger = logging.getLogger("trtllm_service.relay")
@@ -98,11 +101,13 @@ class EngineStream:
         "_error",
         "_final",
         "_interval",
+        "_learns",
         "_matcher",
         "_pending",
         "_queued",
         "_reading",
         "_retry",
+        "_shape",
         "_timer",
         "_waiter",
         "cached_tokens",
@@ -151,10 +156,19 @@ class EngineStream:
         self.on_wake: Callable[[], None] | None = None  # instead of waking read(): something arrived
         self._reading: GrpcConnection | None = None  # the connection whose reads deliver this stream
         self._queued = False  # on_wake is due at the end of the connection's current read
+        self._shape: ResponseShape | None = None  # the last response's: the next ones read without protobuf
+        self._learns = SHAPES_PER_STREAM  # shapes this stream may still learn (5 us each)
 
     # ---- CallSink: called by the connection, on the event loop -----------------------------------
 
     def on_message(self, data: bytes) -> None:
+        shape = self._shape
+        if shape is not None:
+            raws = shape.contents(data)
+            if raws is not None:  # the last response's shape, other ids (relay/response_shape.py)
+                self._pending.frombytes(raws[shape.at[0]])
+                self._wake()
+                return
         response = _parse_response(data)
         if response.error_message:
             self._refused(response.error_message)
@@ -171,6 +185,9 @@ class EngineStream:
         if result.parameters["triton_final_response"].bool_param:
             self._final = True
             self.cached_tokens = _cached_blocks(result) * self._block
+        elif self._learns:
+            self._learns -= 1
+            self._shape = ResponseShape.learn(data, result, ENGINE_OUTPUT) or self._shape
         self._wake()
 
     def on_end(self, status: int, message: str) -> None:
@@ -364,26 +381,43 @@ class TextEngineStream(EngineStream):
         self._cut = frozenset() if request.prompt_only else None
 
     def on_message(self, data: bytes) -> None:
+        shape = self._shape
+        if shape is not None:
+            raws = shape.contents(data)
+            if raws is not None:  # the last response's shape, other contents (relay/response_shape.py)
+                self._arrived(raws[shape.at[0]], raws[shape.at[1]])
+                self._wake()
+                return
         response = _parse_response(data)
         if response.error_message:
             self._refused(response.error_message)
             return
         result = response.infer_response
-        piece = None
+        text, count = b"", b""
         for output, raw in zip(result.outputs, result.raw_output_contents, strict=False):
-            if output.name == "text_output":
-                if len(raw) > 4:
-                    piece = raw[4:]
-            elif output.name == "num_output_tokens" and len(raw) >= 4:
-                self.completion_tokens = int.from_bytes(raw[:4], "little", signed=True)
-        if self._cut is not None:  # prompt only (max_tokens 0): the generated token is not shown
-            piece, self.completion_tokens = None, 0
-        if piece is not None:
-            self._pending.append((piece, self.completion_tokens))
+            if output.name == LLMAPI_TEXT_OUTPUT:
+                text = raw
+            elif output.name == LLMAPI_COUNT_OUTPUT:
+                count = raw
+        self._arrived(text, count)
         if result.parameters["triton_final_response"].bool_param:
             self._final = True
             self.cached_tokens = _cached_blocks(result) * self._block
+        elif self._learns:
+            self._learns -= 1
+            self._shape = (
+                ResponseShape.learn(data, result, LLMAPI_TEXT_OUTPUT, LLMAPI_COUNT_OUTPUT) or self._shape
+            )
         self._wake()
+
+    def _arrived(self, text: bytes, count: bytes) -> None:
+        """One response's `text_output` and `num_output_tokens` contents (b"": not in it)."""
+        if len(count) >= 4:
+            self.completion_tokens = int.from_bytes(count[:4], "little", signed=True)
+        if self._cut is not None:  # prompt only (max_tokens 0): the generated token is not shown
+            self.completion_tokens = 0
+        elif len(text) > 4:
+            self._pending.append((text[4:], self.completion_tokens))
 
     def _take(self) -> str:
         pieces, self._pending = self._pending, []
@@ -637,12 +671,12 @@ class TextBeamEngineStream(_BeamStream, TextEngineStream):
     __slots__ = ("_beams", "_stops")
 
     def _read_beams(self, named: dict[str, tuple[Any, bytes]]) -> list[tuple[str, int]] | None:
-        if "text_output" not in named:
+        if LLMAPI_TEXT_OUTPUT not in named:
             return None
-        texts = [t.decode("utf-8", errors="replace") for t in _strings(named["text_output"][1])]
+        texts = [t.decode("utf-8", errors="replace") for t in _strings(named[LLMAPI_TEXT_OUTPUT][1])]
         counts = (
-            np.frombuffer(named["num_output_tokens"][1], dtype=np.int32).tolist()
-            if "num_output_tokens" in named
+            np.frombuffer(named[LLMAPI_COUNT_OUTPUT][1], dtype=np.int32).tolist()
+            if LLMAPI_COUNT_OUTPUT in named
             else [0] * len(texts)
         )
         return list(zip(texts, counts, strict=False))

@@ -449,7 +449,9 @@ LLMAPI_FIXED: Mapping[str, tuple[TensorSpec, object]] = {
 """Inputs every LLM API request carries: streamed (beam search excepted), with the running token
 count (for usage) and the perf metrics (kv_cache_reused_block: usage's cached_tokens)."""
 
-LLMAPI_OUTPUTS = ("text_output", "num_output_tokens", "kv_cache_reused_block")
+LLMAPI_TEXT_OUTPUT, LLMAPI_COUNT_OUTPUT = "text_output", "num_output_tokens"
+"""The LLM API flavour's text delta (one BYTES element) and the tokens generated so far (INT32)."""
+LLMAPI_OUTPUTS = (LLMAPI_TEXT_OUTPUT, LLMAPI_COUNT_OUTPUT, "kv_cache_reused_block")
 LLMAPI_LOGPROB_OUTPUTS = ("output_ids", "output_log_probs")
 LLMAPI_TOP_LOGPROB_OUTPUTS = ("top_log_prob_ids", "top_log_probs")
 LLMAPI_PROMPT_LOGPROB_OUTPUTS = ("prompt_log_probs", "prompt_top_log_prob_ids", "prompt_top_log_probs")
