@@ -2,12 +2,13 @@
 
 A worker holds about 500,000 objects once it has started (BentoML, FastAPI, transformers, the
 tokenizer), none of which become garbage while it serves. CPython's full collection walks all of
-them, stalling every stream the worker relays: on 2 cores each such pass took 110-460 ms while a
-worker started. While serving, a full pass comes once the objects that survived younger passes
-reach a quarter of that heap (none came in a 22 s, 32-stream run, where the younger passes cost
-0.4 us per streamed token; requests that keep objects alive make it come sooner). Frozen, the
-start-up objects sit in the collector's permanent generation: a full pass then walks only what was
-made since, and objects that die by reference count are freed as before.
+them, and every stream the worker relays waits meanwhile: 110-460 ms a pass on 2 cores (logged with
+bench/stacks' BENCH_GC_LOG while workers started). While serving, a full pass comes only once the
+objects that survived younger passes reach a quarter of that heap: rarely (none in a 22 s,
+32-stream run, whose younger passes cost 0.4 us per streamed token), but then as one stall of all
+the worker's streams. Frozen, the start-up objects sit in the collector's permanent generation: a
+full pass walks only what was made since, and objects that die by reference count are freed as
+before.
 """
 
 from __future__ import annotations
