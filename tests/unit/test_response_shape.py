@@ -92,6 +92,11 @@ def test_long_contents_and_long_responses_use_multi_byte_lengths() -> None:
         [len(text).to_bytes(4, "little") + text.encode(), ids(2)], names=names, request_id="r" * 200
     )
     assert shape.contents(long) == list(parse(long).infer_response.raw_output_contents)
+    text = "y" * 20000  # three varint bytes: the entry's length and the response's
+    longer = response(
+        [len(text).to_bytes(4, "little") + text.encode(), ids(3)], names=names, request_id="r" * 200
+    )
+    assert shape.contents(longer) == list(parse(longer).infer_response.raw_output_contents)
 
 
 def test_whatever_it_reads_is_what_protobuf_parses() -> None:

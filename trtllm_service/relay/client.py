@@ -385,7 +385,7 @@ class TextEngineStream(EngineStream):
         if shape is not None:
             raws = shape.contents(data)
             if raws is not None:  # the last response's shape, other contents (relay/response_shape.py)
-                self._arrived(raws[shape.at[0]], raws[shape.at[1]])
+                self._add_text(raws[shape.at[0]], raws[shape.at[1]])
                 self._wake()
                 return
         response = _parse_response(data)
@@ -399,7 +399,7 @@ class TextEngineStream(EngineStream):
                 text = raw
             elif output.name == LLMAPI_COUNT_OUTPUT:
                 count = raw
-        self._arrived(text, count)
+        self._add_text(text, count)
         if result.parameters["triton_final_response"].bool_param:
             self._final = True
             self.cached_tokens = _cached_blocks(result) * self._block
@@ -410,7 +410,7 @@ class TextEngineStream(EngineStream):
             )
         self._wake()
 
-    def _arrived(self, text: bytes, count: bytes) -> None:
+    def _add_text(self, text: bytes, count: bytes) -> None:
         """One response's `text_output` and `num_output_tokens` contents (b"": not in it)."""
         if len(count) >= 4:
             self.completion_tokens = int.from_bytes(count[:4], "little", signed=True)

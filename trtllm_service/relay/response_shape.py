@@ -89,10 +89,12 @@ class ResponseShape:
         try:
             if data[0] != _INFER_RESPONSE:
                 return None
-            length = data[1]
-            pos = 2
-            if length >= 0x80:
-                length, pos = _read_varint(data, 1)
+            length, pos = data[1], 2
+            if length >= 0x80:  # over 127 bytes (a request id of 100 characters does it)
+                if data[2] < 0x80:
+                    length, pos = (length & 0x7F) | data[2] << 7, 3
+                else:
+                    length, pos = _read_varint(data, 1)
             head = self.head
             if pos + length != size or not data.startswith(head, pos):
                 return None
