@@ -120,6 +120,7 @@ class EngineStream:
         "request_id",
         "stream_id",
     )
+    _shape_outputs: tuple[str, ...] = (ENGINE_OUTPUT,)  # what a response's shape locates
 
     def __init__(
         self,
@@ -185,10 +186,15 @@ class EngineStream:
         if result.parameters["triton_final_response"].bool_param:
             self._final = True
             self.cached_tokens = _cached_blocks(result) * self._block
-        elif self._learns:
-            self._learns -= 1
-            self._shape = ResponseShape.learn(data, result, ENGINE_OUTPUT) or self._shape
+        else:
+            self._learn_shape(data, result)
         self._wake()
+
+    def _learn_shape(self, data: bytes, result: Any) -> None:
+        """After a full parse of a response that is not the last: its shape, for the next ones."""
+        if self._learns:
+            self._learns -= 1
+            self._shape = ResponseShape.learn(data, result, *self._shape_outputs) or self._shape
 
     def on_end(self, status: int, message: str) -> None:
         if status == OK and self._final:
@@ -367,6 +373,7 @@ class TextEngineStream(EngineStream):
     """
 
     __slots__ = ()
+    _shape_outputs = (LLMAPI_TEXT_OUTPUT, LLMAPI_COUNT_OUTPUT)
 
     def __init__(
         self,
@@ -403,11 +410,8 @@ class TextEngineStream(EngineStream):
         if result.parameters["triton_final_response"].bool_param:
             self._final = True
             self.cached_tokens = _cached_blocks(result) * self._block
-        elif self._learns:
-            self._learns -= 1
-            self._shape = (
-                ResponseShape.learn(data, result, LLMAPI_TEXT_OUTPUT, LLMAPI_COUNT_OUTPUT) or self._shape
-            )
+        else:
+            self._learn_shape(data, result)
         self._wake()
 
     def _add_text(self, text: bytes, count: bytes) -> None:
