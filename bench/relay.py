@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.client
 import json
 import os
 import platform
@@ -190,6 +191,11 @@ class Floor:
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("bench/asgi_floor.py did not start")
             time.sleep(0.1)
+        if triton:  # its first request imports the relay and connects: not a run's CPU per token
+            connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+            connection.request("POST", "/", json.dumps({"max_tokens": 2}))
+            connection.getresponse().read()
+            connection.close()
 
     def stop(self) -> None:
         self.process.terminate()
@@ -207,6 +213,18 @@ def kernel_seconds(processes: list[psutil.Process]) -> float:
         with contextlib.suppress(psutil.Error):
             total += process.cpu_times().system
     return total
+
+
+def io_calls(processes: list[psutil.Process]) -> tuple[int, int]:
+    """(read, write) system calls made so far (/proc/PID/io: read/readv and write/writev, what
+    uvloop reads and writes sockets with): reads per token show how many tokens a wake-up carries."""
+    reads = writes = 0
+    for process in processes:
+        with contextlib.suppress(psutil.Error):
+            counters = process.io_counters()
+            reads += counters.read_count
+            writes += counters.write_count
+    return reads, writes
 
 
 def cpu_seconds(processes: list[psutil.Process]) -> float:
@@ -388,6 +406,7 @@ def run_load(
     procs = max(1, min(procs, concurrency))
     cpu_before = (cpu_seconds(service_procs), cpu_seconds(triton_procs))
     kernel_before = kernel_seconds(service_procs)
+    calls_before = io_calls(service_procs)
     triton_before = cpu_by_process(triton_procs)
     workers = [p.pid for p in service_procs if _role(p) == "worker"]
     profiler: Profiler | BuiltinProfiler | None = None
@@ -429,6 +448,7 @@ def run_load(
         raise
     cpu_after = (cpu_seconds(service_procs), cpu_seconds(triton_procs))
     kernel_after = kernel_seconds(service_procs)
+    calls_after = io_calls(service_procs)
     triton_after = cpu_by_process(triton_procs)
     if profiler is not None:
         profiler.stop()
@@ -454,6 +474,8 @@ def run_load(
         "tokens_per_chunk": tokens / max(chunks, 1),
         "service_cpu_us_per_token": (cpu_after[0] - cpu_before[0]) * per_token,
         "service_kernel_us_per_token": (kernel_after - kernel_before) * per_token,
+        "service_reads_per_token": (calls_after[0] - calls_before[0]) / max(tokens, 1),
+        "service_writes_per_token": (calls_after[1] - calls_before[1]) / max(tokens, 1),
         "loadgen_cpu_us_per_token": sum(out["cpu"] for out in outputs) * per_token,
         "triton_cpu_us_per_token": (cpu_after[1] - cpu_before[1]) * per_token,
         "triton_cpu_us_per_token_by_process": {
@@ -555,7 +577,7 @@ def scenario(args: argparse.Namespace, engine: str, levels: list[int], max_token
                     print(
                         f"[{engine}] c={concurrency:<4} {target:<12} {row['tokens_per_s']:8.0f} tok/s  "
                         f"ttft p50 {row['ttft_p50_ms']:7.1f} ms  itl p50 {row['itl_p50_ms']:6.2f} ms  "
-                        f"service {row['service_cpu_us_per_token']:6.1f} us/tok (kernel {row['service_kernel_us_per_token']:5.1f})  loadgen {row['loadgen_cpu_us_per_token']:5.1f} us/tok  triton {row['triton_cpu_us_per_token']:6.1f} us/tok  "
+                        f"service {row['service_cpu_us_per_token']:6.1f} us/tok (kernel {row['service_kernel_us_per_token']:5.1f}, reads/writes per token {row['service_reads_per_token']:.2f}/{row['service_writes_per_token']:.2f})  loadgen {row['loadgen_cpu_us_per_token']:5.1f} us/tok  triton {row['triton_cpu_us_per_token']:6.1f} us/tok  "
                         f"{row['tokens_per_chunk']:.2f} tok/chunk  errors {row['errors']}  "
                         f"{ {k: v for k, v in row['triton_cpu_us_per_token_by_process'].items() if v >= 1} }",
                         flush=True,
@@ -620,14 +642,15 @@ def markdown(report: dict[str, Any]) -> str:
                 "",
             ]
         lines += [
-            "| c | target | tokens/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | tokens/chunk | service us/token | of it kernel | Triton us/token | load generator us/token | errors |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| c | target | tokens/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | tokens/chunk | service us/token | of it kernel | reads / writes per token | Triton us/token | load generator us/token | errors |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in result["runs"]:
             lines.append(
                 f"| {r['concurrency']} | {r['target']} | {r['tokens_per_s']:.0f} | {r['ttft_p50_ms']:.1f} / {r['ttft_p99_ms']:.1f} | "
                 f"{r['itl_p50_ms']:.2f} / {r['itl_p99_ms']:.2f} | {r['tokens_per_chunk']:.2f} | "
                 f"{r['service_cpu_us_per_token']:.1f} | {r.get('service_kernel_us_per_token', float('nan')):.1f} | "
+                f"{r.get('service_reads_per_token', float('nan')):.2f} / {r.get('service_writes_per_token', float('nan')):.2f} | "
                 f"{r['triton_cpu_us_per_token']:.1f} | "
                 f"{r.get('loadgen_cpu_us_per_token', float('nan')):.1f} | {r['errors']} |"
             )
