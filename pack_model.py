@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Pack a TensorRT-LLM engine (or a Hugging Face checkpoint) into the BentoML model store.
+"""Pack a Hugging Face checkpoint (or a TensorRT-LLM engine) into the BentoML model store.
 
 The model holds the engine, the tokenizer and a filled Triton model repository, and nothing else. The
 command line is ``trtllm_service.packing.cli``, the logic ``trtllm_service.packing.packer``.
@@ -7,9 +7,13 @@ command line is ``trtllm_service.packing.cli``, the logic ``trtllm_service.packi
 Examples::
 
     python pack_model.py --hf-model hf/Meta-Llama-3-8B-Instruct --tp-size 2   # LLM API, no engine build
+    python pack_model.py --demo                        # offline demo; --flavor ensemble for the ensemble
+
+The llmapi flavour (above) is the default for every source it serves. A prebuilt TensorRT engine is
+the legacy ensemble flavour's (images up to 26.07; packing one prints a warning line)::
+
     python pack_model.py --engine-dir engines/llama-3-8b-tp2 --tokenizer hf/Meta-Llama-3-8B-Instruct
     python pack_model.py --hf-model hf/Meta-Llama-3-8B-Instruct --build-engine  # trtllm-build, then as above
-    python pack_model.py --demo                        # offline demo; --flavor ensemble for the ensemble
 """
 
 import sys

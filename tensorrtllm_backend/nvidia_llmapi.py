@@ -49,6 +49,24 @@ Differences from upstream's llmapi model, on purpose:
   passes `MpiCommSession(comm=COMM_WORLD, n_workers=COMM_WORLD.Get_size())` as `_mpi_session`, the
   other ranks wait in `MPICommExecutor(COMM_WORLD)`.
 
+Where TensorRT-LLM main (the 1.3 line, after 1.2.1) changes this model, so that moving to the first
+image built on it is a small step (nothing here serves these today; the tensors above are 1.2.1's):
+- New optional inputs (config.pbtxt 0a710573): `image_url` (TYPE_STRING [-1], one entry per image, an
+  http(s) URL or a data: URI; NVIDIA/TensorRT-LLM#18381), read only when model.yaml's
+  `triton_config.multimodal` is true (default false: images are ignored, text-only answers); and
+  per-request LoRA by path: `lora_id` (TYPE_UINT64 [1]), `lora_name`, `lora_path`,
+  `lora_ckpt_source` (TYPE_STRING [1]), the first three given together, the adapter read from
+  `lora_path` on the server and cached by `lora_id`. Our `lora_name` extension (a packed adapter,
+  alone) takes the same name with another meaning: on main the model must send `lora_id` and
+  `lora_path` beside it (model.yaml's `triton_config.loras` holds both), or rename ours. Outputs
+  are unchanged.
+- model.py: the OMPI_*/PMIX_*/PMI_* clean-up and the deferred tensorrt_llm import (above), and
+  `generate_async`'s `streaming` passed by keyword (PR #14079).
+- The TensorRT-engine backend (the ensemble flavour, nvidia_backend.py) is gone from main (July
+  2026): an image on the 1.3 line serves this model only (pinned.ENSEMBLE_LEGACY_WARNING).
+Re-read llm_args.py and sampling_params.py at the new tag against the tables below: `certain` marks
+the fields seen on both sides of 1.2.1, the others are the first to check.
+
 Pure data and small functions: imported by the tests and, copied beside model.py, by the llmapi
 model in Triton's Python backend.
 """
@@ -96,6 +114,10 @@ INPUTS: tuple[Tensor, ...] = (
 )
 """Upstream's inputs, in its order. `text_input` is required there; ours makes it optional (a prompt
 may come as our `input_ids` instead)."""
+# Inputs TensorRT-LLM main adds after 1.2.1 (config.pbtxt 0a710573; see the module docstring), in its
+# order, all optional: image_url (TYPE_STRING [-1], after text_input; with triton_config.multimodal),
+# then after `stop`: lora_id (TYPE_UINT64 [1]), lora_name, lora_path, lora_ckpt_source (TYPE_STRING [1]).
+# Not served at 1.2.1: adding them here is the first step to the next image.
 
 OUTPUTS: tuple[Tensor, ...] = (
     Tensor("text_output", "TYPE_STRING", (-1,)),

@@ -6,6 +6,11 @@ Triton 2.71.0, TensorRT-LLM 1.2.1, Python 3.12.3, torch 2.10.0a0+b4e4ee81d3.nv25
 10.14.1.48, CUDA 13.1.0.036, driver 590.44.01. (26.08 has no trtllm row; 26.11's release notes say
 the TensorRT-LLM container is not part of that release.) bentofile.yaml's base image is IMAGE; a
 test holds the two together.
+
+26.07 serves both flavours: llmapi (the LLM API, PyTorch backend, from a Hugging Face checkpoint) and
+the legacy ensemble (a prebuilt TensorRT engine). The next line, TensorRT-LLM main (1.3), serves
+llmapi only (LAST_ENSEMBLE_IMAGE) and adds inputs to NVIDIA's llmapi model (`image_url`, per-request
+LoRA by path): nvidia_llmapi.py's docstring lists them.
 """
 
 from __future__ import annotations
@@ -19,6 +24,22 @@ MIN_TENSORRT_LLM = "1.1.0"
 older ones in one line). 1.1.0 (images 25.12-26.02) and 1.2.x have the same C++ backend contract
 (nvidia_backend.py); 1.0.x (25.09-25.11) was never checked against, and 0.19 (25.05) names tensors
 differently (min_length, random_seed) and knows neither lora_config nor llguidance."""
+
+LAST_ENSEMBLE_IMAGE = "26.07"
+"""The newest image that serves the ensemble flavour as far as we can confirm (the C++ `tensorrtllm`
+backend, prebuilt TensorRT engines). NVIDIA removed that backend (`inflight_batcher_llm`, trtllm-build's
+engine workflow) from TensorRT-LLM's main in July 2026: an image built on the 1.3 line serves only the
+llmapi flavour, NVIDIA's `llmapi` model running the LLM API's PyTorch backend from a Hugging Face
+checkpoint."""
+
+ENSEMBLE_LEGACY_WARNING = (
+    "the ensemble flavour (a prebuilt TensorRT engine on NVIDIA's C++ tensorrtllm backend) is legacy: "
+    "NVIDIA removed that backend from TensorRT-LLM's main in July 2026, and only images up to "
+    f"{LAST_ENSEMBLE_IMAGE} serve it; the path forward is --flavor llmapi with a Hugging Face checkpoint "
+    "(pack_model.py --hf-model DIR)"
+)
+"""The one line pack_model.py prints when it packs an ensemble-flavour model, and the doctor reports
+for one (a warning: the model still serves on the pinned image)."""
 
 CONSTRAINTS_FILE = "constraints/tensorrt_llm-1.2.1.txt"
 """TensorRT-LLM's own pins at the tag (relative to the repository root): what the service installs

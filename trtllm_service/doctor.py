@@ -5,7 +5,9 @@ Run it on the GPU box, in the production image, before `bentoml serve`: it print
 seen against tp x pp, whether a prebuilt engine was built by the installed TensorRT-LLM, then
 starts Triton with the model exactly as the service does and sends one request per feature
 (streaming, stop strings, seeds, log probs, guided decoding, LoRA, beams), each reported ok,
-unsupported (with why) or failed (with the error). Exit status 1 when anything failed.
+unsupported (with why) or failed (with the error). A model of the legacy ensemble flavour gets one
+warning line (pinned.ENSEMBLE_LEGACY_WARNING); a warning does not fail. Exit status 1 when anything
+failed.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from trtllm_service.versions import installed_tensorrt_llm, triton_version
 
 PROG = "trtllm_service.doctor"
 PROMPT = "Write one short sentence about the sea."
-OK, UNSUPPORTED, FAILED = "ok", "unsupported", "failed"
+OK, UNSUPPORTED, FAILED, WARNING = "ok", "unsupported", "failed", "warning"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,13 @@ def gpus_seen() -> int:
     except (OSError, subprocess.TimeoutExpired):
         return 0
     return sum(1 for line in listed.stdout.splitlines() if line.startswith("GPU "))
+
+
+def flavor_checks(info: Any) -> list[Check]:
+    """One warning for a model of the legacy ensemble flavour (a TensorRT engine), none for llmapi."""
+    if info.flavor == "ensemble":
+        return [Check("flavor", WARNING, pinned.ENSEMBLE_LEGACY_WARNING)]
+    return []
 
 
 def environment_checks(info: Any, engine: str | None, installed: str | None) -> list[Check]:
@@ -280,7 +289,8 @@ async def diagnose(tag: str | None) -> tuple[dict[str, Any], list[Check]]:
         await runtime.learn_engine()
         facts["engine"] = runtime.engine
         facts["triton"] = triton_version(runtime.triton.http_url)
-        checks = environment_checks(runtime.info, runtime.engine, installed_tensorrt_llm())
+        checks = flavor_checks(runtime.info)
+        checks += environment_checks(runtime.info, runtime.engine, installed_tensorrt_llm())
         checks += await FeatureProbe(runtime).run()
     finally:
         await runtime.stop()

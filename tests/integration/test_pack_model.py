@@ -22,6 +22,7 @@ import bentoml
 import pytest
 from bentoml._internal.models import ModelStore
 
+from tensorrtllm_backend.pinned import ENSEMBLE_LEGACY_WARNING
 from tensorrtllm_backend.repository import FLAVORS, LLMAPI_SHARED_MODULES, SHARED_MODULES
 from tensorrtllm_backend.scripts.launch_triton_server import LauncherError, find_tritonserver
 from tests.support import engine_config
@@ -35,6 +36,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PACK_MODEL = REPO_ROOT / "pack_model.py"
 ALLOWED_TOP = {"model.yaml", "pack.json"}
 ALLOWED_DIRS = {"repository", "engine", "tokenizer"}
+LEGACY_WARNING = f"pack_model: warning: {ENSEMBLE_LEGACY_WARNING}"
+"""The one line a model packed in the legacy ensemble flavour gets on stderr."""
 
 
 @dataclass
@@ -485,7 +488,8 @@ def test_packs_tp2_engine(store: Store, engine_dir: Path, demo_model_dir: Path) 
         "32768",
     )
     assert result.returncode == 0, result.stderr
-    assert result.stderr == ""
+    assert result.stderr.splitlines() == [LEGACY_WARNING]  # an engine: the legacy flavour, said once
+    assert "flavor: ensemble" in result.stdout
     model = store.only_model()
     assert model.tag.name == "trtllm-llama-tp2"
     path = Path(model.path)
@@ -568,6 +572,7 @@ def test_packs_demo_into_its_own_dir(store: Store, flavor: str) -> None:
     result = store.run("--demo", "tiny", "--quiet", *(["--flavor", flavor] if flavor == "ensemble" else []))
     assert result.returncode == 0, result.stderr
     assert f"flavor: {flavor}" in result.stdout  # llmapi is the default
+    assert result.stderr.splitlines().count(LEGACY_WARNING) == (flavor == "ensemble")
     model = store.only_model()
     assert model.tag.name == "trtllm-demo"
     path = Path(model.path).resolve()
@@ -598,6 +603,7 @@ def test_packs_hf_model_without_clutter(store: Store, demo_model_dir: Path, tmp_
     (model_dir / "src" / "train.py").write_text("print('hi')\n")
     result = store.run("--hf-model", model_dir)
     assert result.returncode == 0, result.stderr
+    assert "flavor: llmapi" in result.stdout and LEGACY_WARNING not in result.stderr
     model = store.only_model()
     assert model.tag.name == "trtllm-my_model"
     assert model.info.labels["mode"] == "hf"
@@ -627,6 +633,34 @@ def test_layout_after_moving_the_store(store: Store, tmp_path: Path, flavor: str
     assert all(Path(p).exists() for p in paths)
     for name in FLAVORS[flavor][1]:
         assert (dest / name / "config.pbtxt").is_file()
+
+
+def test_build_engine_packs_the_legacy_flavour_with_one_warning(
+    store: Store, engine_dir: Path, demo_model_dir: Path
+) -> None:
+    """--build-engine packs what trtllm-build made (here: the fake tp=2 engine, as TensorRT-LLM is
+    not installed): the ensemble flavour by default, and the warning once, though pack() runs after
+    a build."""
+    code = textwrap.dedent(
+        f"""
+        import shutil
+        import sys
+        import pack_model
+        from trtllm_service.packing import engine_build
+
+        def build_engine(source, options, workdir):
+            return shutil.copytree({str(engine_dir)!r}, workdir / "engine")
+
+        engine_build.build_engine = build_engine
+        sys.exit(pack_model.main(sys.argv[1:]))
+        """
+    )
+    result = store.run("--hf-model", demo_model_dir, "--build-engine", "--quiet", code=code)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [LEGACY_WARNING]
+    info = read_pack_info(Path(store.only_model().path))
+    assert (info.flavor, info.mode, info.backend) == ("ensemble", "engine", "tensorrtllm")
+    assert store.temp_leftovers() == []
 
 
 def test_chat_template_override(store: Store, demo_model_dir: Path, tmp_path: Path) -> None:

@@ -293,7 +293,9 @@ def test_template_values_from_engine(tmp_path: Path) -> None:
 
 
 def test_template_values_for_checkpoint(tmp_path: Path) -> None:
-    synthetic = RuntimeOptions(engine="synthetic", engine_instances=4).template_values(hf_source(tmp_path))
+    synthetic = RuntimeOptions(engine="synthetic", engine_instances=4, flavor="ensemble").template_values(
+        hf_source(tmp_path)
+    )
     assert synthetic["engine_instance_count"] == "4"
     values = RuntimeOptions().template_values(hf_source(tmp_path))
     assert values["triton_max_batch_size"] == "8"
@@ -327,6 +329,136 @@ def test_template_values_for_checkpoint(tmp_path: Path) -> None:
 def test_bad_options(options: RuntimeOptions, message: str) -> None:
     with pytest.raises(PackError, match=message):
         options.validate()
+
+
+# --------------------------------------------------------------------------- flavours: llmapi first
+
+
+def demo_source(tmp_path: Path) -> ModelSource:
+    return dataclasses.replace(hf_source(tmp_path), mode="demo", demo="tiny")
+
+
+def engine_source(tmp_path: Path) -> ModelSource:
+    return read_engine_dir(write_engine(tmp_path / "e"))
+
+
+@pytest.mark.parametrize(
+    ("make", "options", "flavor"),
+    [
+        (hf_source, RuntimeOptions(), "llmapi"),
+        (demo_source, RuntimeOptions(), "llmapi"),
+        (hf_source, RuntimeOptions(engine="reference"), "llmapi"),
+        (demo_source, RuntimeOptions(engine="synthetic", step_delay_ms=5.0), "llmapi"),
+        (hf_source, RuntimeOptions(tp_size=2, max_seq_len=1024, dtype="float16"), "llmapi"),
+        (engine_source, RuntimeOptions(), "ensemble"),  # a TensorRT engine: the C++ backend's only
+        (demo_source, RuntimeOptions(flavor="ensemble"), "ensemble"),
+    ],
+    ids=["hf", "demo", "hf-reference", "demo-synthetic", "hf-llm-options", "engine", "asked-for"],
+)
+def test_llmapi_is_the_default_for_every_source_it_serves(
+    tmp_path: Path, make: Any, options: RuntimeOptions, flavor: str
+) -> None:
+    source = make(tmp_path)
+    assert options.flavor_for(source) == flavor
+    values = options.template_values(source)
+    if flavor == "llmapi":
+        assert values["llmapi_engine"] == options.engine_for("llmapi")
+
+
+def test_engine_instances_do_not_pick_the_legacy_flavour(tmp_path: Path) -> None:
+    """Only the ensemble runs synthetic engines side by side; the default stays llmapi, and says so."""
+    options = RuntimeOptions(engine="synthetic", engine_instances=4)
+    assert options.flavor_for(hf_source(tmp_path)) == "llmapi"
+    with pytest.raises(
+        PackError, match=r"--engine-instances is the ensemble flavour's.*add --flavor ensemble"
+    ):
+        options.template_values(hf_source(tmp_path))
+    asked = dataclasses.replace(options, flavor="ensemble").template_values(hf_source(tmp_path))
+    assert asked["engine_instance_count"] == "4"
+
+
+def test_a_trtllm_checkpoint_points_to_the_llmapi_path(tmp_path: Path) -> None:
+    engine = write_engine(tmp_path / "ckpt")
+    (engine / "config.json").write_text(json.dumps({"architecture": "LlamaForCausalLM", "mapping": {}}))
+    with pytest.raises(PackError, match=r"pack the Hugging Face checkpoint it came from with --hf-model"):
+        read_engine_dir(engine)
+
+
+def test_the_legacy_warning_is_one_line_naming_the_way_forward() -> None:
+    from tensorrtllm_backend import pinned
+
+    text = pinned.ENSEMBLE_LEGACY_WARNING
+    assert "\n" not in text and "legacy" in text
+    assert f"images up to {pinned.LAST_ENSEMBLE_IMAGE}" in text and pinned.LAST_ENSEMBLE_IMAGE == "26.07"
+    assert "--flavor llmapi" in text and "Hugging Face checkpoint" in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "flavor"),
+    [
+        (["--hf-model", "{ckpt}"], "llmapi"),
+        (["--hf-model", "{ckpt}", "--tokenizer", "{ckpt}"], "llmapi"),
+        (["--demo", "tiny"], "llmapi"),
+        (["--demo"], "llmapi"),
+        (["--engine-dir", "{engine}", "--tokenizer", "{ckpt}"], "ensemble"),
+        (["--hf-model", "{ckpt}", "--build-engine"], "ensemble"),
+    ],
+    ids=["hf-model", "hf-model-tokenizer", "demo-tiny", "demo-smollm2", "engine-dir", "build-engine"],
+)
+def test_each_pack_model_source_defaults_to_llmapi_where_it_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, argv: list[str], flavor: str
+) -> None:
+    """Through the command line, without a model store: the flavour pack() is handed for each source."""
+    from trtllm_service.packing import cli, engine_build
+
+    ckpt = write_checkpoint(tmp_path / "ckpt", "model.safetensors")
+    engine = write_engine(tmp_path / "engine")
+    monkeypatch.setattr(cli, "build_demo", lambda kind, out: write_checkpoint(out, "model.safetensors"))
+    monkeypatch.setattr(engine_build, "build_engine", lambda source, options, workdir: engine)
+    chosen: list[str] = []
+
+    def pack(source: ModelSource, tokenizer: Path, options: RuntimeOptions, **_: Any) -> None:
+        chosen.append(options.flavor_for(source))
+
+    monkeypatch.setattr(packing, "pack", pack)
+    args = cli.build_parser().parse_args([a.format(ckpt=ckpt, engine=engine) for a in argv])
+    cli.run(args)
+    assert chosen == [flavor]
+
+
+def packed(tmp_path: Path, flavor: str) -> packing.PackResult:
+    info = dataclasses.replace(read_pack_info(fake_packed_model(tmp_path / "m")), flavor=flavor)
+    return packing.PackResult(tag=info.tag, path=tmp_path / "m", size=1, info=info)
+
+
+@pytest.mark.parametrize("flavor", ["ensemble", "llmapi"])
+def test_packing_the_legacy_flavour_warns_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], flavor: str
+) -> None:
+    from tensorrtllm_backend import pinned
+    from trtllm_service.packing import cli
+
+    monkeypatch.setattr(cli, "run", lambda args: packed(tmp_path, flavor))
+    assert cli.main(["--demo", "tiny"]) == 0
+    out = capsys.readouterr()
+    expected = f"pack_model: warning: {pinned.ENSEMBLE_LEGACY_WARNING}\n" if flavor == "ensemble" else ""
+    assert out.err == expected
+    assert f"flavor: {flavor}" in out.out
+
+
+def test_a_failed_pack_is_only_its_error_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trtllm_service.packing import cli
+
+    def run(args: Any) -> None:
+        raise PackError("--dtype is an LLM API option: it goes with --flavor llmapi")
+
+    monkeypatch.setattr(cli, "run", run)
+    assert cli.main(["--demo", "tiny", "--flavor", "ensemble"]) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "pack_model: error: --dtype is an LLM API option: it goes with --flavor llmapi"
+    ]
 
 
 def test_names(tmp_path: Path) -> None:

@@ -1,6 +1,8 @@
 """The `pack_model.py` command line: arguments -> `packer.pack`, and one-line errors.
 
 Bad input is reported as one line on stderr (exit status 1; bad arguments 2), and nothing is saved.
+A model packed in the legacy ensemble flavour (a TensorRT engine) is saved with one warning line on
+stderr, pinned.ENSEMBLE_LEGACY_WARNING; llmapi, the default wherever it serves the source, gets none.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from tensorrtllm_backend import pinned
 from trtllm_service.chat.reasoning import REASONING_PARSERS
 from trtllm_service.packing import packer as packing
 from trtllm_service.packing.packer import PackError, RuntimeOptions
@@ -52,7 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="DIR",
         help="prebuilt TensorRT-LLM engine (trtllm-build's output: config.json + rank<N>.engine per rank); "
-        "served by Triton's tensorrtllm backend; needs --tokenizer",
+        "served by Triton's tensorrtllm backend in the ensemble flavour (legacy: images up to "
+        f"{pinned.LAST_ENSEMBLE_IMAGE}); needs --tokenizer",
     )
     mode.add_argument(
         "--hf-model",
@@ -76,15 +80,17 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument(
         "--flavor",
         choices=packing.FLAVORS,
-        help="Triton model repository: llmapi (one LLM API model configured by model.yaml; default for "
-        "--hf-model and --demo) or ensemble (the classic inflight_batcher_llm ensemble; the only one for "
-        "--engine-dir, where it is the default)",
+        help="Triton model repository: llmapi (one LLM API model configured by model.yaml, TensorRT-LLM's "
+        "PyTorch backend; the default for every source it serves: --hf-model, --demo) or ensemble (the "
+        "classic inflight_batcher_llm ensemble on NVIDIA's C++ backend; legacy, served by images up to "
+        f"{pinned.LAST_ENSEMBLE_IMAGE}; the only one for a TensorRT engine: --engine-dir, --build-engine)",
     )
     source.add_argument(
         "--build-engine",
         action="store_true",
         help="with --hf-model: convert the checkpoint and build a TensorRT engine with trtllm-build "
-        "(needs TensorRT-LLM installed), then pack that engine as --engine-dir does. The engine is built "
+        "(needs TensorRT-LLM installed), then pack that engine as --engine-dir does (the legacy ensemble "
+        "flavour; without --build-engine the checkpoint is served as it is, llmapi). The engine is built "
         "for what the API offers: prompts up to the model's context (--max-input-len), generation logits "
         "for top_logprobs; see 'engine build'",
     )
@@ -470,6 +476,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: interrupted, nothing was saved", file=sys.stderr)
         return 130
     info = result.info
+    if info.flavor == "ensemble":
+        print(f"{PROG}: warning: {pinned.ENSEMBLE_LEGACY_WARNING}", file=sys.stderr)
     print(f"tag: {result.tag}")
     print(f"size: {result.human_size}")
     print(f"path: {result.path}")

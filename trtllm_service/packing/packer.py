@@ -215,7 +215,10 @@ def read_engine_dir(engine_dir: Path | str) -> ModelSource:
         if "architectures" in config:
             hint = "it is a Hugging Face config: pack the checkpoint with --hf-model"
         elif "mapping" in config and "architecture" in config:
-            hint = "it is a TRT-LLM checkpoint: build an engine from it with trtllm-build first"
+            hint = (
+                "it is a TRT-LLM checkpoint: pack the Hugging Face checkpoint it came from with --hf-model "
+                "(the LLM API, no build), or build an engine from it with trtllm-build first (legacy)"
+            )
         else:
             hint = "no build_config/pretrained_config objects (engines of TRT-LLM < 0.8 are not supported)"
         raise PackError(f"{str(config_path)!r} is not a TRT-LLM engine config: {hint}")
@@ -518,7 +521,7 @@ class RuntimeOptions:
     engine: str | None = None  # None: tensorrt_llm for llmapi, reference for the ensemble
     step_delay_ms: float = 0.0
     engine_instances: int = 1  # synthetic only: token sources (stub processes) side by side
-    flavor: str | None = None  # None: llmapi for a checkpoint, ensemble for an engine
+    flavor: str | None = None  # None: llmapi, except for a prebuilt TensorRT engine (ensemble, legacy)
     tp_size: int | None = None
     pp_size: int | None = None
     max_num_tokens: int | None = None
@@ -551,8 +554,15 @@ class RuntimeOptions:
         return flavor == "llmapi" or self.guided_decoding is not False
 
     def flavor_for(self, source: ModelSource) -> str:
-        """The repository flavour: as asked, else llmapi for a checkpoint and ensemble for an engine."""
-        return self.flavor or ("llmapi" if source.backend == "python" else "ensemble")
+        """The repository flavour: as asked, else llmapi for every source the LLM API model serves.
+
+        That is every Hugging Face checkpoint (--hf-model, --demo): NVIDIA's llmapi model at 1.2.1
+        runs the PyTorch backend from one. Only a prebuilt TensorRT engine (--engine-dir, and what
+        --build-engine builds) is the legacy ensemble's (pinned.ENSEMBLE_LEGACY_WARNING).
+        """
+        if self.flavor is not None:
+            return self.flavor
+        return "ensemble" if source.mode == "engine" else "llmapi"
 
     def engine_for(self, flavor: str) -> str:
         """What serves the model: as asked, else tensorrt_llm (llmapi) or reference (ensemble)."""
@@ -648,6 +658,11 @@ class RuntimeOptions:
                     "not --engine-dir"
                 )
         self._refuse_build_options(source)
+        if self.engine_instances > 1 and flavor == "llmapi":
+            raise PackError(
+                "--engine-instances is the ensemble flavour's (synthetic token sources side by side); "
+                "the llmapi flavour, the default here, runs one LLM: add --flavor ensemble"
+            )
         if self.guided_decoding is False and flavor == "llmapi":
             raise PackError(
                 "--no-guided-decoding goes with the ensemble flavour (the LLM API guides with llguidance "

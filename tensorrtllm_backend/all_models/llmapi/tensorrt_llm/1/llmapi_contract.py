@@ -27,6 +27,12 @@ nv.GENERATE_ERROR as upstream does); SamplingParams' own refusals come from Samp
 What upstream serves and our model does not (several prompts) is refused as ours
 (`RequestError`, INVALID_ARG after INVALID_REQUEST). Upstream ignores extra `text_input` elements
 silently; so does this, unless CONTRACT_CHECK_ENV is set (the tests), then it refuses them.
+
+This is 1.2.1's contract (image 26.07). TensorRT-LLM main, the 1.3 line, adds optional inputs
+(nvidia_llmapi.py's docstring names them): `image_url` (images, behind model.yaml's
+`triton_config.multimodal`), which this model neither declares nor reads, and `lora_id` / `lora_name`
+/ `lora_path` / `lora_ckpt_source`, where main's `lora_name` must come with `lora_id` and `lora_path`
+while ours names a packed adapter alone: the one input whose meaning differs on the next image.
 """
 
 from __future__ import annotations

@@ -1,0 +1,77 @@
+"""trtllm_service.doctor without Triton: the legacy flavour's one warning line, and what a warning does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tensorrtllm_backend import pinned
+from trtllm_service import doctor
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_ensemble_flavour_is_one_warning() -> None:
+    checks = doctor.flavor_checks(SimpleNamespace(flavor="ensemble"))
+    assert checks == [doctor.Check("flavor", doctor.WARNING, pinned.ENSEMBLE_LEGACY_WARNING)]
+    assert doctor.flavor_checks(SimpleNamespace(flavor="llmapi")) == []
+
+
+class FakeRuntime:
+    """What diagnose() touches of a Runtime, for a packed model of `flavor`."""
+
+    flavor = "ensemble"
+
+    def __init__(self, path: Path, name: str, settings: Any) -> None:
+        self.info = SimpleNamespace(
+            flavor=self.flavor, world_size=1, tp_size=1, pp_size=1, backend="python", versions={}
+        )
+        self.engine = "reference"
+        self.triton = SimpleNamespace(http_url="http://127.0.0.1:1")
+
+    async def start(self) -> None:
+        pass
+
+    async def learn_engine(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("flavor", ["ensemble", "llmapi"])
+def test_the_report_has_one_warning_line_for_the_legacy_flavour(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path, flavor: str
+) -> None:
+    import importlib
+
+    from trtllm_service.relay import runtime
+
+    model = SimpleNamespace(path=str(tmp_path), tag=SimpleNamespace(name="m"))
+    # bentoml.models is a lazy loader: patch the module it loads
+    monkeypatch.setattr(importlib.import_module("bentoml.models"), "get", lambda tag: model)
+    monkeypatch.setattr(runtime, "default_model_tag", lambda tag: tag)
+    monkeypatch.setattr(runtime, "Runtime", type("Runtime", (FakeRuntime,), {"flavor": flavor}))
+    monkeypatch.setattr(doctor, "triton_version", lambda url: "2.71.0")
+    monkeypatch.setattr(doctor, "installed_tensorrt_llm", lambda: None)
+    monkeypatch.setattr(doctor, "gpus_seen", lambda: 0)
+
+    async def no_probes(self: doctor.FeatureProbe) -> list[doctor.Check]:
+        return [doctor.Check("stream", doctor.OK, "8 tokens")]
+
+    monkeypatch.setattr(doctor.FeatureProbe, "run", no_probes)
+    assert doctor.main(["m"]) == 0  # a warning does not fail the command
+    out = capsys.readouterr().out
+    warnings = [line for line in out.splitlines() if " warning " in line]
+    if flavor == "ensemble":
+        assert len(warnings) == 1 and warnings[0].split() == [
+            "flavor",
+            "warning",
+            *pinned.ENSEMBLE_LEGACY_WARNING.split(),
+        ]
+    else:
+        assert warnings == []
+    assert f"flavor: {flavor}" in out
