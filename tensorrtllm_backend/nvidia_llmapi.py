@@ -185,6 +185,37 @@ STOP_WITHOUT_ID = "A request id must be provided for request cancellation"
 CANCELLATION_CHECK_PERIOD_MS = 100
 """triton_config.cancellation_check_period_ms when model.yaml leaves it out."""
 
+# What the LLM API and the PyTorch executor raise at 1.2.1 (issue 34's reading of NVIDIA's source; the
+# quotes come from stored versions near the tag, the variant named is the one more likely at 1.2.1).
+# Upstream's model sends each as GENERATE_ERROR + the text, with TritonError's default code.
+BEAM_WIDTH_NOT_MAX = "Request beam width {bw} is not equal to max_beam_width {mbw}. This is not supported!"
+"""The executor's check of every request (`!=`: width-1 requests too when max_beam_width > 1): 1.2-era
+ExecutorRequestQueue._validate_and_filter_requests asserts it (newer main: PyExecutor._validate_request
+raises ValueError for that request only); the client sees a RequestError either way."""
+BEAM_MULTIPLE_LOGPROBS = "Beam search does not support multiple logprobs"
+"""TorchSampler._prepare_beam_search: beam search with SamplingParams.logprobs > 1 (newer main words it
+"... returning multiple logprobs per request")."""
+TOPK_OUT_OF_RANGE = "selected index k out of range"
+"""torch.topk's RuntimeError when k exceeds the vocabulary: the only cap on `logprobs` /
+`prompt_logprobs` in the PyTorch backend (TorchSampler and compute_logprobs take the top k of the
+logits; no explicit limit in SamplingParams or LLM._check_arguments)."""
+PROMPT_OVER_MAX_NUM_TOKENS = (
+    "The sum of prompt length ({prompt_len}), query length ({query_len}) should not exceed "
+    "max_num_tokens ({max_num_tokens})"
+)
+"""BaseLLM._check_arguments, PyTorch backend without enable_chunked_prefill (generate_async raises it
+before submitting: ValueError in the 1.2-era llm.py, RequestError on newer main). The prompt length is
+prompt_len / context_parallel_size, a float ("72417.0"); query length is 0 without query tokens."""
+MAX_TOKENS_CLAMPED = (
+    "User-specified `max_tokens` ({max_tokens}) is greater than deduced `default_max_tokens` "
+    "({default_max_tokens}), using default_max_tokens instead."
+)
+"""BaseWorker._deduce_max_tokens: a warning, not an error. The PyTorch backend clamps max_tokens to
+max_seq_len - prompt length (the TensorRT backend's max_seq_len refusal is not on this path)."""
+NOTHING_SCHEDULABLE = "fail to schedule any pending request, probably run out of resource."
+"""PyExecutor's assertion when requests wait and none fits the KV cache (nothing in flight): an
+executor failure, not a request's. Requests that fit only later wait in the queue, with no error."""
+
 
 def input_tensor(name: str) -> Tensor:
     """Upstream's input `name`; KeyError for a name it does not declare."""
@@ -404,13 +435,22 @@ def fields_of(table: tuple[Field, ...]) -> dict[str, Field]:
     return {f.alias or f.name: f for f in table}
 
 
-def drop_nulls(config: Mapping[str, Any]) -> dict[str, Any]:
-    """model.yaml with its `null` values left out, nested mappings too (null = the LLM API's default)."""
+NULL_IS_A_VALUE = frozenset({"cuda_graph_config"})
+"""LLM arguments whose `null` means something other than the default, kept in model.yaml's merge:
+`cuda_graph_config` defaults to CudaGraphConfig() (TorchLlmArgs' default_factory), and None turns CUDA
+graphs off (what beam search wants at 1.2: NVIDIA's sampling docs, 1.2.0rc6)."""
+
+
+def drop_nulls(config: Mapping[str, Any], *, top: bool = True) -> dict[str, Any]:
+    """model.yaml with its `null` values left out, nested mappings too (null = the LLM API's default),
+    except the top-level keys of NULL_IS_A_VALUE."""
     out: dict[str, Any] = {}
     for key, value in config.items():
         if value is None:
+            if top and key in NULL_IS_A_VALUE:
+                out[key] = None
             continue
-        out[key] = drop_nulls(value) if isinstance(value, Mapping) else value
+        out[key] = drop_nulls(value, top=False) if isinstance(value, Mapping) else value
     return out
 
 

@@ -79,6 +79,10 @@ DEFAULTS: dict[str, str] = {
     "max_num_tokens": "null",
     "llm_max_seq_len": "null",
     "llm_max_beam_width": "null",  # null: max_beam_width when > 1, else the LLM API's default (1)
+    # beam search at 1.2 (NVIDIA's sampling docs, 1.2.0rc6): the overlap scheduler off and no CUDA
+    # graphs; filled for a beam-packed model (llm_max_beam_width > 1), else the LLM API's defaults
+    "llm_disable_overlap_scheduler": "null",
+    "llm_cuda_graph_config": "{}",  # {}: CudaGraphConfig()'s defaults; null: CUDA graphs off
     "dtype": "auto",
     "trust_remote_code": "false",
     "kv_cache_free_gpu_mem_fraction": "0.9",
@@ -155,6 +159,10 @@ def repository_values(
         and int(values["max_beam_width"]) > 1
     ):
         values["llm_max_beam_width"] = values["max_beam_width"]
+    if values["llm_max_beam_width"].isdigit() and int(values["llm_max_beam_width"]) > 1:
+        for key, beams in (("llm_disable_overlap_scheduler", "true"), ("llm_cuda_graph_config", "null")):
+            if key not in (overrides or {}):
+                values[key] = beams
     if "end_ids" not in values:
         values["end_ids"] = ",".join(str(i) for i in end_ids(values["tokenizer_dir"]))
     return values

@@ -52,6 +52,7 @@ DTYPES: dict[str, Any] = {
     "sampling_param_best_of": np.int32,
     "sampling_param_exclude_input_from_output": np.bool_,
     "sampling_param_logprobs": np.int32,
+    "sampling_param_n": np.int32,
 }
 
 
@@ -261,7 +262,6 @@ def test_prompt_echo_when_asked(llmapi: TritonServer) -> None:
     [
         ("", {}, "text_input is empty"),
         (PROMPT, {"sampling_param_max_tokens": 0}, "max_tokens must be positive"),
-        (PROMPT, {"sampling_param_max_tokens": 5000}, "exceeds the model's max_seq_len of 2048"),
         (
             PROMPT,
             {"sampling_param_best_of": 2, "sampling_param_temperature": 1.0},
@@ -435,3 +435,59 @@ def test_required_tensorrt_llm_is_a_start_up_error(demo_model_dir: Path, tmp_pat
     finally:
         del os.environ["TRTLLM_REQUIRE_TENSORRT_LLM"]
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def beam_packed(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    """A model packed with --max-beam-width 2, max_num_tokens 16 and max_seq_len 64."""
+    server = TritonServer(
+        tmp_path_factory.mktemp("llmapi-beams"),
+        engine_dir=demo_model_dir,
+        tokenizer_dir=demo_model_dir,
+        flavor="llmapi",
+        overrides={"max_beam_width": "2", "max_num_tokens": "16", "llm_max_seq_len": "64"},
+    )
+    with server:
+        yield server
+
+
+BEAMS = {"sampling_param_use_beam_search": True, "sampling_param_best_of": 2}
+
+
+def test_executor_errors_are_nvidias_words(beam_packed: TritonServer) -> None:
+    """Issue 34: what 1.2.1's PyTorch executor and LLM API refuse, as upstream's model sends it: every
+    request whose beam width is not max_beam_width (a width-1 request too), beam search with several
+    log probs, a prompt over max_num_tokens without chunked prefill."""
+    for prompt, params, message in (
+        ("Hello", {"sampling_param_max_tokens": 4}, nv_beam_width(1, 2)),
+        ("Hello", {**BEAMS, "sampling_param_logprobs": 2}, "Beam search does not support multiple logprobs"),
+        (
+            PROMPT + " " + PROMPT,
+            {**BEAMS, "sampling_param_max_tokens": 4},
+            "should not exceed max_num_tokens (16)",
+        ),
+    ):
+        result = run(beam_packed, prompt, **params)
+        assert result.error is not None and "Error generating request: " in result.error, result.error
+        assert message in result.error and "invalid request: " not in result.error, result.error
+    served = run(beam_packed, "Hello", **BEAMS, sampling_param_max_tokens=4)
+    assert served.error is None and served.text
+
+
+def nv_beam_width(bw: int, mbw: int) -> str:
+    return f"Request beam width {bw} is not equal to max_beam_width {mbw}. This is not supported!"
+
+
+def test_max_tokens_beyond_max_seq_len_is_clamped_not_refused(beam_packed: TritonServer) -> None:
+    """The PyTorch backend clamps max_tokens to what max_seq_len leaves (a warning in the log)."""
+    result = run(
+        beam_packed,
+        "Hello",
+        **BEAMS,
+        sampling_param_max_tokens=5000,
+        sampling_param_end_id=-1,
+        return_num_output_tokens=True,
+    )
+    assert result.error is None, result.error
+    assert 0 < int(final(result, "num_output_tokens")) <= 64
+    assert "is greater than deduced `default_max_tokens`" in beam_packed.log()

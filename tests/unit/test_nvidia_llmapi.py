@@ -376,9 +376,20 @@ def test_finding_standin_refuses_what_it_cannot_serve(llm: Any, loop: Any) -> No
             loop.run_until_complete(call(**kwargs))
     with pytest.raises(ValueError, match="guided_decoding_backend"):  # model.yaml sets llguidance
         loop.run_until_complete(call(guided_decoding=llm_standin.GuidedDecodingParams(regex="a+")))
-    # beam search runs exactly the LLM's max_beam_width (unset: 1), as NVIDIA documents it
-    with pytest.raises(ValueError, match=r"best_of \(2\) must equal the LLM's max_beam_width \(1\)"):
-        loop.run_until_complete(call(use_beam_search=True, best_of=2))
+
+    # beam search runs exactly the LLM's max_beam_width (unset: 1): the executor's request error
+    # (test_llmapi_executor_rules.py holds the rule)
+    async def beams() -> None:
+        result = llm.generate_async(
+            [1, 2, 3], sampling_params=llm_standin.SamplingParams(use_beam_search=True, best_of=2)
+        )
+        async for _ in result:
+            pass
+
+    with pytest.raises(
+        llm_standin.ExecutorRequestError, match=r"beam width 2 is not equal to max_beam_width 1"
+    ):
+        loop.run_until_complete(beams())
     with pytest.raises(RequestError, match="embedding_bias has 3 values"):
         loop.run_until_complete(call(embedding_bias=[0.0, 1.0, 2.0]))
 

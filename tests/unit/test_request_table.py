@@ -348,9 +348,13 @@ def test_llmapi_defaults_are_the_models_end_ids_and_the_context_left() -> None:
         {**text, "sampling_param_end_id": np.array([-1], np.int32)}, limits, lambda s: [5]
     )
     assert ignore_eos.sampling.get("ignore_eos") is True and "end_id" not in ignore_eos.sampling
+    # More than the context leaves goes to the LLM, which clamps it (the PyTorch backend: a warning).
+    over = _parse_llmapi(
+        {**text, "sampling_param_max_tokens": np.array([46], np.int32)}, limits, lambda s: [5] * 5
+    )
+    assert over.sampling["max_tokens"] == 46
     for bad, message in (
         ({"sampling_param_max_tokens": np.array([0], np.int32)}, "must be positive"),
-        ({"sampling_param_max_tokens": np.array([46], np.int32)}, "exceeds the model's max_seq_len of 50"),
         ({"input_ids": np.array([1, 2], np.int32)}, "not both"),
         ({"text_input": np.array([b"\xff"], dtype=np.object_)}, "not valid UTF-8"),
         ({"sampling_param_embedding_bias": np.zeros(3, np.float32)}, "has 3 values; the vocabulary has 100"),

@@ -22,6 +22,20 @@ engines cannot (several sampled sequences, generation logits, ...) is refused as
 remain: stop strings are matched on the decoded text (TensorRT-LLM matches their token ids, so a
 stop string that tokenizes differently in context is missed there); an adapter is loaded on the
 asyncio loop the first time it is used.
+
+The PyTorch executor's rules at 1.2.1 are kept (nvidia_llmapi names each message and where it comes
+from; where the stored sources differ, the variant more likely at 1.2.1 is modelled, unconfirmed at
+the tag): every request's beam width (best_of with use_beam_search, else 1) must equal the LLM's
+max_beam_width, width-1 requests included; beam search refuses logprobs > 1; a top-logprobs count
+above the vocabulary fails as torch.topk does. These reach the caller as the executor delivers them:
+a request error (`ExecutorRequestError`, tensorrt_llm.executor.RequestError's stand-in) raised while
+iterating the result. generate_async itself refuses, synchronously, a prompt longer than
+max_num_tokens without enable_chunked_prefill (ValueError, LLM._check_arguments). max_tokens beyond
+what max_seq_len leaves is clamped with a warning, not refused. With kv_cache_config.max_tokens set
+the stand-in has a KV cache of that many tokens: each request reserves its prompt + max_tokens (the
+capacity scheduler's guaranteed-no-evict); requests that do not fit wait in the queue, first come
+first served, and one that cannot fit even alone fails with the executor's "fail to schedule any
+pending request" (upstream: an assertion in the executor loop).
 """
 
 from __future__ import annotations
@@ -182,11 +196,9 @@ def update_llm_args_with_extra_dict(
     return {**llm_args, **llm_args_dict}
 
 
-BEAM_WIDTH_MISMATCH = (
-    "sampling_params's best_of ({best_of}) must equal the LLM's max_beam_width ({width}) for beam search"
-)
-"""Ours (estimated wording): NVIDIA documents that the LLM's max_beam_width must equal best_of (1.0's
-and 2026's docs/source/features/sampling.md); 1.2.1's own message was not read."""
+class ExecutorRequestError(RuntimeError):
+    """tensorrt_llm.executor.RequestError's stand-in: a request the executor failed, raised when its
+    result is iterated (upstream's model sends it as nv.GENERATE_ERROR + the text)."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -288,6 +300,22 @@ class RequestOutput:
         self._waiter: asyncio.Future[None] | None = None
         self._aborted = False
         self._done = False
+        self._failure: str | None = None  # an executor error for this request (see `_fail`)
+        self._on_final: Callable[[], None] | None = None  # the LLM's KV bookkeeping
+
+    def _fail(self, message: str) -> None:
+        """Ends the request with an executor error (raised as ExecutorRequestError when iterated);
+        on the loop. The engine never saw it: nothing to count as taken."""
+        self._failure = message
+        self._final()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _final(self) -> None:
+        hook, self._on_final = self._on_final, None
+        if hook is not None:
+            hook()
 
     def abort(self) -> None:
         """Cancels the request: the engine drops it at its next round; the last step says so."""
@@ -302,6 +330,8 @@ class RequestOutput:
         if self._aborted:
             self._engine.took()
         self._pending.append(update)
+        if update.final:
+            self._final()
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -317,6 +347,9 @@ class RequestOutput:
             raise StopAsyncIteration
         pending = self._pending
         while not pending:
+            if self._failure is not None:
+                self._done = self.finished = True
+                raise ExecutorRequestError(self._failure)
             self._waiter = self._loop.create_future()
             try:
                 await self._waiter
@@ -329,7 +362,7 @@ class RequestOutput:
     def _apply(self, update: Update) -> None:
         if update.error is not None:
             self._done = self.finished = True
-            raise RuntimeError(update.error)
+            raise ExecutorRequestError(update.error)
         if update.beams is not None:  # a beam search: its one step, every output at once
             self._done = self.finished = True
             self.outputs = [
@@ -420,6 +453,13 @@ class StandInLLM:
             config = Path(model_dir) / "config.json"
             self._base_config = json.loads(config.read_text()) if config.is_file() else {}
         self._next_id = 0
+        kv_tokens = getattr(args.kv_cache_config, "max_tokens", None)
+        self._kv_capacity = int(kv_tokens) if kv_tokens else None  # None: room for every request
+        self._kv_used = 0
+        self._kv_queue: collections.deque[tuple[int, EngineRequest, tuple[str, ...], RequestOutput]] = (
+            collections.deque()
+        )
+        self._log = standin.log
         self._engine = TextEngineLoop(
             self.source, self.tokenizer, log=standin.log, step_delay_s=standin.step_delay_s, name=standin.kind
         )
@@ -471,8 +511,9 @@ class StandInLLM:
             ids = [int(i) for i in inputs]
         if not ids:
             raise ValueError("The inputs must not be empty")
+        self._check_arguments(ids)
         self._next_id += 1
-        request, stops = self._engine_request(ids, params, streaming, lora_request)
+        request, stops, failure = self._engine_request(ids, params, streaming, lora_request)
         result = RequestOutput(
             self._next_id,
             ids,
@@ -483,28 +524,94 @@ class StandInLLM:
         )
         if isinstance(inputs, str):
             result.prompt = inputs
-        engine.submit_text(request, stops, result)
+        if failure is not None:  # the executor's refusal: a request error, as the real one delivers it
+            loop.call_soon(result._fail, failure)
+        else:
+            self._admit(request, stops, result)
         return result
+
+    def _check_arguments(self, ids: list[int]) -> None:
+        """LLM._check_arguments, PyTorch backend (1.2-era: ValueError): without chunked prefill a
+        prompt must fit max_num_tokens (one forward pass)."""
+        args = self.args
+        if args.enable_chunked_prefill or not args.max_num_tokens:
+            return
+        prompt_len = len(ids) / int(args.context_parallel_size or 1)
+        if prompt_len > args.max_num_tokens:
+            raise ValueError(
+                nv.PROMPT_OVER_MAX_NUM_TOKENS.format(
+                    prompt_len=prompt_len, query_len=0, max_num_tokens=args.max_num_tokens
+                )
+            )
+
+    def _admit(self, request: EngineRequest, stops: tuple[str, ...], result: RequestOutput) -> None:
+        """Into the engine when its KV reservation fits, else into the queue (see the docstring)."""
+        if self._kv_capacity is None:
+            self._engine.submit_text(request, stops, result)
+            return
+        need = len(request.input_ids) + request.max_new
+        self._kv_queue.append((need, request, stops, result))
+        self._schedule()
+
+    def _schedule(self) -> None:
+        """Admits queued requests, first come first served, while their reservations fit (the loop)."""
+        queue, capacity = self._kv_queue, self._kv_capacity
+        assert capacity is not None
+        while queue:
+            need, request, stops, result = queue[0]
+            if result.aborted():  # cancelled while waiting: never reached the engine
+                queue.popleft()
+                continue
+            if self._kv_used + need <= capacity:
+                queue.popleft()
+                self._kv_used += need
+                result._on_final = lambda need=need: self._release(need)
+                self._engine.submit_text(request, stops, result)
+                continue
+            if self._kv_used == 0:  # it cannot fit even alone: the executor gives up on it
+                queue.popleft()
+                result._fail(nv.NOTHING_SCHEDULABLE)
+                continue
+            return
+
+    def _release(self, need: int) -> None:
+        self._kv_used -= need
+        self._schedule()
 
     def _engine_request(
         self, ids: list[int], params: Any, streaming: bool, lora_request: LoRARequest | None
-    ) -> tuple[EngineRequest, tuple[str, ...]]:
+    ) -> tuple[EngineRequest, tuple[str, ...], str | None]:
+        """The engine request, its stop strings, and the executor's refusal of it (None: served)."""
         for name in NOT_MODELLED:
             if getattr(params, name) != nv.SAMPLING_DEFAULTS[name]:
                 raise RequestError(f"SamplingParams.{name} is not modelled by the stand-in engine")
-        width = 1
+        # SamplingParams._get_sampling_config: beam search searches best_of beams, else width 1.
+        width = int(params.best_of) if params.use_beam_search else 1
+        max_width = int(self.args.max_beam_width or 1)
+        failure = None
+        if width != max_width:  # the executor's check of every request, width 1 included
+            failure = nv.BEAM_WIDTH_NOT_MAX.format(bw=width, mbw=max_width)
+        elif width > 1 and int(params.logprobs or 0) > 1:
+            failure = nv.BEAM_MULTIPLE_LOGPROBS
+        elif max(int(params.logprobs or 0), int(params.prompt_logprobs or 0)) > self.vocab_size:
+            failure = nv.TOPK_OUT_OF_RANGE
         if params.use_beam_search:
-            width = int(params.best_of)
-            if width != (self.args.max_beam_width or 1):
-                raise ValueError(
-                    BEAM_WIDTH_MISMATCH.format(best_of=width, width=self.args.max_beam_width or 1)
-                )
             if streaming:
                 raise RequestError("streaming beam search is not served by the stand-in engine")
         elif params.best_of != 1 or params.n != 1:
             raise RequestError(
                 f"best_of {params.best_of}, n {params.n}: the stand-in engine samples one sequence"
             )
+        max_new = int(params.max_tokens)
+        room = int(self.args.max_seq_len or 0) - len(ids)
+        if self.args.max_seq_len and max_new > room:  # BaseWorker._deduce_max_tokens: clamped, warned
+            if room <= 0:
+                raise RequestError(
+                    f"the prompt ({len(ids)} tokens) leaves no room within max_seq_len "
+                    f"{self.args.max_seq_len} (the stand-in's refusal; the LLM API's is unconfirmed)"
+                )
+            self._log(nv.MAX_TOKENS_CLAMPED.format(max_tokens=max_new, default_max_tokens=room))
+            max_new = room
         guide = None
         if params.guided_decoding is not None:
             if self.args.guided_decoding_backend is None:
@@ -523,7 +630,7 @@ class StandInLLM:
         request = EngineRequest(
             request_id=str(self._next_id),
             input_ids=ids,
-            max_new=int(params.max_tokens),
+            max_new=max_new,
             end_id=-1 if params.ignore_eos or end_id is None else int(end_id),
             streaming=streaming,
             exclude_input=True,
@@ -552,13 +659,13 @@ class StandInLLM:
             length_penalty=0.0 if params.length_penalty is None else float(params.length_penalty),
             early_stopping=1 if params.early_stopping is None else int(params.early_stopping),
         )
-        if width > 1:
+        if width > 1 and failure is None:
             from contract import _check_beam_request
 
             _check_beam_request(request)
         if lora_request is not None:
             request.lora = self._adapter(lora_request)
-        return request, tuple(dict.fromkeys([stops] if isinstance(stops, str) else stops or ()))
+        return request, tuple(dict.fromkeys([stops] if isinstance(stops, str) else stops or ())), failure
 
     def _adapter(self, lora: LoRARequest) -> Any:
         """The adapter's factors in the form the source applies (loaded once, cached by id)."""

@@ -209,11 +209,8 @@ def parse_text_request(
     max_new = sampling.setdefault("max_tokens", room)
     if max_new <= 0:
         raise RequestError(f"sampling_param_max_tokens must be positive, got {max_new}")
-    if max_new > room:
-        raise RequestError(
-            f"prompt ({len(input_ids)} tokens) + max_tokens ({max_new}) exceeds the model's "
-            f"max_seq_len of {limits.max_seq_len} tokens"
-        )
+    # More than the context leaves is the LLM's to settle: the PyTorch backend clamps it to
+    # max_seq_len - prompt with a warning (BaseWorker._deduce_max_tokens), no error.
     if sampling.get("return_perf_metrics") is False:
         del sampling["return_perf_metrics"]  # upstream's default, sent by its helpers: the LLM API's too
     if sampling.get("use_beam_search"):
