@@ -156,6 +156,11 @@ class TRTLLM:
                 ignore_eos=ignore_eos,
                 lora=adapter,
             )
+            params = runtime.fill_beam_search(params)  # a beam-packed model: every request searches beams
+            if params.beam_width and guide is not None:
+                raise APIError.bad_request(
+                    "beam search is not served with structured output", param="json_schema"
+                )
             messages = runtime.formatter.messages_from_prompt(prompt, system_prompt)
             request = await runtime.prepare_chat(
                 messages,

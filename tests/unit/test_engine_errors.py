@@ -56,3 +56,60 @@ def test_a_refused_request_is_a_400_and_other_engine_errors_500s(tokenizer: Any)
     failed = _error_of(tokenizer, "CUDA error: an illegal memory access was encountered")
     assert failed.status == 500
     assert "is not healthy" not in failed.body()["error"]["message"]
+
+
+# ---- the LLM API flavour: NVIDIA's errors as upstream's model sends them (issue 34, item 6) ----------
+
+
+def _llmapi_error_of(message: str) -> APIError:
+    from trtllm_service.relay.client import TextEngineStream
+
+    stream = TextEngineStream(
+        GenerationRequest(prompt_ids=array("i", [1]), max_tokens=10), None, "id", lambda _: None
+    )
+    stream.on_message(engine_response(error=message))
+    with pytest.raises(APIError) as caught:
+        stream.poll()
+    return caught.value
+
+
+@pytest.mark.parametrize(
+    ("said", "param", "code"),
+    [
+        (
+            "The sum of prompt length (9.0), query length (0) should not exceed max_num_tokens (8)",
+            None,
+            "context_length_exceeded",
+        ),
+        (
+            "Request beam width 1 is not equal to max_beam_width 4. This is not supported!",
+            "use_beam_search",
+            None,
+        ),
+        ("Beam search does not support multiple logprobs", "logprobs", None),
+        ("selected index k out of range", "logprobs", None),
+        ("require 0 <= top_p <= 1, got top_p=1.5", None, None),
+    ],
+)
+def test_what_the_request_caused_is_a_400_with_nvidias_words(
+    said: str, param: str | None, code: str | None
+) -> None:
+    error = _llmapi_error_of(f"Error generating request: {said}")
+    assert error.status == 400 and (error.param, error.code) == (param, code)
+    assert said in error.message and "Error generating request" not in error.message
+    if code == "context_length_exceeded":
+        assert "max_num_tokens" in error.message and "--enable-chunked-context" in error.message
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        "fail to schedule any pending request, probably run out of resource.",
+        "Can't allocate new blocks. No free blocks left.",
+        "Executor loop failed: something internal",  # any other failure of the executor
+    ],
+)
+def test_executor_trouble_is_a_503_with_retry_after(said: str) -> None:
+    error = _llmapi_error_of(f"Error generating request: {said}")
+    assert error.status == 503 and error.headers() == {"Retry-After": "5"}
+    assert said in error.message and error.code == "service_unavailable"

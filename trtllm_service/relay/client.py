@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2
 
+from tensorrtllm_backend import nvidia_llmapi as nvllm
 from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
 from tensorrtllm_backend.lora import CACHE_MISS
 from tensorrtllm_backend.stop_strings import StopStringMatcher
@@ -690,9 +691,57 @@ def _floats(named: dict[str, tuple[Any, bytes]], name: str) -> list[float]:
     return np.frombuffer(named[name][1], dtype=np.float32).tolist() if name in named else []
 
 
+def _marker(template: str) -> str:
+    """The fixed text of an NVIDIA message template before its first field."""
+    return template.split("{", 1)[0]
+
+
+ENGINE_REQUEST_ERRORS: tuple[tuple[str, str | None, str, str | None], ...] = (
+    (
+        "should not exceed max_num_tokens",
+        "context_length_exceeded",
+        "The prompt is longer than the engine takes in one step (its max_num_tokens; the model was "
+        "packed without chunked prefill): shorten it, or repack with a larger --max-num-tokens or "
+        "with --enable-chunked-context.",
+        None,
+    ),
+    (
+        _marker(nvllm.BEAM_WIDTH_NOT_MAX),
+        None,
+        "This model runs every request as a beam search over its packed max_beam_width.",
+        "use_beam_search",
+    ),
+    (nvllm.BEAM_MULTIPLE_LOGPROBS, None, "Beam search returns no top log probs.", "logprobs"),
+    (nvllm.TOPK_OUT_OF_RANGE, None, "More top log probs than the vocabulary has.", "logprobs"),
+    *(
+        (_marker(template), None, "The engine refused a sampling parameter.", None)
+        for template in (
+            nvllm.BAD_TOP_P,
+            nvllm.BAD_TOP_K,
+            nvllm.BAD_TEMPERATURE,
+            nvllm.BEST_OF_BELOW_N,
+            nvllm.GREEDY_BEST_OF,
+        )
+    ),
+)
+"""What the LLM API / PyTorch executor at 1.2.1 refuses because of the request itself (marker in its
+message, code, our explanation, the field): 400s. The service refuses these before Triton where it can
+(Runtime's checks); this is the net under them."""
+ENGINE_CAPACITY_ERRORS = (
+    nvllm.NOTHING_SCHEDULABLE,
+    "No free blocks left",  # the C++ KV cache manager's "Can't allocate new blocks. No free blocks left."
+)
+"""Failures of the executor for want of resources: 503 with Retry-After."""
+ENGINE_RETRY_S = 5
+"""Retry-After of an executor failure (capacity, or an error of the engine that is not the request's)."""
+
+
 def engine_refusal(message: str) -> APIError:
-    """The client's error for an error response of Triton: a 400 for a request our models refused,
-    a 503 while a dead Python-backend stub is being replaced (a retry will be served), else a 500."""
+    """The client's error for an error response of Triton: a 400 for a request our models refused or
+    NVIDIA's LLM API refused for what the request asked (ENGINE_REQUEST_ERRORS), a 503 with
+    Retry-After while a dead Python-backend stub is being replaced, for the executor's capacity
+    failures and for any other error the LLM API's model sends ("Error generating request: ...":
+    the executor failed the request, not the client), else a 500 with Triton's message."""
     if INVALID_REQUEST_MARKER in message:
         return APIError.bad_request(
             message[message.index(INVALID_REQUEST_MARKER) + len(INVALID_REQUEST_MARKER) :]
@@ -701,6 +750,19 @@ def engine_refusal(message: str) -> APIError:
         return APIError.unavailable(
             f"The inference server is restarting after a model process died: {message}",
             retry_after=DEAD_STUB_RETRY_S,
+        )
+    said = message.split(nvllm.GENERATE_ERROR, 1)[-1]
+    for marker, code, why, param in ENGINE_REQUEST_ERRORS:
+        if marker in message:
+            return APIError.bad_request(f"{why} The engine said: {said}", param=param, code=code)
+    if any(marker in message for marker in ENGINE_CAPACITY_ERRORS):
+        return APIError.unavailable(
+            f"The engine is out of capacity (KV cache): {said}; please retry shortly.",
+            retry_after=ENGINE_RETRY_S,
+        )
+    if nvllm.GENERATE_ERROR in message:
+        return APIError.unavailable(
+            f"The engine failed the request: {said}; please retry shortly.", retry_after=ENGINE_RETRY_S
         )
     return APIError.server_error(f"Inference server error: {message}")
 
@@ -801,7 +863,7 @@ class TritonRelay:
         logprobs = request.logprobs is not None or request.prompt_logprobs is not None
         if self.flavor == "llmapi":
             kind: type[EngineStream] = TextLogprobEngineStream if logprobs else TextEngineStream
-            if request.beam_width:
+            if request.beam_width and request.num_return is not None:  # else one beam: one text response
                 kind = TextBeamEngineStream
             stream = kind(request, None, request_id, connection.cancel)  # type: ignore[arg-type]
             message = llmapi_message(request, request_id)

@@ -154,15 +154,52 @@ class Runtime:
         return self._token_texts
 
     def check_logprobs(self, params: SamplingParams, param: str) -> None:
-        """A 400 when the request asks for top log probs this engine cannot return."""
+        """A 400 when the request asks for top log probs this engine cannot return: a C++ engine
+        built without generation logits, or more than the vocabulary has (TensorRT-LLM 1.2.1's
+        PyTorch backend takes the top N with torch.topk, which fails beyond it: its only limit)."""
         if params.logprobs and self.no_top_logprobs:
             raise APIError.bad_request(self.no_top_logprobs, param=param)
+        vocab = self.limits.vocab_size
+        for count in (params.logprobs, params.prompt_logprobs):
+            if vocab and count is not None and count > vocab:
+                raise APIError.bad_request(
+                    f"'{param}' asks for {count} top log probs per token; the vocabulary has {vocab}.",
+                    param=param,
+                )
 
-    def check_engine_features(self, params: SamplingParams, *, stream: bool = False, n: int = 1) -> None:
+    @property
+    def beam_packed(self) -> int | None:
+        """The beam width of a beam-packed LLM API model (None: not one). TensorRT-LLM 1.2.1's PyTorch
+        executor refuses every request whose beam width is not the model's max_beam_width, width 1
+        included, so such a model runs every request as a beam search over that width."""
+        limit, exact = self.beam_limit
+        return limit if exact and limit > 1 else None
+
+    def fill_beam_search(self, params: SamplingParams) -> SamplingParams:
+        """On a beam-packed model (`beam_packed`), a request that did not ask for beam search becomes
+        one over the packed width (its `n` best beams are its choices); a sampling field that
+        cannot apply to it is a 400 naming the field. Any other model: `params` as they are."""
+        width = self.beam_packed
+        if width is None or params.beam_width:
+            return params
+        for name, neutral in (("temperature", (None, 0, 1)), ("top_p", (None, 1)), ("top_k", (None, 0, -1))):
+            if getattr(params, name) not in neutral:
+                raise APIError.bad_request(
+                    f"'{name}' does not apply: this model runs every request as a beam search over "
+                    f"{width} beams (packed with --max-beam-width {width}), which scores the model's own "
+                    "log probabilities; leave it unset.",
+                    param=name,
+                )
+        return replace(params, beam_width=width, temperature=None, top_p=None, top_k=None)
+
+    def check_engine_features(
+        self, params: SamplingParams, *, stream: bool = False, n: int = 1, logprobs_param: str = "logprobs"
+    ) -> None:
         """400s for what this engine cannot do with these parameters: prompt log probs without the
         context logits, beam search beyond the engine's beams, or with what beam search is not
-        served with here (streaming, log probs, a guide, prompt log probs; NVIDIA's executor itself
-        refuses a guide with beams)."""
+        served with here (streaming several beams, log probs, a guide, prompt log probs; NVIDIA's
+        executor itself refuses a guide with beams, its PyTorch sampler more than one log prob).
+        One beam of a beam-packed model streams, as one chunk."""
         if params.prompt_logprobs is not None and self.no_prompt_logprobs:
             raise APIError.bad_request(self.no_prompt_logprobs, param="echo")
         width = params.beam_width or 1
@@ -183,8 +220,14 @@ class Runtime:
             )
         if n > width:
             raise APIError.bad_request(f"n ({n}) cannot exceed the beam width ({width})", param="n")
+        if params.logprobs is not None and params.logprobs > 1:
+            raise APIError.bad_request(
+                f"beam search is not served with {params.logprobs} top log probs per token (TensorRT-LLM's "
+                'PyTorch sampler: "Beam search does not support multiple logprobs")',
+                param=logprobs_param,
+            )
         for used, param, what in (
-            (stream, "stream", "streaming"),
+            (stream and not (n == 1 and self.beam_packed), "stream", "streaming of several beams"),
             (params.logprobs is not None, "logprobs", "log probabilities"),
             (params.prompt_logprobs is not None, "echo", "prompt log probabilities"),
             (params.guide is not None, "response_format", "structured output"),

@@ -472,8 +472,11 @@ class OpenAIServing:
         """A request's sampling parameters (with its LoRA adapter), once it is known that the engine
         can serve them: 400s naming the field otherwise."""
         params = replace(request.sampling_params(), lora=self.check_model(request.model))
+        fill = getattr(self.runtime, "fill_beam_search", None)  # a beam-packed model: every request
+        if fill is not None:
+            params = fill(params)
         self.runtime.check_logprobs(params, logprobs_param)
-        _check_engine_features(self.runtime, params, request)
+        _check_engine_features(self.runtime, params, request, logprobs_param)
         if params.guide is not None:
             self.runtime.check_guide(request.guide_param)
         return params
@@ -532,7 +535,9 @@ class OpenAIServing:
         self, prepared: Sequence[GenerationRequest], params: SamplingParams, n: int
     ) -> list[_Choice]:
         """Starts every engine request and waits for each first text; on any failure closes them all."""
-        if any(request.beam_width for request in prepared):
+        if any(request.beam_width for request in prepared) and not (
+            n == 1 and getattr(self.runtime, "beam_packed", None)
+        ):  # one beam of a beam-packed model reads as an ordinary (one-chunk) stream
             return await self._start_beams(prepared, n)
         streams: list[tuple[int, EngineStream]] = []
         count = len(prepared) * n  # Triton's ids: the request's X-Request-Id, "<id>-<index>" for several
@@ -598,11 +603,13 @@ class _Beam:
             self.stream.close()
 
 
-def _check_engine_features(runtime: Any, params: SamplingParams, request: Any) -> None:
+def _check_engine_features(
+    runtime: Any, params: SamplingParams, request: Any, logprobs_param: str = "logprobs"
+) -> None:
     """The runtime's 400s for what its engine cannot serve (prompt log probs, beam search)."""
     check = getattr(runtime, "check_engine_features", None)
     if check is not None:
-        check(params, stream=request.stream, n=request.n)
+        check(params, stream=request.stream, n=request.samples_per_prompt, logprobs_param=logprobs_param)
 
 
 def _cached_tokens(choices: Sequence[_Choice], n: int) -> int:
