@@ -62,6 +62,14 @@ def gpus_seen() -> int:
     return sum(1 for line in listed.stdout.splitlines() if line.startswith("GPU "))
 
 
+BEAM_PACKED = (
+    "beam-packed (max_beam_width {width}): every request runs as a beam search over {width} beams, "
+    "since TensorRT-LLM 1.2.1's executor refuses any other width; n <= {width} choices, one streams as "
+    "one chunk; temperature/top_p/top_k, log probs, guides and several streamed beams are 400s"
+)
+"""The doctor's one line on a beam-packed LLM API model (README: beam search)."""
+
+
 def flavor_checks(info: Any) -> list[Check]:
     """One warning for a model of the legacy ensemble flavour (a TensorRT engine), none for llmapi."""
     if info.flavor == "ensemble":
@@ -132,6 +140,9 @@ class FeatureProbe:
 
     async def ask(self, params: SamplingParams) -> Answer:
         runtime = self.runtime
+        if getattr(runtime, "beam_packed", None):  # as the service serves it: a beam search (or a 400)
+            params = runtime.fill_beam_search(params)
+            runtime.check_engine_features(params, stream=True)
         request = (await runtime.prepare_prompts([PROMPT], replace(params, max_tokens=self.max_tokens)))[0]
         started = time.monotonic()
         stream = await runtime.generate(request)
@@ -242,7 +253,10 @@ class FeatureProbe:
             stream.close()
         if len(beams) != 2 or not all(tokens for _, tokens, _ in beams):
             return Check("beams", FAILED, f"beam width {width}: got {[(t, n) for t, n, _ in beams]}")
-        return Check("beams", OK, f"beam width {width}: 2 beams of {beams[0][1]} and {beams[1][1]} tokens")
+        got = f"2 beams of {beams[0][1]} and {beams[1][1]} tokens"
+        if getattr(self.runtime, "beam_packed", None):
+            return Check("beams", OK, f"{BEAM_PACKED.format(width=width)}; {got}")
+        return Check("beams", OK, f"beam width {width}: {got}")
 
     def probes(self) -> list[tuple[str, Callable[[], Awaitable[Check]]]]:
         return [

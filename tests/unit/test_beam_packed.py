@@ -23,6 +23,7 @@ def _runtime(width: int, exact: bool = True, vocab: int = 100) -> Any:
     runtime.limits = EngineLimits(max_seq_len=64, max_input_len=64, vocab_size=vocab)
     runtime.no_top_logprobs = None
     runtime.no_prompt_logprobs = None
+    runtime.no_top_logprobs = None
     return runtime
 
 
@@ -75,3 +76,20 @@ def test_top_logprobs_beyond_the_vocabulary_are_refused_before_the_engine() -> N
     assert (
         _refused(runtime.check_logprobs, SamplingParams(prompt_logprobs=11), "logprobs").param == "logprobs"
     )
+
+
+def test_the_doctor_probes_a_beam_packed_model_as_the_service_serves_it() -> None:
+    import asyncio
+
+    from trtllm_service.doctor import BEAM_PACKED, UNSUPPORTED, FeatureProbe
+
+    probe = FeatureProbe(_runtime(4))
+    (check,) = asyncio.run(_run(probe, [("logprobs", probe.logprobs)]))
+    assert check.status == UNSUPPORTED and "Beam search does not support multiple logprobs" in check.detail
+    line = BEAM_PACKED.format(width=4)
+    assert "every request runs as a beam search over 4 beams" in line and "\n" not in line
+
+
+async def _run(probe: Any, probes: list[Any]) -> list[Any]:
+    probe.probes = lambda: probes
+    return await probe.run()
