@@ -545,6 +545,13 @@ class RuntimeOptions:
     }
     """Options that only trtllm-build applies: field -> (pack flag, the engine property it sets)."""
 
+    def llm_beam_width(self, source: ModelSource, flavor: str) -> int | None:
+        """--max-beam-width for a checkpoint served by the LLM API: model.yaml's max_beam_width, the
+        beams EVERY request then runs (1.2.1's executor refuses other widths; README: beam search)."""
+        if flavor == "llmapi" and source.backend == "python" and self.max_beam_width:
+            return self.max_beam_width
+        return None
+
     def without_build_options(self) -> RuntimeOptions:
         """These options with the --build-engine ones cleared (what packing the built engine takes)."""
         return dataclasses.replace(self, **dict.fromkeys(self.BUILD_OPTIONS))
@@ -657,7 +664,7 @@ class RuntimeOptions:
                     f"--engine {self.engine} replaces the engine: it goes with --hf-model or --demo, "
                     "not --engine-dir"
                 )
-        self._refuse_build_options(source)
+        self._refuse_build_options(source, flavor)
         if self.engine_instances > 1 and flavor == "llmapi":
             raise PackError(
                 "--engine-instances is the ensemble flavour's (synthetic token sources side by side); "
@@ -682,7 +689,7 @@ class RuntimeOptions:
         batch = batch or source.max_batch_size or int(DEFAULTS["triton_max_batch_size"])
         values = {
             "triton_max_batch_size": str(batch),
-            "max_beam_width": str(source.max_beam_width),
+            "max_beam_width": str(self.llm_beam_width(source, flavor) or source.max_beam_width),
             "kv_cache_free_gpu_mem_fraction": repr(float(self.kv_cache_free_gpu_mem_fraction)),
             "batch_scheduler_policy": self.batch_scheduler_policy,
             "enable_kv_cache_reuse": _bool(self.enable_kv_cache_reuse),
@@ -711,11 +718,12 @@ class RuntimeOptions:
             values["max_tokens_in_paged_kv_cache"] = str(self.max_tokens_in_paged_kv_cache)
         return values
 
-    def _refuse_build_options(self, source: ModelSource) -> None:
-        """PackError for a --build-engine option given where no engine is built."""
+    def _refuse_build_options(self, source: ModelSource, flavor: str = "ensemble") -> None:
+        """PackError for a --build-engine option given where no engine is built (--max-beam-width
+        with a checkpoint for the LLM API is model.yaml's max_beam_width: llm_beam_width)."""
         for name, (flag, key) in self.BUILD_OPTIONS.items():
             value = getattr(self, name)
-            if value is None:
+            if value is None or (name == "max_beam_width" and self.llm_beam_width(source, flavor)):
                 continue
             given = flag if not isinstance(value, bool) or value else flag.replace("--", "--no-", 1)
             if source.backend != "python":
