@@ -193,7 +193,7 @@ def test_build_options_refused_for_a_prebuilt_engine(
     ("options", "flag"),
     [
         (RuntimeOptions(max_input_len=100), "--max-input-len"),
-        (RuntimeOptions(max_beam_width=2), "--max-beam-width"),
+        (RuntimeOptions(max_beam_width=2, flavor="ensemble"), "--max-beam-width"),
         (RuntimeOptions(gather_generation_logits=False), "--no-gather-generation-logits"),
         (RuntimeOptions(gather_context_logits=True), "--gather-context-logits"),
         (RuntimeOptions(gather_context_logits=True, flavor="ensemble"), "--gather-context-logits"),
@@ -204,6 +204,12 @@ def test_build_options_refused_without_a_build(options: RuntimeOptions, flag: st
         PackError, match=f"^{flag} is an engine build option: it goes with --hf-model DIR --build-engine"
     ):
         options.template_values(checkpoint())
+
+
+def test_max_beam_width_of_a_checkpoint_is_the_llm_apis() -> None:
+    """Served by the LLM API (the default for a checkpoint), --max-beam-width is model.yaml's
+    max_beam_width: no build needed (issue 34)."""
+    assert RuntimeOptions(max_beam_width=2).template_values(checkpoint())["max_beam_width"] == "2"
 
 
 def test_refusals_are_one_line_from_the_command_line(
