@@ -32,6 +32,11 @@ def service_version() -> str:
     return match.group(1) if match else "unknown"
 
 
+REQUIRE_TENSORRT_LLM = "TRTLLM_REQUIRE_TENSORRT_LLM"
+"""Set (1) in the production image: never serve without TensorRT-LLM (the llmapi model's load fails,
+the service will not start Triton without trtllm-llmapi-launch)."""
+
+
 def installed_tensorrt_llm() -> str | None:
     """The installed TensorRT-LLM's version, without importing it (None: not installed)."""
     try:

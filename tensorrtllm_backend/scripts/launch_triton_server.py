@@ -59,6 +59,7 @@ __all__ = [
     "build_command",
     "build_parser",
     "descendants",
+    "find_llmapi_launch",
     "find_tritonserver",
     "main",
     "pid_alive",
@@ -71,6 +72,13 @@ OPT_TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
 MIN_KILL_GRACE_SECS = 15.0
 RANK_MODE = "--supervise_rank"
 """First argument of the rank mode: ``--supervise_rank GRACE_SECS -- tritonserver ...``."""
+SUPERVISE_HOLDING_SIGTERM_MODE = "--supervise_holding_sigterm"
+"""First argument of ``--supervise_holding_sigterm GRACE_SECS -- COMMAND ...``: this process stays the
+parent of COMMAND (a trtllm-llmapi-launch tree) with SIGTERM blocked, and stops it on SIGINT."""
+LLMAPI_LAUNCH = "trtllm-llmapi-launch"
+"""TensorRT-LLM's launcher for LLM API processes (installed beside its Python): NVIDIA starts Triton
+for the llmapi model as ``trtllm-llmapi-launch tritonserver ...``, one rank or one per mpirun rank."""
+TRITONSERVER = "tritonserver"
 HOLD_SIGTERM_MODE = "--exec_holding_sigterm"
 """First argument of ``--exec_holding_sigterm -- COMMAND ...``: COMMAND replaces this process (same
 pid) with SIGTERM blocked, so only the signals its owner chose to send stop it."""
@@ -361,6 +369,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated models that ranks > 0 load (default tensorrt_llm)",
     )
     p.add_argument(
+        "--trtllm_llmapi_launch",
+        action="store_true",
+        help=f"start each rank's tritonserver through {LLMAPI_LAUNCH} (TensorRT-LLM's LLM API spawns its "
+        "worker through it; NVIDIA's way for the llmapi model). Found on PATH or beside this Python",
+    )
+    p.add_argument(
         "--exit_timeout_secs",
         type=int,
         default=10,
@@ -385,6 +399,15 @@ def _validate(args: argparse.Namespace) -> None:
         raise LauncherError(f"--exit_timeout_secs must be >= 0, got {args.exit_timeout_secs}")
     if not args.host:
         raise LauncherError("--host must not be empty")
+
+
+def find_llmapi_launch(environ: Mapping[str, str] | None = None) -> str | None:
+    """trtllm-llmapi-launch on PATH, or beside the running Python (a venv's bin/), or None."""
+    environ = os.environ if environ is None else environ
+    found = shutil.which(LLMAPI_LAUNCH, path=environ.get("PATH", os.defpath))
+    if found is None:
+        found = shutil.which(LLMAPI_LAUNCH, path=os.path.dirname(sys.executable))
+    return found
 
 
 def _rank_command(args: argparse.Namespace, install: TritonInstall, rank: int, unique: str) -> list[str]:
@@ -425,6 +448,7 @@ def build_command(
     unique: str | int | None = None,
     mpirun: str | None = None,
     python: str | None = None,
+    llmapi_launch: str | None = None,
 ) -> list[str]:
     """The argv that starts Triton for ``args`` (as parsed by ``build_parser``).
 
@@ -433,15 +457,29 @@ def build_command(
     ``mpirun --allow-run-as-root --noprefix -n 1 <rank 0> : -n 1 <rank 1> ...``, each rank this
     script's rank mode run by ``python`` (default: this interpreter) around its tritonserver;
     ``mpirun`` defaults to the one on PATH, or the bare name when there is none.
+
+    With ``args.trtllm_llmapi_launch`` each rank's tritonserver runs as ``trtllm-llmapi-launch
+    tritonserver ...`` (``llmapi_launch``, default: ``find_llmapi_launch``), as upstream's launcher
+    and NVIDIA's guides at 1.2.1 start the llmapi model: the script runs the server on rank 0 and
+    TensorRT-LLM's worker node on the other ranks.
     """
     _validate(args)
+    prefix: list[str] = []
+    if getattr(args, "trtllm_llmapi_launch", False):
+        llmapi_launch = llmapi_launch or find_llmapi_launch()
+        if llmapi_launch is None:
+            raise LauncherError(
+                f"--trtllm_llmapi_launch: {LLMAPI_LAUNCH} not found on PATH or beside {sys.executable} "
+                "(it comes with TensorRT-LLM)"
+            )
+        prefix = [llmapi_launch]
     unique = str(os.getpid() if unique is None else unique)
     if install.needs_staging:
         # Not staged yet (e.g. --print_command): show where a launch would stage it.
         placeholder = os.path.join(tempfile.gettempdir(), f"{STAGING_PREFIX}{unique}-XXXXXXXX", "backends")
         install = dataclasses.replace(install, backend_dir=placeholder)
     if args.world_size == 1:
-        return _rank_command(args, install, 0, unique)
+        return [*prefix, *_rank_command(args, install, 0, unique)]
     # --noprefix: Open MPI treats an absolute mpirun path as --prefix and puts <prefix>/bin and
     # <prefix>/lib first on every rank's PATH and LD_LIBRARY_PATH, so the Python backend's stub
     # would find the system's python3 and libpython instead of the launcher's.
@@ -450,7 +488,7 @@ def build_command(
     for rank in range(args.world_size):
         if rank:
             cmd.append(":")
-        cmd += ["-n", "1", *wrapper, *_rank_command(args, install, rank, unique)]
+        cmd += ["-n", "1", *wrapper, *prefix, *_rank_command(args, install, rank, unique)]
     return cmd
 
 
@@ -574,11 +612,30 @@ def _reap_leftovers(grace_secs: float) -> list[int]:
     return leftovers
 
 
+def is_tritonserver(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            return f.read().strip() == TRITONSERVER.encode()
+    except OSError:
+        return False
+
+
+def servers(pid: int) -> list[int]:
+    """The tritonserver processes of ``pid``'s tree (``pid`` itself when it is one): under
+    trtllm-llmapi-launch the server is the launch script's grandchild."""
+    return [p for p in (pid, *descendants(pid)) if is_tritonserver(p)]
+
+
 def stop_targets(pid: int, ranks: bool) -> list[int]:
     """Who gets the stop signal: the server, or under mpirun each rank's supervisor. Not mpirun:
     stopping, it SIGTERMs every rank and SIGKILLs it a second later, too soon for tritonserver to
-    drain and unload; ranks that all exit cleanly end mpirun cleanly."""
-    return (children(pid) or [pid]) if ranks else [pid]
+    drain and unload; ranks that all exit cleanly end mpirun cleanly. Not trtllm-llmapi-launch
+    either: a shell waiting for its foreground leader node, it passes nothing on; the server, once
+    drained and gone, makes the script stop its leader and exit. A rank without a server (a worker
+    node) gets the signal itself."""
+    if ranks:
+        return children(pid) or [pid]
+    return servers(pid) or [pid]
 
 
 def supervise(
@@ -588,12 +645,16 @@ def supervise(
     kill_grace_secs: float,
     exit_is_failure: bool = False,
     ranks: bool = False,
+    watch_server: bool = False,
 ) -> int:
     """Run ``cmd`` as a child, forward termination signals, escalate, return its exit status.
 
     ``exit_is_failure``: a child that exits before it was told to stop returns 1 even when its
     own status was 0 (a rank that leaves must end its whole job). ``ranks``: the child is
-    mpirun; stop signals go to its ranks (``stop_targets``).
+    mpirun; stop signals go to its ranks (``stop_targets``). ``watch_server``: the child is a
+    trtllm-llmapi-launch script, whose leader node outlives a tritonserver that died (NVIDIA's script
+    stops it only after a clean exit): once a server was seen and none is left, the tree is killed
+    and the exit counts as a failure.
     """
     state: dict[str, object] = {"proc": None, "pending": None, "stopping": False}
 
@@ -635,7 +696,7 @@ def supervise(
         state["proc"] = proc
         if state["pending"] is not None:
             forward(int(state["pending"]))  # a signal arrived while the child was starting
-        returncode = proc.wait()
+        returncode = _wait_watching(proc, state) if watch_server else proc.wait()
         leftovers = _reap_leftovers(kill_grace_secs + 2.0 if ranks else 0.0)
         if leftovers:
             _log(
@@ -653,6 +714,43 @@ def supervise(
     return returncode
 
 
+def _wait_watching(proc: subprocess.Popen, state: dict[str, object], poll_secs: float = 0.5) -> int:
+    """``proc.wait()``, but a tree whose tritonserver is gone (unasked) is killed: status 1."""
+    seen = False
+    while True:
+        try:
+            return proc.wait(timeout=poll_secs)
+        except subprocess.TimeoutExpired:
+            pass
+        alive = bool(servers(proc.pid))
+        seen = seen or alive
+        if seen and not alive and not state["stopping"] and proc.poll() is None:
+            _log(f"tritonserver exited under {LLMAPI_LAUNCH}; stopping the rest of its tree")
+            state["stopping"] = True  # a stop of ours, yet a failure: the server went unasked
+            _kill_tree(proc)
+            proc.wait()
+            return 1
+
+
+def supervise_holding_sigterm(argv: Sequence[str]) -> int:
+    """``GRACE_SECS -- COMMAND ...`` (a trtllm-llmapi-launch tree), supervised with SIGTERM blocked.
+
+    As ``exec_holding_sigterm`` for a plain tritonserver, only the owner's SIGINT (or its death
+    signal, set before exec) stops Triton; unlike it, this process stays: the script in between
+    would pass no signal on, and would keep its leader node alive after the server died.
+    """
+    if len(argv) < 3 or argv[1] != "--":
+        raise LauncherError(f"usage: {SUPERVISE_HOLDING_SIGTERM_MODE} GRACE_SECS -- COMMAND ...")
+    try:
+        grace = float(argv[0])
+    except ValueError:
+        raise LauncherError(
+            f"{SUPERVISE_HOLDING_SIGTERM_MODE}: grace {argv[0]!r} is not a number of seconds"
+        ) from None
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    return supervise(argv[2:], os.environ, kill_grace_secs=grace, watch_server=True)
+
+
 def supervise_rank(argv: Sequence[str]) -> int:
     """The rank mode: ``GRACE_SECS -- tritonserver ...``, run by mpirun for each rank."""
     if len(argv) < 3 or argv[1] != "--":
@@ -667,7 +765,8 @@ def supervise_rank(argv: Sequence[str]) -> int:
     die_with_mpirun = _pdeathsig_preexec(os.getppid())
     if die_with_mpirun is not None:
         die_with_mpirun()  # on ourselves: SIGTERM when mpirun dies, handled as any stop
-    return supervise(argv[2:], os.environ, kill_grace_secs=grace, exit_is_failure=True)
+    watch = any(os.path.basename(part) == LLMAPI_LAUNCH for part in argv[2:3])
+    return supervise(argv[2:], os.environ, kill_grace_secs=grace, exit_is_failure=True, watch_server=watch)
 
 
 def exec_holding_sigterm(argv: Sequence[str]) -> int:
@@ -695,6 +794,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return supervise_rank(argv[1:])
         if argv[:1] == [HOLD_SIGTERM_MODE]:
             return exec_holding_sigterm(argv[1:])
+        if argv[:1] == [SUPERVISE_HOLDING_SIGTERM_MODE]:
+            return supervise_holding_sigterm(argv[1:])
         args = build_parser().parse_args(argv)
         _validate(args)
         try:
@@ -719,7 +820,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             cmd = build_command(args, ready, mpirun=mpirun)
             _log(f"tritonserver from {ready.source}: {shlex.join(cmd)}")
             return supervise(
-                cmd, ready.child_env(), kill_grace_secs=_kill_grace(args), ranks=args.world_size > 1
+                cmd,
+                ready.child_env(),
+                kill_grace_secs=_kill_grace(args),
+                ranks=args.world_size > 1,
+                watch_server=args.trtllm_llmapi_launch and args.world_size == 1,
             )
     except LauncherError as exc:
         print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)

@@ -272,6 +272,7 @@ class Runtime:
             ),
             host=settings.triton_host,
             world_size=int(self.info.world_size),
+            llmapi=self.info.flavor == "llmapi",
             startup_timeout_s=settings.triton_startup_timeout_s,
             max_restarts=settings.triton_max_restarts,
             restart_backoff_s=settings.triton_restart_backoff_s,

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tensorrtllm_backend.scripts import launch_triton_server as launcher
+from trtllm_service.versions import REQUIRE_TENSORRT_LLM, installed_tensorrt_llm
 
 logger = logging.getLogger("trtllm_service.triton")
 
@@ -167,14 +168,22 @@ def triton_command(
     workdir: Path,
     verbose: bool = False,
     exit_timeout_s: float = EXIT_TIMEOUT_S,
+    llmapi: bool = False,
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment that start Triton on `repository` (the launcher's one builder).
 
     The tritonserver binary is found as the launcher finds it ($TRITONSERVER, PATH, /opt/tritonserver,
     nvidia-pytriton); a pytriton build gets its Python backend staged under `workdir`.
 
+    `llmapi`: the repository is the LLM API model, which NVIDIA starts as `trtllm-llmapi-launch
+    tritonserver ...` (TensorRT-LLM's LLM API spawns its executor worker through it): so does this,
+    wherever the script is (it comes with TensorRT-LLM), under the launcher's supervising mode. Where
+    TensorRT-LLM is installed or required (TRTLLM_REQUIRE_TENSORRT_LLM) the script must be there;
+    elsewhere the stand-in engines need no worker and Triton starts directly.
+
     Raises:
-        TritonStartupError: No tritonserver, or no mpirun for several ranks.
+        TritonStartupError: No tritonserver, no mpirun for several ranks, or no trtllm-llmapi-launch
+            where the LLM API needs it.
     """
     argv = [
         "--model_repo",
@@ -193,6 +202,9 @@ def triton_command(
         str(max(1, round(exit_timeout_s))),
         *(["--log"] if verbose else []),
     ]
+    llmapi_launch = launch_script(llmapi)
+    if llmapi_launch:
+        argv.append("--trtllm_llmapi_launch")
     try:
         args = launcher.build_parser().parse_args(argv)
         install = launcher.stage_backends(launcher.find_tritonserver(None), workdir)
@@ -201,13 +213,42 @@ def triton_command(
             mpirun = shutil.which("mpirun")
             if mpirun is None:
                 raise launcher.LauncherError(f"world_size {world_size} needs mpirun, which is not on PATH")
-        command = launcher.build_command(args, install, mpirun=mpirun)
+        command = launcher.build_command(args, install, mpirun=mpirun, llmapi_launch=llmapi_launch)
     except launcher.LauncherError as exc:
         raise TritonStartupError(str(exc)) from None
     # Started through the launcher's exec that blocks SIGTERM (see the module's docstring): the
-    # same process, tritonserver or mpirun, once exec'd.
-    hold = [sys.executable, launcher.__file__, launcher.HOLD_SIGTERM_MODE, "--"]
+    # same process, tritonserver or mpirun, once exec'd. One trtllm-llmapi-launch tree gets the
+    # launcher's supervising mode instead (SIGTERM blocked as well), which stays its parent.
+    if llmapi_launch and world_size == 1:
+        grace = f"{max(launcher.MIN_KILL_GRACE_SECS, exit_timeout_s + 5.0):g}"
+        hold = [sys.executable, launcher.__file__, launcher.SUPERVISE_HOLDING_SIGTERM_MODE, grace, "--"]
+    else:
+        hold = [sys.executable, launcher.__file__, launcher.HOLD_SIGTERM_MODE, "--"]
     return [*hold, *command], install.child_env()
+
+
+def launch_script(llmapi: bool, environ: dict[str, str] | None = None) -> str | None:
+    """trtllm-llmapi-launch for an llmapi repository, or None where Triton starts directly.
+
+    Raises:
+        TritonStartupError: TensorRT-LLM is installed or required, but the script is nowhere.
+    """
+    if not llmapi:
+        return None
+    environ = dict(os.environ) if environ is None else environ
+    found = launcher.find_llmapi_launch(environ)
+    if found is not None:
+        return found
+    required = environ.get(REQUIRE_TENSORRT_LLM, "").lower() in ("1", "true", "yes")
+    if required or installed_tensorrt_llm() is not None:
+        raise TritonStartupError(
+            f"{launcher.LLMAPI_LAUNCH} not found on PATH or beside {sys.executable}: TensorRT-LLM's LLM API "
+            f"spawns its worker through it (NVIDIA starts Triton as `{launcher.LLMAPI_LAUNCH} tritonserver ...`)"
+        )
+    logger.info(
+        "%s not found: Triton starts directly (the stand-in engine needs no worker)", launcher.LLMAPI_LAUNCH
+    )
+    return None
 
 
 def _die_with_parent() -> None:
@@ -305,7 +346,10 @@ class TritonProcess:
         if process is None:
             return
         if process.returncode is None:
-            for pid in launcher.stop_targets(process.pid, self.ranks):
+            # The launcher's supervising mode (a trtllm-llmapi-launch tree) takes the signal itself.
+            supervised = launcher.SUPERVISE_HOLDING_SIGTERM_MODE in self.command
+            targets = [process.pid] if supervised else launcher.stop_targets(process.pid, self.ranks)
+            for pid in targets:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, STOP_SIGNAL)
             try:
@@ -368,6 +412,7 @@ class TritonSupervisor:
         ports: TritonPorts,
         host: str = "127.0.0.1",
         world_size: int = 1,
+        llmapi: bool = False,
         startup_timeout_s: float = 600.0,
         max_restarts: int = 5,
         restart_backoff_s: float = 1.0,
@@ -385,6 +430,7 @@ class TritonSupervisor:
         self.configured_ports = ports
         self.host = host
         self.world_size = world_size
+        self.llmapi = llmapi
         self.startup_timeout_s = startup_timeout_s
         self.max_restarts = max_restarts
         self.restart_backoff_s = restart_backoff_s
@@ -445,6 +491,7 @@ class TritonSupervisor:
             workdir=self.run_dir,
             verbose=self.verbose,
             exit_timeout_s=self.exit_timeout_s,
+            llmapi=self.llmapi,
         )
         self.triton = TritonProcess(command, env, self.log_path, ranks=self.world_size > 1)
         self._ready_since = None

@@ -1,0 +1,5 @@
+"""tensorrt_llm.executor of the image double."""
+
+from tensorrt_llm.executor.request import LoRARequest
+
+__all__ = ["LoRARequest"]
