@@ -34,10 +34,14 @@ setup() {
 
 ensure_system_packages() {
   # Debian packages the tests use: Chromium (the Swagger UI test drives it headless; Playwright
-  # cannot download browsers here) and Open MPI's mpirun (the tests of several ranks run it).
+  # cannot download browsers here), Open MPI's mpirun (the tests of several ranks run it), and podman
+  # with mmdebstrap (tests/e2e/test_image.py builds the bento's image on a double of NVIDIA's).
   local missing=()
   command -v chromium >/dev/null 2>&1 || missing+=(chromium)
   command -v mpirun >/dev/null 2>&1 || missing+=(openmpi-bin)
+  command -v podman >/dev/null 2>&1 && command -v mmdebstrap >/dev/null 2>&1 \
+    || missing+=(podman buildah runc mmdebstrap uidmap fuse-overlayfs slirp4netns
+                 containernetworking-plugins conmon catatonit iptables)
   [ "${#missing[@]}" -eq 0 ] && return
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "dev.sh: installing ${missing[*]} (for the tests)" >&2
