@@ -19,7 +19,8 @@ see the image's state); the double's LLM serves through our stand-in over the sy
 model, no GPU); there is no C++ `tensorrtllm` backend, so the legacy flavour runs its Python-backend
 engine.
 
-Build: `python -m tests.image_double.double` (prints the image name); tests use `ensure_double()`.
+Build: `python -m tests.image_double.double` (prints the image name); tests use `ensure_double()`;
+`eval "$(python -m tests.image_double.double --env)"` sets podman up by hand for the same store.
 Images are cached in the store by a hash of their inputs, so a second build costs seconds.
 """
 
@@ -303,8 +304,12 @@ def ensure_double(env: dict[str, str] | None = None) -> tuple[str, dict[str, str
 
 
 if __name__ == "__main__":
-    name, _ = ensure_double()
-    print(name, file=sys.stdout)
+    if sys.argv[1:] == ["--env"]:  # eval "$(python -m tests.image_double.double --env)": podman by hand
+        for key in ("CONTAINERS_STORAGE_CONF", "CONTAINERS_CONF", "TMPDIR"):
+            print(f"export {key}={podman_env()[key]}")
+    else:
+        name, _ = ensure_double()
+        print(name, file=sys.stdout)
 
 
 def containerize(bento: str, image: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -11,9 +11,11 @@ the log and in the `trtllm_engine_info` metric (the service shows it in /v1/mode
 TRTLLM_REQUIRE_TENSORRT_LLM=1 (set in the production image) makes that fallback a start-up error.
 `engine: reference` or `synthetic` picks a stand-in outright.
 
-Under mpirun (world_size > 1) rank 0 serves: with TensorRT-LLM it hands the LLM an MpiCommSession over
-COMM_WORLD, whose other ranks wait in MPICommExecutor as the LLM's workers (upstream 1.2.1's scheme);
-with a stand-in the other ranks idle.
+The service starts Triton as NVIDIA does, `trtllm-llmapi-launch tritonserver ...`: the script clears
+the MPI job's variables for the server and the LLM reaches its workers through the script's leader
+node (TLLM_SPAWN_PROXY_PROCESS). Under a plain mpirun (world_size > 1 seen here) rank 0 serves: with
+TensorRT-LLM it hands the LLM an MpiCommSession over COMM_WORLD, whose other ranks wait in
+MPICommExecutor as the LLM's workers (upstream 1.2.1's model); with a stand-in the other ranks idle.
 """
 
 from __future__ import annotations
