@@ -632,10 +632,10 @@ def stop_targets(pid: int, ranks: bool) -> list[int]:
     drain and unload; ranks that all exit cleanly end mpirun cleanly. Not trtllm-llmapi-launch
     either: a shell waiting for its foreground leader node, it passes nothing on; the server, once
     drained and gone, makes the script stop its leader and exit. A rank without a server (a worker
-    node) gets the signal itself."""
+    node under the script, which would not pass it on either) gets it in every process."""
     if ranks:
         return children(pid) or [pid]
-    return servers(pid) or [pid]
+    return servers(pid) or [pid, *descendants(pid)]
 
 
 def supervise(

@@ -13,8 +13,9 @@ from typing import Any
 
 import httpx
 import psutil
+import pytest
 
-from tests.e2e.conftest import BentoService, _name
+from tests.e2e.conftest import BentoService, _name, pack_demo
 from tests.e2e.test_faults import (
     FAST_RESTART,
     alive,
@@ -78,3 +79,32 @@ def test_a_dead_tritonserver_under_the_script_is_restarted(make_service: Any) ->
     assert "tritonserver exited under trtllm-llmapi-launch" in server.log()
     new_launches, new_leaders = launch_tree(server)
     assert new_launches and len(new_leaders) == 1, describe(server.descendants())
+
+
+def test_two_ranks_under_the_script_serve_and_stop_with_nothing_left(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path
+) -> None:
+    """mpirun runs the script on each rank (upstream's --trtllm_llmapi_launch): rank 0 the server,
+    rank 1 TensorRT-LLM's worker node and no server; stopping the service ends both."""
+    home = pack_demo(tmp_path_factory.mktemp("bentoml_home_tp2_launch"), "llmapi", "--tp-size", "2")
+    server = BentoService(home, tmp_path, LAUNCH_ENV).start()
+    try:
+        answer = httpx.post(f"{server.url}/generate", json={"prompt": "Hi", "max_tokens": 4}, timeout=60)
+        assert answer.status_code == 200 and answer.text
+        procs = server.descendants()
+        assert len([p for p in procs if _name(p) == "mpirun"]) == 1, describe(procs)
+        assert len([p for p in procs if _name(p) == "tritonserver"]) == 1, describe(procs)
+        launches, leaders = launch_tree(server)
+        workers = [p for p in procs if "tensorrt_llm.llmapi.mgmn_worker_node" in " ".join(_cmdline(p))]
+        assert len(leaders) == 1 and len(workers) == 1 and len(launches) >= 2, describe(procs)
+        stop_gracefully(server, lambda process: process.send_signal(signal.SIGTERM))
+        assert not alive(procs), describe(alive(procs))
+    finally:
+        server.stop()
+
+
+def _cmdline(process: psutil.Process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
