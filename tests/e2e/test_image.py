@@ -38,11 +38,23 @@ FLAVORS = ("llmapi",)  # the tests pack their own models; flavours are not the c
 BUILT = re.compile(r'Successfully built Bento\(tag="([^"]+)"\)')
 
 
+TEST_IMAGES = ("localhost/trtllm-test-llmapi:latest", "localhost/trtllm-test-ensemble:latest")
+
+
 @pytest.fixture(scope="module")
-def podman() -> dict[str, str]:
-    """The environment podman runs in, with the double tagged as the pinned image."""
+def podman() -> Iterator[dict[str, str]]:
+    """The environment podman runs in, with the double tagged as the pinned image. The bento images
+    go again afterwards (the double and its layers stay cached for the next run)."""
     _, env = double.ensure_double()
-    return env
+    yield env
+    for image in TEST_IMAGES:  # --no-prune: their build layers stay, the cache of the next run
+        subprocess.run(
+            ["podman", "rmi", "-f", "--no-prune", image],
+            env=env,
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
 
 
 def build_bento(home: Path, *options: str) -> str:
@@ -73,7 +85,7 @@ def containerize(home: Path, bento: str, image: str, podman: dict[str, str]) -> 
 def llmapi_image(podman: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> str:
     """The bento of the tiny demo model, llmapi flavour (engine: tensorrt_llm, as packed for the image)."""
     home = pack_demo(tmp_path_factory.mktemp("image_llmapi"), "llmapi")
-    image = "localhost/trtllm-test-llmapi:latest"
+    image = TEST_IMAGES[0]
     containerize(home, build_bento(home), image, podman)
     return image
 
@@ -82,7 +94,7 @@ def llmapi_image(podman: dict[str, str], tmp_path_factory: pytest.TempPathFactor
 def ensemble_image(podman: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> str:
     """The legacy flavour's bento (its Python-backend engine: the synthetic token source)."""
     home = pack_demo(tmp_path_factory.mktemp("image_ensemble"), "ensemble", "--engine", "synthetic")
-    image = "localhost/trtllm-test-ensemble:latest"
+    image = TEST_IMAGES[1]
     containerize(home, build_bento(home), image, podman)
     return image
 
