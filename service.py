@@ -38,7 +38,7 @@ from trtllm_service.triton.metrics import append_triton_metrics
 logger = logging.getLogger("trtllm_service")
 
 SETTINGS = get_settings()
-MODEL_TAG = default_model_tag(SETTINGS.model_tag)
+MODEL_TAG = default_model_tag(SETTINGS.model_tag, announce=True)  # one line: which model, and why
 MODEL_NAME = MODEL_TAG.split(":")[0]
 DRAIN = Drain(SETTINGS.shutdown_grace_s)  # SIGTERM: requests in flight finish, new ones get 503
 tune_request_tracing()  # before BentoML builds the app: no span per chunk, none built unread
