@@ -4,10 +4,14 @@ Run it on the GPU box, in the production image, before `bentoml serve`: it print
 (TensorRT-LLM installed vs pinned and the minimum, Triton, the image this project pins), the GPUs
 seen against tp x pp, whether a prebuilt engine was built by the installed TensorRT-LLM, then
 starts Triton with the model exactly as the service does and sends one request per feature
-(streaming, stop strings, seeds, log probs, guided decoding, LoRA, beams), each reported ok,
-unsupported (with why) or failed (with the error). A model of the legacy ensemble flavour gets one
-warning line (pinned.ENSEMBLE_LEGACY_WARNING); a warning does not fail. Exit status 1 when anything
-failed.
+(streaming, stop strings, seeds, log probs, guided decoding, LoRA, beams), each a one-message chat
+rendered with the model's chat template as /generate and /v1/chat/completions render it, each
+reported ok, unsupported (with why) or failed (with the error). A failed check says whose fault it
+is: "the engine:" (Triton, the engine or the relay did not do what was asked) or "the model's
+answer:" (the engine did, but the answer cannot show the feature; e.g. a greedy answer that ends at
+once, which the probes of engine features then ask for again with ignore_eos). A model of the
+legacy ensemble flavour gets one warning line (pinned.ENSEMBLE_LEGACY_WARNING); a warning does not
+fail. Exit status 1 when anything failed.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from trtllm_service.versions import installed_tensorrt_llm, triton_version
 PROG = "trtllm_service.doctor"
 PROMPT = "Write one short sentence about the sea."
 OK, UNSUPPORTED, FAILED, WARNING = "ok", "unsupported", "failed", "warning"
+ENGINE, MODEL = "engine", "model"
+"""Whose fault a failed (or warning) check is: the engine's, or the model's answer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +45,17 @@ class Check:
     name: str
     status: str
     detail: str
+    fault: str | None = None  # ENGINE or MODEL, for a check that is not ok
+
+
+def engine_fault(name: str, detail: str) -> Check:
+    """A failed check the engine is to blame for: it did not do what the request asked."""
+    return Check(name, FAILED, f"the engine: {detail}", ENGINE)
+
+
+def model_fault(name: str, status: str, detail: str) -> Check:
+    """A check the model's answer decides: the engine did what was asked."""
+    return Check(name, status, f"the model's answer: {detail}", MODEL)
 
 
 @dataclass(slots=True)
@@ -132,18 +149,25 @@ def environment_checks(info: Any, engine: str | None, installed: str | None) -> 
 
 
 class FeatureProbe:
-    """Sends one small request per feature through a started Runtime."""
+    """Sends one small request per feature through a started Runtime, each a one-message chat
+    rendered with the model's chat template (a raw prompt is not what a chat model answers: SmolLM2's
+    greedy answer to one is its end token)."""
 
     def __init__(self, runtime: Any, max_tokens: int = 16) -> None:
         self.runtime = runtime
         self.max_tokens = max_tokens
+
+    async def prepare(self, params: SamplingParams) -> Any:
+        """The request the service makes of PROMPT sent as a chat: templated, tokenized, settled."""
+        messages = [{"role": "user", "content": PROMPT}]
+        return await self.runtime.prepare_chat(messages, params, param="prompt", budget_param="max_tokens")
 
     async def ask(self, params: SamplingParams) -> Answer:
         runtime = self.runtime
         if getattr(runtime, "beam_packed", None):  # as the service serves it: a beam search (or a 400)
             params = runtime.fill_beam_search(params)
             runtime.check_engine_features(params, stream=True)
-        request = (await runtime.prepare_prompts([PROMPT], replace(params, max_tokens=self.max_tokens)))[0]
+        request = await self.prepare(replace(params, max_tokens=self.max_tokens))
         started = time.monotonic()
         stream = await runtime.generate(request)
         first = 0.0
@@ -162,14 +186,37 @@ class FeatureProbe:
             stream.close()
         return Answer("".join(pieces), stream.completion_tokens, stream.finish_reason, first, logprobs)
 
+    async def ask_for_tokens(self, params: SamplingParams) -> tuple[Answer, SamplingParams]:
+        """`ask`; when the model's answer is empty (it ended at once: an end token first), once more
+        with ignore_eos, so that a probe of an engine feature has tokens to look at. Returns the
+        answer and the parameters that gave it."""
+        answer = await self.ask(params)
+        if answer.tokens or answer.finish_reason != "stop" or params.ignore_eos:
+            return answer, params
+        params = replace(params, ignore_eos=True)
+        return await self.ask(params), params
+
     async def stream(self) -> Check:
         answer = await self.ask(SamplingParams(temperature=0.0))
-        if answer.tokens < 1:
-            return Check("stream", FAILED, "no tokens came back")
-        return Check("stream", OK, f"{answer.tokens} tokens, the first after {answer.first_token_s:.2f} s")
+        if answer.tokens:
+            return Check(
+                "stream", OK, f"{answer.tokens} tokens, the first after {answer.first_token_s:.2f} s"
+            )
+        if answer.finish_reason != "stop":
+            return engine_fault("stream", f"no tokens came back (finish reason {answer.finish_reason})")
+        forced = await self.ask(SamplingParams(temperature=0.0, ignore_eos=True))
+        if not forced.tokens:
+            return engine_fault("stream", "no tokens came back, not even with ignore_eos")
+        return model_fault(
+            "stream",
+            WARNING,
+            "the greedy answer to a one-message chat is empty (its first token is an end token); the "
+            f"engine streams ({forced.tokens} tokens with ignore_eos). Check the chat template "
+            "(pack_model.py --chat-template)",
+        )
 
     async def stop(self) -> Check:
-        plain = await self.ask(SamplingParams(temperature=0.0))
+        plain, params = await self.ask_for_tokens(SamplingParams(temperature=0.0))
         text = plain.text
         cut = next(
             (
@@ -180,20 +227,20 @@ class FeatureProbe:
             None,
         )
         if cut is None:
-            return Check(
+            return model_fault(
                 "stop", UNSUPPORTED, f"the greedy answer {text!r} is too short to pick a stop string"
             )
         stop = text[cut : cut + 3]
-        stopped = await self.ask(SamplingParams(temperature=0.0, stop=(stop,)))
+        stopped = await self.ask(replace(params, stop=(stop,)))
         if stopped.text != text[:cut] or stopped.finish_reason != "stop":
-            return Check("stop", FAILED, f"stop {stop!r}: got {stopped.text!r}, expected {text[:cut]!r}")
+            return engine_fault("stop", f"stop {stop!r}: got {stopped.text!r}, expected {text[:cut]!r}")
         return Check("stop", OK, f"ended before {stop!r} after {stopped.tokens} tokens")
 
     async def seed(self) -> Check:
         sampled = SamplingParams(temperature=1.0, seed=1234)
         first, again = await self.ask(sampled), await self.ask(sampled)
         if (first.text, first.tokens) != (again.text, again.tokens):
-            return Check("seed", FAILED, f"seed 1234 gave {first.text!r}, then {again.text!r}")
+            return engine_fault("seed", f"seed 1234 gave {first.text!r}, then {again.text!r}")
         other = await self.ask(replace(sampled, seed=4321))
         return Check(
             "seed",
@@ -204,11 +251,11 @@ class FeatureProbe:
 
     async def logprobs(self) -> Check:
         top = 0 if self.runtime.no_top_logprobs else 2
-        answer = await self.ask(SamplingParams(temperature=0.0, logprobs=top))
+        answer, _ = await self.ask_for_tokens(SamplingParams(temperature=0.0, logprobs=top))
         if len(answer.logprobs) != answer.tokens or not answer.tokens:
-            return Check("logprobs", FAILED, f"{len(answer.logprobs)} log probs for {answer.tokens} tokens")
+            return engine_fault("logprobs", f"{len(answer.logprobs)} log probs for {answer.tokens} tokens")
         if top and any(len(entry.top_ids) != top for entry in answer.logprobs):
-            return Check("logprobs", FAILED, "a token came without its top 2")
+            return engine_fault("logprobs", "a token came without its top 2")
         detail = f"{answer.tokens} tokens with their log probs"
         if top:
             return Check("logprobs", OK, f"{detail} and top {top}")
@@ -219,16 +266,16 @@ class FeatureProbe:
             return Check("guided", UNSUPPORTED, self.runtime.no_guides)
         answer = await self.ask(SamplingParams(temperature=0.0, guide=("regex", "(yes|no)")))
         if answer.text not in ("yes", "no"):
-            return Check("guided", FAILED, f"regex (yes|no) gave {answer.text!r}")
+            return engine_fault("guided", f"regex (yes|no) gave {answer.text!r}")
         return Check("guided", OK, f"regex (yes|no) gave {answer.text!r}")
 
     async def lora(self) -> Check:
         adapters = list(self.runtime.adapters)
         if not adapters:
             return Check("lora", UNSUPPORTED, "no adapters packed (pack_model.py --lora NAME=DIR)")
-        answer = await self.ask(SamplingParams(temperature=0.0, lora=adapters[0]))
+        answer, _ = await self.ask_for_tokens(SamplingParams(temperature=0.0, lora=adapters[0]))
         if answer.tokens < 1:
-            return Check("lora", FAILED, f"adapter {adapters[0]!r}: no tokens came back")
+            return engine_fault("lora", f"adapter {adapters[0]!r}: no tokens came back")
         return Check("lora", OK, f"adapter {adapters[0]!r}: {answer.tokens} tokens")
 
     async def beams(self) -> Check:
@@ -245,14 +292,14 @@ class FeatureProbe:
             )
         width = limit if exact else 2
         params = SamplingParams(temperature=0.0, max_tokens=self.max_tokens, beam_width=width)
-        request = (await self.runtime.prepare_prompts([PROMPT], params))[0]
+        request = await self.prepare(params)
         stream = await self.runtime.generate(replace(request, num_return=2))
         try:
             beams = await stream.beams()
         finally:
             stream.close()
         if len(beams) != 2 or not all(tokens for _, tokens, _ in beams):
-            return Check("beams", FAILED, f"beam width {width}: got {[(t, n) for t, n, _ in beams]}")
+            return engine_fault("beams", f"beam width {width}: got {[(t, n) for t, n, _ in beams]}")
         got = f"2 beams of {beams[0][1]} and {beams[1][1]} tokens"
         if getattr(self.runtime, "beam_packed", None):
             return Check("beams", OK, f"{BEAM_PACKED.format(width=width)}; {got}")
@@ -275,10 +322,12 @@ class FeatureProbe:
             try:
                 checks.append(await probe())
             except APIError as exc:
-                status = UNSUPPORTED if exc.status == 400 else FAILED
-                checks.append(Check(name, status, f"{exc.status}: {exc.message}"))
+                if exc.status == 400:  # what this model was packed without, as the service says it
+                    checks.append(Check(name, UNSUPPORTED, f"{exc.status}: {exc.message}"))
+                else:
+                    checks.append(engine_fault(name, f"{exc.status}: {exc.message}"))
             except Exception as exc:  # a doctor reports; it does not crash on the first fault
-                checks.append(Check(name, FAILED, f"{type(exc).__name__}: {exc}"))
+                checks.append(engine_fault(name, f"{type(exc).__name__}: {exc}"))
         return checks
 
 
@@ -286,14 +335,18 @@ async def diagnose(tag: str | None) -> tuple[dict[str, Any], list[Check]]:
     """Starts the model's Triton as the service does, checks it, stops it."""
     import bentoml
 
+    from trtllm_service import served_model as served
     from trtllm_service.relay.runtime import Runtime, default_model_tag
     from trtllm_service.settings import get_settings
 
     settings = get_settings()
-    model = bentoml.models.get(default_model_tag(tag or settings.model_tag))
+    chosen = default_model_tag(tag or settings.model_tag)
+    model = bentoml.models.get(chosen)
     runtime = Runtime(Path(model.path), str(model.tag.name), settings)
+    why = "named on the command line" if tag else served.CHOSEN.get(chosen)
     facts: dict[str, Any] = {
         "model": str(model.tag),
+        **({"chosen by": why} if why else {}),
         "flavor": runtime.info.flavor,
         "image (pinned)": pinned.IMAGE,
         "tensorrt_llm (pinned)": pinned.TENSORRT_LLM_VERSION,
@@ -321,7 +374,10 @@ def report(facts: dict[str, Any], checks: Sequence[Check]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "model", nargs="?", help="model store tag (default: TRTLLM_MODEL, else the newest packed)"
+        "model",
+        nargs="?",
+        help="model store tag (default: the one `bentoml serve .` serves: TRTLLM_MODEL, else the served "
+        "model pack_model.py recorded, else the only packed one)",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     args = parser.parse_args(argv)

@@ -57,6 +57,23 @@ def test_every_feature_of_a_packed_model_answers(home: Path) -> None:
     assert checks["tensorrt_llm"]["status"] == "unsupported"  # no TensorRT-LLM on this machine
 
 
+@pytest.mark.parametrize("demo", ["smollm2", "tiny"])
+def test_the_doctor_passes_on_the_demo(demo: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """`pack_model.py --demo` (SmolLM2, whose greedy answer to a raw prompt is end-of-text at once),
+    then the doctor as the README says, with no model named: every probe a chat, every one ok."""
+    home = tmp_path_factory.mktemp(f"doctor-{demo}")
+    packed = run(home, "pack_model.py", "--demo", demo, "--quiet")
+    assert packed.returncode == 0, packed.stderr
+    result = run(home, "-m", "trtllm_service.doctor", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert report["facts"]["chosen by"].startswith("the served model recorded in "), report["facts"]
+    checks = {check["name"]: check for check in report["checks"]}
+    for name in ("stream", "stop", "seed", "logprobs", "guided"):
+        assert checks[name]["status"] == "ok", checks[name]
+    assert not [check for check in report["checks"] if check["status"] in ("failed", "warning")]
+
+
 def test_what_the_model_was_packed_without_is_unsupported_with_why(home: Path) -> None:
     result = run(home, "-m", "trtllm_service.doctor", "no-guides")
     assert result.returncode == 0, result.stdout + result.stderr
