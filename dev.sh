@@ -85,7 +85,9 @@ ensure_system_packages() {
 case "${1:-}" in
   serve)
     setup
-    if ! "$PY" -c "from trtllm_service.relay.runtime import default_model_tag; import os; default_model_tag(os.environ.get('TRTLLM_MODEL'))" 2>/dev/null; then
+    # the demo only into a store with no packed model (it becomes the served one); any other store
+    # serves what trtllm_service/served_model.py picks, or bentoml serve says how to pick one
+    if ! "$PY" -c "import sys; from trtllm_service.served_model import packed_models; sys.exit(not packed_models())" 2>/dev/null; then
       echo "dev.sh: packing the demo model (SmolLM2-135M-Instruct) into the model store" >&2
       started=$SECONDS
       "$PY" pack_model.py --demo
