@@ -33,7 +33,7 @@ class Settings(BaseModel, frozen=True):
     """Service configuration; field names map to upper-case environment variables below."""
 
     model_tag: str | None = Field(
-        None, description="TRTLLM_MODEL: model store tag; default the newest packed"
+        None, description="TRTLLM_MODEL: model store tag; default the served model (README: What is served)"
     )
     triton_host: str = Field("127.0.0.1", description="TRITON_HOST: Triton has no auth, keep it on loopback")
     triton_grpc_port: int = Field(0, ge=0, le=65535, description="TRITON_GRPC_PORT: 0 picks a free port")
