@@ -5,6 +5,7 @@ Thin on purpose: the work lives in `trtllm_service` (runtime, relay, prompting, 
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import AsyncGenerator
 from typing import Annotated, Any
@@ -16,14 +17,21 @@ from starlette.responses import JSONResponse
 from tensorrtllm_backend.stop_strings import StopStringError, check_stop
 from trtllm_service.api import deployment
 from trtllm_service.api.auth import APIKeyMiddleware, APIKeys
-from trtllm_service.api.bentoml_patches import arrange_middlewares, cancel_request_timers, expose_server_send
+from trtllm_service.api.bentoml_patches import (
+    arrange_middlewares,
+    cancel_request_timers,
+    expose_server_send,
+    forbid_unknown_fields,
+)
+from trtllm_service.api.error_shape import ErrorShapeMiddleware
 from trtllm_service.api.heap import freeze_startup_heap
 from trtllm_service.api.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
-from trtllm_service.api.metrics import RequestMetrics
+from trtllm_service.api.metrics import RequestMetrics, count_rejected
 from trtllm_service.api.openai import routes as openai_routes
 from trtllm_service.api.openapi import DocumentedService, describe, openai_routes_of
 from trtllm_service.api.request_id import RequestIdMiddleware
 from trtllm_service.api.shutdown import Drain
+from trtllm_service.api.startup import Startup
 from trtllm_service.api.streaming import PushBody, TextFraming, first_text, quiet_cut_streams
 from trtllm_service.api.tracing import tune_request_tracing
 from trtllm_service.errors import APIError
@@ -52,7 +60,11 @@ expose_server_send()  # streamed chunks skip the middlewares' send wrappers (api
 @bentoml.asgi_app(openai_routes.app, path=deployment.OPENAI_ROUTE)
 @bentoml.service(
     name=deployment.SERVICE_NAME,
-    description=describe(MODEL_NAME, openai_routes_of(openai_routes.app, deployment.OPENAI_ROUTE)),
+    description=describe(
+        MODEL_NAME,
+        openai_routes_of(openai_routes.app, deployment.OPENAI_ROUTE)
+        + openai_routes_of(openai_routes.root_app, ""),
+    ),
     labels=deployment.labels(),
     service_class=DocumentedService,
     **deployment.service_config(
@@ -65,41 +77,52 @@ class TRTLLM:
     model = bentoml.models.BentoModel(MODEL_TAG)
 
     def __init__(self) -> None:
-        self.runtime = Runtime(self.model.path, str(self.model.tag.name), SETTINGS)
-        openai_routes.bind(self.runtime)
+        # Loaded and started in the background (api/startup.py): the worker answers meanwhile.
+        self.startup: Startup[Runtime] = Startup(
+            functools.partial(Runtime, self.model.path, str(self.model.tag.name), SETTINGS)
+        )
 
     @bentoml.on_startup
     async def start_triton(self) -> None:
+        """Returns at once: /livez 200, /readyz and the generation routes 503 (Retry-After) until
+        the tokenizer is loaded and Triton is ready."""
         share_bentoml_log_handlers(logger)
         quiet_cut_streams()
         DRAIN.install()
-        DRAIN.cut_by(self.runtime.relay.end_all)
-        await self.runtime.start()
+        self.startup.begin(on_loaded=self._loaded, on_ready=self._ready)
+
+    def _loaded(self, runtime: Runtime) -> None:
+        DRAIN.cut_by(runtime.relay.end_all)
+        openai_routes.bind(runtime)
+
+    def _ready(self, runtime: Runtime) -> None:
         freeze_startup_heap()  # the loaded worker out of the collector's full passes (api/heap.py)
-        if self.runtime.triton.owner:  # one line per service, not per worker
+        if runtime.triton.owner:  # one line per service, not per worker
             url = deployment.serving_url()
             logger.info("serving %s on %s (OpenAI API at %s/v1, docs at %s/)", MODEL_NAME, url, url, url)
 
     @bentoml.on_shutdown
     async def stop_triton(self) -> None:
-        await self.runtime.stop()
+        await self.startup.stop()
 
     async def __is_ready__(self) -> bool:
-        return self.runtime.ready and not DRAIN.draining
+        return self.startup.ready and not DRAIN.draining
 
     async def __is_alive__(self) -> bool:
-        """False once Triton's restarts in a row are used up: /livez 503, so the orchestrator
-        replaces the service instead of leaving it unready for good."""
-        return not self.runtime.triton.gave_up
+        """False when the start failed, or once Triton's restarts in a row are used up: /livez 503,
+        so the orchestrator replaces the service instead of leaving it unready for good."""
+        runtime = self.startup.runtime
+        return not self.startup.failed and not (runtime is not None and runtime.triton.gave_up)
 
     async def __metrics__(self, text: str) -> str:
         """BentoML's metrics (ours among them) followed by Triton's, so one scrape covers both."""
-        return await append_triton_metrics(text, self.runtime.triton.metrics_url)
+        runtime = self.startup.runtime
+        return text if runtime is None else await append_triton_metrics(text, runtime.triton.metrics_url)
 
     @bentoml.api
     async def generate(
         self,
-        prompt: str = "Explain superconductors in plain English.",
+        prompt: str,
         system_prompt: str | None = None,
         max_tokens: Annotated[int, Ge(1)] | None = None,
         temperature: Annotated[float, Ge(0), Le(2)] | None = None,
@@ -121,7 +144,11 @@ class TRTLLM:
         Errors before the first chunk are JSON responses with a 4xx/5xx status, never text in
         the stream: the first text is awaited before the response starts.
         """
-        runtime = self.runtime
+        try:
+            runtime = self.startup.serving()
+        except APIError as exc:
+            count_rejected(MODEL_NAME, "/generate", exc.status)
+            return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())  # type: ignore[return-value]
         adapter = lora if lora in runtime.adapters else None
         metrics = RequestMetrics(adapter or runtime.model_name, "/generate")
         try:
@@ -181,6 +208,8 @@ class TRTLLM:
 # `generate` returns its stream rather than being a generator (so errors before the first chunk
 # can still be JSON responses with a status): tell BentoML and its clients that it streams.
 TRTLLM.apis["generate"].is_stream = True
+# Its body as strict about names as /v1's: a field it does not know is a 400 naming it, not ignored.
+forbid_unknown_fields(TRTLLM.apis["generate"].input_spec)
 
 # vLLM's /tokenize and /detokenize, at the root as vLLM serves them (after the service's own routes).
 TRTLLM.mount_asgi_app(openai_routes.root_app, path="/")
@@ -189,6 +218,7 @@ TRTLLM.mount_asgi_app(openai_routes.root_app, path="/")
 # Outermost first (arrange_middlewares puts the request id before BentoML's own middlewares and
 # BentoML's CORS right after it, so that every answer, refusals included, carries both).
 TRTLLM.add_asgi_middleware(RequestIdMiddleware)
+TRTLLM.add_asgi_middleware(ErrorShapeMiddleware)  # BentoML's own errors in the service's one shape
 TRTLLM.add_asgi_middleware(
     deployment.ServiceConcurrencyLimit,  # traffic.max_concurrency, counted across the workers
     fallback=TRTLLM.config["traffic"]["max_concurrency"],

@@ -232,22 +232,113 @@ def test_bad_request_is_a_json_400(service: BentoService, case: str) -> None:
     assert response.status_code == 400, response.text
     assert response.headers["content-type"].startswith("application/json"), response.text
     payload = response.json()  # the whole body is one JSON document: no text chunk came first
-    error = payload["error"]
-    if isinstance(error, dict):  # the service's own errors (OpenAI shape)
-        assert error["param"] == field, payload
-        assert error["type"] == "invalid_request_error", payload
-        assert error["message"], payload
-        if code is not None:
-            assert error["code"] == code, payload
-            assert "2048" in error["message"], payload
-    else:  # BentoML's request validation
-        assert any(field in detail["loc"] for detail in payload["detail"]), payload
+    error = assert_error_shape(payload)  # BentoML's own validation included, not pydantic's shape
+    assert error["param"] == field, payload
+    assert error["type"] == "invalid_request_error", payload
+    assert error["message"], payload
+    if code is not None:
+        assert error["code"] == code, payload
+        assert "2048" in error["message"], payload
 
     assert engine_counts(service) == before, "a rejected request reached the engine"
     ok = httpx.post(
         f"{service.url}/generate", json={"prompt": "Hi", "max_tokens": 3, "temperature": 0}, timeout=60
     )
     assert ok.status_code == 200, ok.text
+
+
+def assert_error_shape(payload: Any) -> dict[str, Any]:
+    """The one error shape of every route (README): `{"error": {"message", "type", "param", "code"}}`."""
+    assert isinstance(payload, dict) and set(payload) == {"error"}, payload
+    error = payload["error"]
+    assert isinstance(error, dict) and set(error) == {"message", "type", "param", "code"}, payload
+    assert isinstance(error["message"], str) and error["message"], payload
+    return error
+
+
+# What a newcomer sends first: none of it may be answered with the Swagger example's prompt.
+NO_PROMPT = {
+    "no prompt": (b'{"max_tokens": 5}', {"Content-Type": "application/json"}, "missing_required_parameter"),
+    "empty JSON object": (b"{}", {"Content-Type": "application/json"}, "missing_required_parameter"),
+    "empty body": (b"", {"Content-Type": "application/json"}, "missing_required_parameter"),
+    "empty body, no content type": (b"", {}, "missing_required_parameter"),
+    "curl -d with a form": (b"prompt=hi", {"Content-Type": "application/x-www-form-urlencoded"}, None),
+    "a misspelt field": (b'{"prompt": "Hi", "max_new_tokens": 5}', {"Content-Type": "application/json"}, "unknown_parameter"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(NO_PROMPT))
+def test_no_prompt_is_a_400_not_an_answer(service: BentoService, case: str) -> None:
+    """Issue 35: no prompt, an empty body, or curl's default form content type got 200 and up to
+    1,024 tokens about superconductors (the signature's default prompt). Now a 400 in the one
+    error shape, naming what is wrong, and nothing reaches the engine."""
+    body, headers, code = NO_PROMPT[case]
+    before = wait_engine_idle(service)
+    response = httpx.post(f"{service.url}/generate", content=body, headers=headers, timeout=60)
+    assert response.status_code == 400, response.text[:300]
+    error = assert_error_shape(response.json())
+    assert error["type"] == "invalid_request_error" and error["code"] == code, error
+    if code == "missing_required_parameter":
+        assert error["param"] == "prompt" and "'prompt'" in error["message"], error
+    elif code == "unknown_parameter":
+        assert error["param"] == "max_new_tokens", error
+    else:  # a form body is not JSON
+        assert "could not parse the JSON body" in error["message"], error
+    assert engine_counts(service) == before, "a refused request reached the engine"
+
+
+def test_curls_default_content_type_with_a_json_body_is_served(service: BentoService) -> None:
+    """`curl -d '{"prompt": ...}'` without `-H content-type: application/json` declares a form:
+    the body is read as JSON (as on /v1), and the answer is to that prompt."""
+    body = b'{"prompt": "Hello!", "max_tokens": 8, "temperature": 0}'
+    form = httpx.post(
+        f"{service.url}/generate",
+        content=body,
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+        timeout=60,
+    )
+    as_json = httpx.post(
+        f"{service.url}/generate", content=body, headers={"Content-Type": "application/json"}, timeout=60
+    )
+    assert form.status_code == as_json.status_code == 200, form.text[:300]
+    assert form.text == as_json.text and form.text
+
+
+@pytest.mark.parametrize(
+    ("content", "headers", "status", "code"),
+    [
+        (b"--x\r\nContent-Disposition: form-data; name=prompt\r\n\r\nhi\r\n--x--\r\n", {"Content-Type": "multipart/form-data; boundary=x"}, 415, "unsupported_media_type"),
+        (b"prompt: hi", {"Content-Type": "text/plain"}, 415, "unsupported_media_type"),
+        (b'{"prompt": "hi",', {"Content-Type": "application/json"}, 400, None),
+        (b'"hi"', {"Content-Type": "application/json"}, 400, "invalid_type"),
+    ],
+    ids=["multipart form", "text", "malformed JSON", "a JSON string"],
+)  # fmt: skip
+def test_a_body_that_is_not_json_is_a_415_or_400(
+    service: BentoService, content: bytes, headers: dict[str, str], status: int, code: str | None
+) -> None:
+    response = httpx.post(f"{service.url}/generate", content=content, headers=headers, timeout=60)
+    assert response.status_code == status, response.text[:300]
+    error = assert_error_shape(response.json())
+    assert error["code"] == code and error["type"] == "invalid_request_error", error
+
+
+def test_every_route_answers_errors_in_one_shape(service: BentoService) -> None:
+    """BentoML's and Starlette's own answers too: an unknown path, a wrong method, a body of the
+    wrong type on /tokenize."""
+    cases = [
+        ("GET", "/generate", None, 405, "method_not_allowed"),
+        ("GET", "/no-such-route", None, 404, "unknown_url"),
+        ("GET", "/tokenize", None, 405, "method_not_allowed"),
+        ("POST", "/generate", {"prompt": ["not", "text"]}, 400, "invalid_type"),
+        ("POST", "/tokenize", {"prompt": 1}, 400, "invalid_type"),
+        ("POST", "/v1/chat/completions", {"messages": "hi"}, 400, "invalid_type"),
+    ]
+    for method, path, body, status, code in cases:
+        response = httpx.request(method, f"{service.url}{path}", json=body, timeout=60)
+        assert response.status_code == status, (method, path, response.text[:300])
+        assert response.headers["content-type"].startswith("application/json"), (method, path)
+        assert assert_error_shape(response.json())["code"] == code, (method, path, response.text[:300])
 
 
 # ---- client disconnect --------------------------------------------------------------------------

@@ -136,3 +136,41 @@ def test_the_page_is_the_services_own(service: BentoService) -> None:
     assert "messages" in example, example
     assert "429" in responses and "rate_limit_exceeded" in responses, responses
     assert not broken and not failed_images, (broken, failed_images)
+
+
+def test_every_route_is_on_the_page(service: BentoService) -> None:
+    """Issue 35: /tokenize and /detokenize were missing from the Swagger page. Every route the
+    service serves is in /docs.json and on the page, under a tag of its own (none under "default")."""
+    from playwright.sync_api import sync_playwright
+
+    paths = httpx.get(f"{service.url}/docs.json", timeout=30).json()["paths"]
+    routes = {
+        ("post", "/generate"),
+        ("post", "/tokenize"),
+        ("post", "/detokenize"),
+        ("get", "/v1/models"),
+        ("get", "/v1/models/{model}"),
+        ("post", "/v1/chat/completions"),
+        ("post", "/v1/completions"),
+        ("post", "/v1/responses"),
+    }
+    documented = {(method, path) for path, item in paths.items() for method in item}
+    assert routes <= documented, routes - documented
+    for method, path in routes:
+        assert paths[path][method]["tags"] != ["default"], path
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium_path(), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1400})
+            page.set_default_timeout(30_000)
+            page.goto(f"{service.url}/", wait_until="domcontentloaded")
+            page.locator('.opblock [data-path="/generate"]').first.wait_for()
+            shown = set(
+                page.locator(".opblock .opblock-summary-path").evaluate_all(
+                    "els => els.map(e => e.dataset.path)"
+                )
+            )
+        finally:
+            browser.close()
+    assert {path for _, path in routes} <= shown, {path for _, path in routes} - shown

@@ -15,13 +15,14 @@ from trtllm_service.api.openapi import (
     GENERATE_TAG,
     OPENAI_TAG,
     TITLE,
+    TOKENIZER_TAG,
     DocumentedService,
     describe,
     openai_routes_of,
 )
 from trtllm_service.versions import PYPROJECT, service_version
 
-ROUTES = openai_routes_of(openai_routes.app, "/v1")
+ROUTES = openai_routes_of(openai_routes.app, "/v1") + openai_routes_of(openai_routes.root_app, "")
 DESCRIPTION = describe("demo-model", ROUTES)
 
 
@@ -29,8 +30,11 @@ DESCRIPTION = describe("demo-model", ROUTES)
 @bentoml.service(name="docs-check", description=DESCRIPTION, service_class=DocumentedService)
 class Documented:
     @bentoml.api
-    async def generate(self, prompt: str = "Hello") -> str:
+    async def generate(self, prompt: str) -> str:
         return prompt
+
+
+Documented.mount_asgi_app(openai_routes.root_app, path="/")
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +74,17 @@ def test_every_openai_route_is_listed_in_the_description() -> None:
 
 
 def test_routes_are_tagged(spec: dict[str, Any]) -> None:
-    assert [tag["name"] for tag in spec["tags"]] == [GENERATE_TAG.name, OPENAI_TAG.name, "Infrastructure"]
+    assert [tag["name"] for tag in spec["tags"]] == [
+        GENERATE_TAG.name,
+        OPENAI_TAG.name,
+        TOKENIZER_TAG.name,
+        "Infrastructure",
+    ]
     for path, _, op in operations(spec):
         if path.startswith("/v1/"):
             assert op["tags"] == [OPENAI_TAG.name], path
+        elif path in ("/tokenize", "/detokenize"):
+            assert op["tags"] == [TOKENIZER_TAG.name], path
         elif path == "/generate":
             assert op["tags"] == [GENERATE_TAG.name]
         else:
@@ -81,8 +92,31 @@ def test_routes_are_tagged(spec: dict[str, Any]) -> None:
         assert op["tags"] != ["default"]
 
 
+def test_every_route_is_documented(spec: dict[str, Any]) -> None:
+    """vLLM's /tokenize and /detokenize (a FastAPI app mounted at the root) are on the page too,
+    with their bodies' schemas, and listed in the description."""
+    assert {"/generate", "/tokenize", "/detokenize", "/v1/models", "/v1/chat/completions"} <= set(
+        spec["paths"]
+    )
+    tokenize = spec["paths"]["/tokenize"]["post"]["requestBody"]["content"]["application/json"]
+    prompt, chat = tokenize["schema"]["oneOf"]
+    assert "prompt" in prompt["properties"] and "messages" in chat["properties"]
+    detokenize = spec["paths"]["/detokenize"]["post"]["requestBody"]["content"]["application/json"]
+    assert "tokens" in detokenize["schema"]["properties"] and detokenize["example"]["tokens"]
+    for needle in ("`POST /tokenize`", "`POST /detokenize`"):
+        assert needle in DESCRIPTION
+
+
+def test_generate_takes_json_with_a_required_prompt(spec: dict[str, Any]) -> None:
+    """The Swagger example is only an example: `prompt` is required and has no default; the body is JSON."""
+    body = spec["paths"]["/generate"]["post"]["requestBody"]
+    assert body["required"] is True and list(body["content"]) == ["application/json"]
+    schema = body["content"]["application/json"]["schema"]
+    assert "prompt" in schema["required"] and "default" not in schema["properties"]["prompt"]
+
+
 def test_request_bodies_have_examples(spec: dict[str, Any]) -> None:
-    for path in ("/generate", "/v1/chat/completions", "/v1/completions"):
+    for path in ("/generate", "/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize"):
         body = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]
         assert isinstance(body.get("example"), dict) and body["example"], path
     assert spec["paths"]["/generate"]["post"]["requestBody"]["content"]["application/json"]["example"][

@@ -22,9 +22,12 @@ logger = logging.getLogger("trtllm_service")
 
 
 def cancel_request_timers() -> None:
-    """Replaces `TimeoutMiddleware.__call__` with one that cancels its timer; same behaviour else."""
+    """Replaces `TimeoutMiddleware.__call__` with one that cancels its timer; same behaviour else,
+    but its 504 in the service's error shape."""
     from bentoml._internal.server.http import traffic
     from starlette.responses import JSONResponse
+
+    from trtllm_service.errors import APIError
 
     middleware = traffic.TimeoutMiddleware
     if getattr(middleware, "_cancels_timers", False):
@@ -49,8 +52,8 @@ def cancel_request_timers() -> None:
                 await waiter
             except asyncio.TimeoutError:
                 if task.cancel():
-                    error = {"error": f"Not able to process the request in {self.timeout} seconds"}
-                    await JSONResponse(error, status_code=504)(scope, receive, send)
+                    error = APIError.timeout(f"Not able to process the request in {self.timeout} seconds")
+                    await JSONResponse(error.body(), status_code=error.status)(scope, receive, send)
             else:
                 await task
         finally:
@@ -119,3 +122,13 @@ def arrange_middlewares(outermost: type, limiter: type) -> None:
 
     setattr(middlewares, _ARRANGED, True)
     ServiceAppFactory.middlewares = property(middlewares)  # type: ignore[method-assign,assignment]
+
+
+def forbid_unknown_fields(input_model: Any) -> None:
+    """Makes the pydantic model BentoML 1.4 builds from an API's signature (`apis[name].input_spec`)
+    refuse fields it does not declare (it ignores them): a misspelt `max_new_tokens` is then a 400
+    naming it, as on `/v1`, instead of a request served with the default."""
+    if input_model.model_config.get("extra") == "forbid":
+        return
+    input_model.model_config["extra"] = "forbid"
+    input_model.model_rebuild(force=True)

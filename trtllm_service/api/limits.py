@@ -210,8 +210,8 @@ class ConcurrencyLimitMiddleware:
         return True
 
 
-FORM_TYPES = (b"multipart/form-data", b"application/x-www-form-urlencoded")
-"""Besides JSON, the media types BentoML's `/generate` accepts (its form input)."""
+CURL_DEFAULT_TYPE = b"application/x-www-form-urlencoded"
+"""What `curl -d` declares unless told otherwise: such a body is read as JSON, on every route."""
 
 
 def _media_type(headers: list[tuple[bytes, bytes]]) -> bytes | None:
@@ -222,18 +222,21 @@ def _media_type(headers: list[tuple[bytes, bytes]]) -> bytes | None:
 
 
 def _acceptable(media: bytes | None) -> bool:
-    """JSON (`application/json`, `+json`), BentoML's forms, or no Content-Type (read as JSON)."""
-    return (
-        media is None
-        or media in (b"", b"application/json")
-        or media.endswith(b"+json")
-        or media in FORM_TYPES
-    )
+    """JSON (`application/json`, `+json`), no Content-Type, or curl's default (all read as JSON)."""
+    return media is None or media in (b"", b"application/json", CURL_DEFAULT_TYPE) or media.endswith(b"+json")
+
+
+def _as_json(scope: Scope) -> Scope:
+    """`scope` with its Content-Type set to JSON: curl's default form type would make BentoML read
+    `/generate`'s body as a form (and find no prompt in it)."""
+    headers = [(name, value) for name, value in scope["headers"] if name.lower() != b"content-type"]
+    return {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
 
 
 class BodyLimitMiddleware:
     """Refuses generation request bodies larger than `max_bytes` (413, before reading them) and
-    bodies of other media types than JSON or a form (415).
+    bodies of other media types than JSON (415; forms included: every route takes JSON, and a body
+    curl sends with its default form type is read as JSON).
 
     A body with a Content-Length over the cap is refused unread; a chunked one is read up to the cap
     and refused there, or handed on whole.
@@ -258,6 +261,8 @@ class BodyLimitMiddleware:
             error = unsupported_media_type((media or b"").decode("latin-1"))
             await refuse(error, self.model_name, scope, receive, send, close=True)
             return
+        if media == CURL_DEFAULT_TYPE:
+            scope = _as_json(scope)
         length = next((value for name, value in headers if name.lower() == b"content-length"), None)
         if length is not None:
             if length.isdigit() and int(length) <= self.max_bytes:
@@ -298,7 +303,7 @@ def too_many_requests(limit: int) -> APIError:
 
 
 def unsupported_media_type(media: str) -> APIError:
-    """415: a body of another media type than JSON or a form."""
+    """415: a body of another media type than JSON."""
     return APIError(
         415,
         f"Unsupported Content-Type {media!r}: send the body as application/json.",

@@ -30,6 +30,12 @@ OPENAI_TAG = Tag(
     description="The OpenAI API's chat and text completions and models, mounted at `/v1`: any OpenAI "
     "client works with `base_url` set to this service's URL plus `/v1`.",
 )
+TOKENIZER_TAG = Tag(
+    name="Tokenizer",
+    description="vLLM's `/tokenize` and `/detokenize`, at the root as vLLM serves them: the token ids "
+    "the engine gets for a prompt or chat messages, and the text of token ids.",
+)
+TOKENIZER_ROUTES = ("/tokenize", "/detokenize")
 ERROR_SCHEMA = "ErrorBody"
 ERROR_REF = f"#/components/schemas/{ERROR_SCHEMA}"
 GENERATE_EXAMPLE = {
@@ -92,10 +98,13 @@ curl -N <this URL>/v1/chat/completions -H 'content-type: application/json' \\
 
 - `Authorization: Bearer <key>` when the service was started with API keys (`TRTLLM_API_KEYS`).
 - `X-Request-Id`: sent back on every response (yours, or a new one), and the engine request's id.
-- Errors are JSON `{{"error": {{"message", "type", "param", "code"}}}}` with a 4xx/5xx status, as
-  OpenAI's, before the first chunk; a `/v1` stream that fails later ends with one error event.
+- Bodies are JSON (`415` for another content type, `400` for malformed JSON or a bad field).
+- Every error, on every route, is JSON `{{"error": {{"message", "type", "param", "code"}}}}` with a
+  4xx/5xx status, as OpenAI's, before the first chunk; a `/v1` stream that fails later ends with
+  one error event.
 
-`/readyz` answers 200 once the engine is ready; `/metrics` has Prometheus metrics.
+While the engine starts, `/livez` answers 200, and `/readyz` and the generation routes 503 with
+`Retry-After`; `/readyz` answers 200 once the engine is ready; `/metrics` has Prometheus metrics.
 """
 
 
@@ -144,20 +153,23 @@ def _generate(operation: dict[str, Any]) -> dict[str, Any]:
     operation["responses"] = {**ok, **_error_responses([400, 401, 413, 415, 429, 503])}
     body = operation.get("requestBody")
     if isinstance(body, dict) and "application/json" in body.get("content", {}):
+        # JSON only, as every route; the example is only an example: `prompt` has no default.
         media = body["content"]["application/json"]
         body = {
             **body,
-            "content": {**body["content"], "application/json": attrs.evolve(media, example=GENERATE_EXAMPLE)},
+            "required": True,
+            "content": {"application/json": attrs.evolve(media, example=GENERATE_EXAMPLE)},
         }
         operation["requestBody"] = body
     return operation
 
 
-def _openai(operation: dict[str, Any]) -> dict[str, Any]:
-    """A /v1 route: tagged, its errors with examples, and without FastAPI's 422 (never answered:
-    bodies are parsed by the routes, and their errors are 400s in OpenAI's shape)."""
+def _openai(operation: dict[str, Any], tag: Tag = OPENAI_TAG) -> dict[str, Any]:
+    """A /v1 route (or vLLM's tokenizer routes): tagged, its errors with examples, and without
+    FastAPI's 422 (never answered: bodies are parsed by the routes, and their errors are 400s in
+    OpenAI's shape)."""
     operation = dict(operation)
-    operation.setdefault("tags", [OPENAI_TAG.name])
+    operation.setdefault("tags", [tag.name])
     if "responses" in operation:
         responses = {code: r for code, r in operation["responses"].items() if str(code) != "422"}
         operation["responses"] = _with_error_examples(responses)
@@ -180,6 +192,8 @@ def document(
                 changes[method] = _generate(operation)
             elif path.startswith(openai_prefix + "/"):
                 changes[method] = _openai(operation)
+            elif path in TOKENIZER_ROUTES:
+                changes[method] = _openai(operation, TOKENIZER_TAG)
         paths[path] = attrs.evolve(item, **changes) if changes else item
     components = copy.copy(spec.components) if isinstance(spec.components, dict) else spec.components
     if isinstance(components, dict):
@@ -194,7 +208,7 @@ def document(
     return attrs.evolve(
         spec,
         info=Info(title=TITLE, version=service_version(), description=description),
-        tags=[GENERATE_TAG, OPENAI_TAG, INFRA_TAG],
+        tags=[GENERATE_TAG, OPENAI_TAG, TOKENIZER_TAG, INFRA_TAG],
         paths=paths,
         components=components,
     )

@@ -17,10 +17,9 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import FastAPI, Request
-from starlette.applications import Starlette
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Match, Route
+from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trtllm_service.api.metrics import count_rejected
@@ -259,8 +258,52 @@ def _refused(request: Request, error: APIError, route: str) -> Response:
 # ---- /tokenize and /detokenize: vLLM serves them at the root, not under /v1 ------------------------------
 
 
+root_app = FastAPI(
+    title="Tokenizer",
+    description="vLLM's /tokenize and /detokenize, at the root as vLLM serves them.",
+    version="1",
+    docs_url=None,  # documented in the service's own /docs.json and Swagger UI
+    redoc_url=None,
+    openapi_url=None,
+)
+"""The routes vLLM serves at the root, mounted at `/` after the service's own routes. BentoML mounts
+it passively: any other path falls through to BentoML's own routes (the Swagger UI at `/`,
+`/docs.json`) and 404. A FastAPI app (with no routes of its own) so that its routes reach the
+service's OpenAPI document; they share the /v1 app's serving (`app.state`)."""
+
+_TOKENIZE_EXAMPLE = {"prompt": "Explain superconductors in plain English."}
+_DETOKENIZE_EXAMPLE = {"tokens": [1, 2, 3]}
+_TOKENIZE_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "oneOf": [_inline_schema(TokenizeCompletionRequest), _inline_schema(TokenizeChatRequest)]
+                },
+                "example": _TOKENIZE_EXAMPLE,
+            }
+        },
+    }
+}
+_TOKEN_ERRORS = {code: _ERROR_RESPONSES[code] for code in (400, 401, 404, 503)}
+
+
+@root_app.post(
+    "/tokenize",
+    summary="Tokenize a prompt or chat messages",
+    openapi_extra=_TOKENIZE_BODY,
+    responses={
+        200: {
+            "description": "`{count, max_model_len, tokens}`: the token ids the engine gets for it",
+            "content": {"application/json": {"schema": {"type": "object"}}},
+        },
+        **_TOKEN_ERRORS,
+    },
+)
 async def tokenize(request: Request) -> Response:
-    """vLLM's `/tokenize`: `{prompt}` or `{messages}` -> `{count, max_model_len, tokens}`."""
+    """vLLM's `/tokenize`: `{prompt}` or `{messages}` (rendered with the chat template) ->
+    `{count, max_model_len, tokens}`."""
     try:
         serving = _serving(request)
         raw = await request.body()
@@ -275,6 +318,18 @@ async def tokenize(request: Request) -> Response:
         return error_response(exc)
 
 
+@root_app.post(
+    "/detokenize",
+    summary="Detokenize token ids",
+    openapi_extra=_body(DetokenizeRequest, _DETOKENIZE_EXAMPLE),
+    responses={
+        200: {
+            "description": "`{prompt}`: the text of the token ids, special tokens included",
+            "content": {"application/json": {"schema": {"type": "object"}}},
+        },
+        **_TOKEN_ERRORS,
+    },
+)
 async def detokenize(request: Request) -> Response:
     """vLLM's `/detokenize`: `{tokens}` -> `{prompt}`."""
     try:
@@ -283,18 +338,6 @@ async def detokenize(request: Request) -> Response:
         return JSONResponse(serving.detokenize(body))
     except APIError as exc:
         return error_response(exc)
-
-
-root_app = Starlette(
-    routes=[
-        Route("/tokenize", tokenize, methods=["POST"]),
-        Route("/detokenize", detokenize, methods=["POST"]),
-    ]
-)
-"""The routes vLLM serves at the root, mounted at `/` after the service's own routes. A Starlette
-app, which BentoML mounts passively: any other path falls through to BentoML's own routes (the
-Swagger UI at `/`, `/docs.json`) and 404; a bare Router would answer every path itself. They share
-the /v1 app's serving (`app.state`)."""
 
 
 _ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
@@ -350,3 +393,6 @@ async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
     if exc.headers:
         response.headers.update(exc.headers)
     return response
+
+
+root_app.add_exception_handler(StarletteHTTPException, http_error)  # a wrong method: 405 in the same shape

@@ -1,0 +1,125 @@
+"""api/startup.py: the hook returns at once; until the runtime is loaded and Triton ready, requests
+get a 503 with Retry-After; a start that fails is logged and answered without one, for good."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+import pytest
+
+from trtllm_service.api.startup import Startup
+from trtllm_service.errors import APIError
+from trtllm_service.triton.process import TritonStartupError
+
+
+class FakeRuntime:
+    """Starts when `go` is set, or fails with `error`."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
+        self.go = asyncio.Event()
+        self.ready = False
+        self.stopped = 0
+
+    async def start(self) -> None:
+        await self.go.wait()
+        if self.error is not None:
+            raise self.error
+        self.ready = True
+
+    async def stop(self) -> None:
+        self.stopped += 1
+
+
+def test_serves_503s_until_ready_then_the_runtime() -> None:
+    async def scenario() -> None:
+        loaded = threading.Event()
+        runtime = FakeRuntime()
+
+        def load() -> FakeRuntime:
+            loaded.wait(5)  # the tokenizer, read in a thread: the event loop answers meanwhile
+            return runtime
+
+        startup: Startup[FakeRuntime] = Startup(load)
+        events: list[str] = []
+        startup.begin(on_loaded=lambda r: events.append("loaded"), on_ready=lambda r: events.append("ready"))
+        for _ in range(3):
+            await asyncio.sleep(0.01)
+        with pytest.raises(APIError) as starting:
+            startup.serving()
+        assert starting.value.status == 503 and starting.value.headers() == {"Retry-After": "1"}
+        assert not startup.ready and not startup.failed and events == []
+
+        loaded.set()
+        while startup.runtime is None:
+            await asyncio.sleep(0.01)
+        assert events == ["loaded"] and not startup.ready
+        assert (
+            startup.serving() is runtime
+        )  # requests reach the runtime, whose relay 503s until Triton is ready
+
+        runtime.go.set()
+        await startup.wait()
+        assert events == ["loaded", "ready"] and startup.ready and not startup.failed
+        await startup.stop()
+        assert runtime.stopped == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_failed_start_is_logged_and_answered_for_good(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> Startup[FakeRuntime]:
+        runtime = FakeRuntime(
+            TritonStartupError("tritonserver exited with code 1 during start-up. Triton errors: ...")
+        )
+        startup: Startup[FakeRuntime] = Startup(lambda: runtime)
+        startup.begin(on_loaded=lambda r: None, on_ready=lambda r: pytest.fail("not ready"))
+        runtime.go.set()
+        await startup.wait()
+        return startup
+
+    with caplog.at_level(logging.ERROR, logger="trtllm_service"):
+        startup = asyncio.run(scenario())
+    assert startup.failed and not startup.ready
+    with pytest.raises(APIError) as failed:
+        startup.serving()
+    assert failed.value.status == 503 and failed.value.headers() == {}, "no Retry-After: retrying cannot help"
+    [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "TritonStartupError: tritonserver exited with code 1" in record.getMessage()
+    assert record.exc_info is None, "the message says it all: no traceback"
+
+
+def test_a_failed_load_is_a_failed_start_with_its_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    def load() -> FakeRuntime:
+        raise OSError("tokenizer.json: no such file")
+
+    async def scenario() -> Startup[FakeRuntime]:
+        startup: Startup[FakeRuntime] = Startup(load)
+        startup.begin(
+            on_loaded=lambda r: pytest.fail("not loaded"), on_ready=lambda r: pytest.fail("not ready")
+        )
+        await startup.wait()
+        await startup.stop()  # nothing to stop
+        return startup
+
+    with caplog.at_level(logging.ERROR, logger="trtllm_service"):
+        startup = asyncio.run(scenario())
+    assert startup.failed and startup.runtime is None
+    [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "OSError: tokenizer.json" in record.getMessage() and record.exc_info is not None
+
+
+def test_stopping_while_starting_ends_the_start() -> None:
+    async def scenario() -> FakeRuntime:
+        runtime = FakeRuntime()
+        startup: Startup[FakeRuntime] = Startup(lambda: runtime)
+        startup.begin(on_loaded=lambda r: None, on_ready=lambda r: pytest.fail("not ready"))
+        while startup.runtime is None:
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(startup.stop(), 5)  # Triton never gets ready: the stop does not wait for it
+        assert startup.done and not startup.failed
+        return runtime
+
+    assert asyncio.run(scenario()).stopped == 1

@@ -1,0 +1,121 @@
+"""The service's start-up, in the background: the port answers from the moment the worker serves it.
+
+BentoML runs a service's start-up hooks before its worker serves a single request, and a connection
+made meanwhile is accepted by the kernel and left without an answer. Loading the tokenizer (seconds:
+transformers imports torch) and starting Triton (a minute for a large engine) happen here instead,
+in a task the hook starts and does not wait for. Until they are done `/livez` answers 200, `/readyz`
+503, and the generation routes 503 with `Retry-After`; a start that fails is logged with its cause
+and makes `/livez` 503 (the orchestrator replaces the service; `bentoml serve` keeps answering why).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Generic, Protocol, TypeVar
+
+from trtllm_service.errors import APIError
+from trtllm_service.triton.process import TritonStartupError
+
+logger = logging.getLogger("trtllm_service")
+
+STARTING_RETRY_S = 1.0
+"""Retry-After of a request that comes while the service starts."""
+
+
+class Startable(Protocol):
+    """What the start-up needs of the runtime (`relay.runtime.Runtime`)."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+R = TypeVar("R", bound=Startable)
+
+
+class Startup(Generic[R]):
+    """Loads the runtime (in a thread) and starts it (Triton, as owner or follower) in a task.
+
+    Args:
+        load: Builds the runtime (blocking: the tokenizer is read); run in a worker thread.
+    """
+
+    def __init__(self, load: Callable[[], R]) -> None:
+        self._load = load
+        self.runtime: R | None = None
+        self.error: BaseException | None = None  # why the start failed; None while it has not
+        self._task: asyncio.Task[None] | None = None
+
+    def begin(self, on_loaded: Callable[[R], None], on_ready: Callable[[R], None]) -> None:
+        """Starts in the background and returns at once; `on_loaded` runs once the runtime exists
+        (before Triton is ready), `on_ready` once Triton is."""
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(on_loaded, on_ready), name="trtllm-startup"
+        )
+
+    async def _run(self, on_loaded: Callable[[R], None], on_ready: Callable[[R], None]) -> None:
+        started = time.monotonic()
+        try:
+            runtime = await asyncio.to_thread(self._load)
+            self.runtime = runtime
+            on_loaded(runtime)
+            logger.debug("runtime loaded in %.1f s", time.monotonic() - started)
+            await runtime.start()  # a failed start leaves no process behind (Runtime.start)
+            on_ready(runtime)
+        except Exception as exc:
+            self.error = exc
+            # A TritonStartupError's message says it all (Triton's errors, its log's tail); anything
+            # else comes with its traceback.
+            logger.error(
+                "the service could not start (/livez answers 503): %s: %s",
+                type(exc).__name__,
+                exc,
+                exc_info=None if isinstance(exc, TritonStartupError) else exc,
+            )
+
+    @property
+    def done(self) -> bool:
+        return self._task is not None and self._task.done()
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    @property
+    def ready(self) -> bool:
+        return self.error is None and self.runtime is not None and self.runtime.ready
+
+    def serving(self) -> R:
+        """The runtime, for a request; a 503 before it exists or when the start failed."""
+        runtime = self.runtime
+        if self.error is not None:
+            raise APIError.unavailable(
+                "The service could not start; its log says why. It serves no requests until it is restarted."
+            )
+        if runtime is None:
+            raise APIError.unavailable(
+                "The service is starting; please retry shortly.", retry_after=STARTING_RETRY_S
+            )
+        return runtime
+
+    async def wait(self) -> None:
+        """Until the start has ended, ready or failed (tests; the service never waits)."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def stop(self) -> None:
+        """Ends a start still under way, then stops the runtime (Triton, when this worker owns it)."""
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.runtime is not None:
+            await self.runtime.stop()
