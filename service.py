@@ -42,6 +42,7 @@ from trtllm_service.relay.runtime import Runtime, default_model_tag, run_dir
 from trtllm_service.request_ids import RequestIdLogFilter
 from trtllm_service.settings import get_settings
 from trtllm_service.triton.metrics import append_triton_metrics
+from trtllm_service.triton.shared import serving_elsewhere
 
 logger = logging.getLogger("trtllm_service")
 
@@ -90,6 +91,10 @@ class TRTLLM:
         quiet_cut_streams()
         DRAIN.install()
         self.startup.begin(on_loaded=self._loaded, on_ready=self._ready)
+        if serving_elsewhere(run_dir(SETTINGS)):
+            # A worker replaced while its siblings serve: until it can serve too it takes no
+            # connection (the shared socket hands them to the siblings), rather than answer 503.
+            await self.startup.wait()
 
     def _loaded(self, runtime: Runtime) -> None:
         DRAIN.cut_by(runtime.relay.end_all)

@@ -78,6 +78,9 @@ parent of COMMAND (a trtllm-llmapi-launch tree) with SIGTERM blocked, and stops 
 LLMAPI_LAUNCH = "trtllm-llmapi-launch"
 """TensorRT-LLM's launcher for LLM API processes (installed beside its Python): NVIDIA starts Triton
 for the llmapi model as ``trtllm-llmapi-launch tritonserver ...``, one rank or one per mpirun rank."""
+LAUNCH_SUBSHELL_GRACE_SECS = 5.0
+"""How long what a trtllm-llmapi-launch script leaves behind when it exits may take to end by itself:
+its background subshell still runs the leader's stop request then (seconds on a loaded machine)."""
 TRITONSERVER = "tritonserver"
 HOLD_SIGTERM_MODE = "--exec_holding_sigterm"
 """First argument of ``--exec_holding_sigterm -- COMMAND ...``: COMMAND replaces this process (same
@@ -697,7 +700,11 @@ def supervise(
         if state["pending"] is not None:
             forward(int(state["pending"]))  # a signal arrived while the child was starting
         returncode = _wait_watching(proc, state) if watch_server else proc.wait()
-        leftovers = _reap_leftovers(kill_grace_secs + 2.0 if ranks else 0.0)
+        # mpirun's ranks stop on their own once it is gone; a trtllm-llmapi-launch script may exit
+        # while its background subshell is still ending (the leader's stop request); a plain
+        # server's leftovers are a dead server's Python stubs, which get no grace
+        grace = kill_grace_secs + 2.0 if ranks else LAUNCH_SUBSHELL_GRACE_SECS if watch_server else 0.0
+        leftovers = _reap_leftovers(grace)
         if leftovers:
             _log(
                 f"killed {len(leftovers)} process(es) left behind by {os.path.basename(cmd[0])}: {leftovers}"

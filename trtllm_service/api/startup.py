@@ -106,7 +106,8 @@ class Startup(Generic[R]):
         return runtime
 
     async def wait(self) -> None:
-        """Until the start has ended, ready or failed (tests; the service never waits)."""
+        """Until the start has ended, ready or failed (tests, and a worker replaced while its siblings
+        serve)."""
         if self._task is not None:
             await asyncio.shield(self._task)
 

@@ -54,6 +54,18 @@ class TritonState:
     gave_up: bool = False
 
 
+def serving_elsewhere(run_dir: Path) -> bool:
+    """Whether another worker already owns a ready Triton: this worker is then a replacement, and
+    its siblings serve while it starts."""
+    try:
+        state = TritonState(**json.loads((run_dir / STATE_FILE).read_text()))
+    except (OSError, ValueError, TypeError):
+        return False
+    return (
+        state.ready and not state.stopping and state.owner_pid != os.getpid() and pid_alive(state.owner_pid)
+    )
+
+
 class SharedTriton:
     """This worker's handle on the one Triton: its owner, or a follower of the owner.
 
