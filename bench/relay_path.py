@@ -127,6 +127,23 @@ def _body(serving: Any, streaming: Any, route: str, stream: EngineStream, metric
 
     if route == "chat":
         encoder = ChatChunkEncoder(f"chatcmpl-{i}", "bench")
+        try:  # since issue 36: the SSE plumbing shared by every endpoint
+            from trtllm_service.api import choices, sse_frames
+            from trtllm_service.api.openai.sse import SSE_DONE, error_frame
+
+            return sse_frames.sse_body(
+                [choices.Choice(0, stream, "")],
+                [encoder.role(0)],
+                lambda t, n, _e: encoder.content(t, n),
+                encoder.finish,
+                None,
+                metrics,
+                32,
+                failure_frame=error_frame,
+                done=SSE_DONE,
+            )
+        except ImportError:
+            pass
         args = ([serving._Choice(0, stream, "")], [encoder.role(0)], lambda t, n, _e: encoder.content(t, n))
         if hasattr(serving, "_sse_body"):
             return serving._sse_body(*args, encoder.finish, None, metrics, 32)
