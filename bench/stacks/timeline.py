@@ -90,8 +90,10 @@ def _patch(module: Any) -> None:
     elif name == "trtllm_service.api.openai.routes":
         module._serve = _on_entry(module._serve, "handler")
         module.parse_request = _on_exit(module.parse_request, "parsed")
-    elif name == "trtllm_service.api.openai.serving":
-        module.OpenAIServing._start = _on_exit(module.OpenAIServing._start, "first text")
+    elif name == "trtllm_service.api.openai.serving" and hasattr(module.OpenAIServing, "_start"):
+        module.OpenAIServing._start = _on_exit(module.OpenAIServing._start, "first text")  # before issue 36
+    elif name in ("trtllm_service.api.generation", "trtllm_service.api.openai.completions.serving"):
+        module.start_choices = _on_exit(module.start_choices, "first text")  # where it is called
     elif name == "trtllm_service.relay.runtime":
         for method in ("prepare_chat", "prepare_prompts"):
             setattr(module.Runtime, method, _on_exit(getattr(module.Runtime, method), "prepared"))
@@ -153,6 +155,8 @@ _WANTED = frozenset(
         *MIDDLEWARES,
         "trtllm_service.api.streaming",
         "trtllm_service.api.openai.serving",
+        "trtllm_service.api.generation",
+        "trtllm_service.api.openai.completions.serving",
         "trtllm_service.relay.runtime",
         "trtllm_service.relay.grpc_http2",
         "trtllm_service.relay.client",

@@ -8,19 +8,18 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from trtllm_service.api.openai.errors import from_validation_error
-from trtllm_service.api.openai.protocol import (
+from trtllm_service.api.openai.chat.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
+)
+from trtllm_service.api.openai.completions.protocol import (
     CompletionChunk,
     CompletionRequest,
     CompletionResponse,
-    ErrorBody,
-    ModelCard,
-    ModelList,
-    parse_request,
 )
+from trtllm_service.api.openai.errors import from_validation_error
+from trtllm_service.api.openai.protocol import ErrorBody, ModelCard, ModelList, parse_request
 from trtllm_service.api.openai.sse import (
     SSE_DONE,
     ChatChunkEncoder,

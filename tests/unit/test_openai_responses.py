@@ -18,7 +18,7 @@ import pytest
 
 from tests.unit.test_openai_serving import FakeRuntime, events, post
 from trtllm_service.api.openai import routes
-from trtllm_service.api.openai.protocol import ChatCompletionChunk
+from trtllm_service.api.openai.chat.protocol import ChatCompletionChunk
 from trtllm_service.chat.template import PromptFormatter
 
 T = TypeVar("T")

@@ -41,7 +41,6 @@ from pydantic import (
     Field,
     ValidationError,
     field_validator,
-    model_serializer,
     model_validator,
 )
 
@@ -71,29 +70,15 @@ FinishReason = Literal["stop", "length", "tool_calls"]
 _IGNORED_PARAMS = ("metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
 
 
-def _unset(value: Any) -> bool:
+def unset(value: Any) -> bool:
     """The "off" value of an unsupported parameter: harmless to accept."""
     return value is None or value is False or value == {} or value == [] or value == ""
 
 
-_NO_TOOLS = "the deprecated 'functions' API is not supported by this server: use 'tools'"
-MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI
-MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs, as OpenAI
+NO_TOOLS = "the deprecated 'functions' API is not supported by this server: use 'tools'"
 
 # name -> (value is acceptable?, why we cannot honour it)
-_Rule = tuple[Callable[[Any], bool], str]
-_CHAT_UNSUPPORTED: dict[str, _Rule] = {
-    "functions": (_unset, _NO_TOOLS),
-    "function_call": (lambda v: v in (None, "none", "auto"), _NO_TOOLS),
-    "audio": (_unset, "audio output is not supported"),
-    "modalities": (lambda v: v in (None, ["text"]), "only the 'text' modality is supported"),
-    "prediction": (_unset, "predicted outputs are not supported"),
-    "verbosity": (_unset, "verbosity is not supported"),
-    "web_search_options": (_unset, "web search is not supported"),
-}
-_COMPLETION_UNSUPPORTED: dict[str, _Rule] = {
-    "suffix": (_unset, "suffix (insertion) is not supported"),
-}
+Rule = tuple[Callable[[Any], bool], str]
 # Keys of a chat message that only matter with features we lack; accepted when "off".
 _MESSAGE_OFF_KEYS = ("function_call", "refusal", "audio", "annotations")
 # An assistant message's reasoning, as our answers carry it: accepted and left out of the prompt
@@ -107,7 +92,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def _now() -> int:
+def now() -> int:
     return int(time.time())
 
 
@@ -196,8 +181,8 @@ class ChatMessage(BaseModel):
         data = {k: v for k, v in data.items() if v is not None}
         for key in _MESSAGE_OFF_KEYS:
             if key in data:
-                if not _unset(data[key]):
-                    raise request_error("unsupported_parameter", f"'{key}' in messages: {_NO_TOOLS}", key)
+                if not unset(data[key]):
+                    raise request_error("unsupported_parameter", f"'{key}' in messages: {NO_TOOLS}", key)
                 del data[key]
         role = data.get("role")
         if role == "assistant":
@@ -206,9 +191,7 @@ class ChatMessage(BaseModel):
         if role == "developer":
             data["role"] = role = "system"
         if role == "function":
-            raise request_error(
-                "unsupported_value", f"Role 'function' is not supported: {_NO_TOOLS}.", "role"
-            )
+            raise request_error("unsupported_value", f"Role 'function' is not supported: {NO_TOOLS}.", "role")
         if isinstance(role, str) and role not in ("system", "user", "assistant", "tool"):
             raise request_error(
                 "invalid_value",
@@ -294,7 +277,7 @@ class OpenAIRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    _unsupported: ClassVar[dict[str, _Rule]] = {}
+    _unsupported: ClassVar[dict[str, Rule]] = {}
 
     model: str | None = Field(None, description="Model id; omitted means the served model")
     stream: bool = False
@@ -392,7 +375,7 @@ class SamplingFields(OpenAIRequest):
         if not isinstance(value, list):
             raise request_error("invalid_type", "'stop_token_ids' must be a list of token ids.")
         for i, token in enumerate(value):
-            if not _is_token_id(token):
+            if not is_token_id(token):
                 raise request_error(
                     "invalid_value", f"stop_token_ids[{i}] must be a token id (an integer >= 0).", i
                 )
@@ -547,11 +530,11 @@ class SamplingFields(OpenAIRequest):
         )
 
 
-def _is_token_id(value: Any) -> bool:
+def is_token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _INT32_MAX
 
 
-class _RequestBase(SamplingFields):
+class RequestBase(SamplingFields):
     """Fields and checks shared by chat and text completions: the token limit, streaming options and
     structured output."""
 
@@ -568,7 +551,7 @@ class _RequestBase(SamplingFields):
     )
 
     @model_validator(mode="after")
-    def _check_guide(self) -> _RequestBase:
+    def _check_guide(self) -> RequestBase:
         """At most one structured-output field, and a schema or grammar llguidance compiles."""
         given = [
             name
@@ -680,60 +663,7 @@ class ToolUse:
         return calls or None
 
 
-class ChatCompletionRequest(ToolUse, _RequestBase):
-    """``POST /v1/chat/completions``."""
-
-    _unsupported: ClassVar[dict[str, _Rule]] = _CHAT_UNSUPPORTED
-
-    messages: list[ChatMessage] = Field(min_length=1)
-    reasoning_effort: ReasoningEffort | None = Field(
-        None, description="Passed to a chat template that takes it (reasoning models); a 400 otherwise"
-    )
-    max_completion_tokens: int | None = Field(None, ge=1, description="Wins over max_tokens")
-    tools: list[ToolDefinition] | None = Field(None, max_length=128)
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
-        None, description="Default 'auto' with tools; 'required' and a named function always call"
-    )
-    parallel_tool_calls: bool | None = Field(None, description="Whether an answer may hold several calls")
-    logprobs: bool | None = Field(None, description="Return each output token's log probability")
-    top_logprobs: int | None = Field(
-        None, ge=0, le=MAX_TOP_LOGPROBS, description="With logprobs: the most likely tokens at each position"
-    )
-
-    @model_validator(mode="after")
-    def _check_logprobs(self) -> ChatCompletionRequest:
-        if self.top_logprobs and not self.logprobs:
-            raise request_error(
-                "invalid_value", "'top_logprobs' needs 'logprobs' set to true.", "top_logprobs"
-            )
-        return self
-
-    @property
-    def logprob_count(self) -> int | None:
-        """None: no log probs; N: each token's, with the N most likely."""
-        return (self.top_logprobs or 0) if self.logprobs else None
-
-    @model_validator(mode="after")
-    def _check_tools(self) -> ChatCompletionRequest:
-        choice = self.tool_choice
-        self._settle_tools(choice.function.name if isinstance(choice, NamedToolChoice) else None)
-        return self
-
-    def functions(self) -> list[dict[str, Any]]:
-        """The offered functions as plain dicts (OpenAI's `function` objects), for the prompt."""
-        return [tool.function.model_dump(exclude_none=True) for tool in self.tools or []]
-
-    @property
-    def max_new_tokens(self) -> int | None:
-        """``max_completion_tokens`` if set (OpenAI's current name), else the deprecated ``max_tokens``."""
-        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-
-    def chat_messages(self) -> list[dict[str, Any]]:
-        """Messages as plain dicts for ``PromptFormatter.render``."""
-        return _plain_messages(self.messages)
-
-
-def _plain_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+def plain_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """Messages as plain dicts for ``PromptFormatter.render`` (``name``, ``tool_calls`` and
     ``tool_call_id`` only when given)."""
     out: list[dict[str, Any]] = []
@@ -752,88 +682,13 @@ def _plain_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 
 
 TokenIds = list[int]
-Prompt = str | TokenIds
 
 
-class CompletionRequest(_RequestBase):
-    """``POST /v1/completions`` (text or token ids in, text out; no chat template)."""
-
-    _unsupported: ClassVar[dict[str, _Rule]] = _COMPLETION_UNSUPPORTED
-
-    prompt: str | list[str] | TokenIds | list[TokenIds] = Field(
-        description=f"A string, a list of token ids, or a list of up to {MAX_PROMPTS} of either; token "
-        "ids are sent as they are (no BOS added)"
-    )
-    max_tokens: int | None = Field(None, ge=0, description="0 with echo: the prompt's log probs only")
-    echo: bool = Field(False, description="Prepend the prompt to the completion")
-    logprobs: int | None = Field(
-        None,
-        ge=0,
-        le=MAX_COMPLETION_LOGPROBS,
-        description="Return each token's log probability and this many most likely tokens (with echo, "
-        "the prompt's tokens too)",
-    )
-
-    @property
-    def logprob_count(self) -> int | None:
-        return self.logprobs
-
-    @property
-    def prompt_logprob_count(self) -> int | None:
-        """echo with logprobs: the prompt's tokens get their log probs too."""
-        return self.logprobs if self.echo else None
-
-    @model_validator(mode="after")
-    def _check_zero_tokens(self) -> CompletionRequest:
-        if self.max_tokens == 0 and not self.echo:
-            raise request_error(
-                "invalid_value",
-                "max_tokens 0 returns nothing without echo: set echo (with logprobs, the prompt's log "
-                "probabilities), or max_tokens >= 1.",
-                "max_tokens",
-            )
-        return self
-
-    @field_validator("prompt", mode="before")
-    @classmethod
-    def _check_prompt(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return value
-        kinds = "'prompt' must be a string, a list of strings, a list of token ids or a list of lists of token ids."
-        if not isinstance(value, list):
-            raise request_error("invalid_type", kinds)
-        if not value:
-            raise request_error("invalid_value", "'prompt' must not be an empty list.")
-        if all(isinstance(x, int) and not isinstance(x, bool) for x in value):
-            _check_token_ids(value)
-            return value
-        if len(value) > MAX_PROMPTS:
-            raise request_error("invalid_value", f"At most {MAX_PROMPTS} prompts are allowed per request.")
-        if isinstance(value[0], list):
-            for i, ids in enumerate(value):
-                if not isinstance(ids, list) or not ids:
-                    raise request_error("invalid_value", "Each token-id prompt must be a non-empty list.", i)
-                _check_token_ids(ids, i)
-            return value
-        for i, item in enumerate(value):
-            if not isinstance(item, str):
-                raise request_error("invalid_type", kinds, i)
-        return value
-
-    def prompts(self) -> list[Prompt]:
-        """The prompts as a list: each a string or a list of token ids (one prompt alone becomes a
-        list of one)."""
-        prompt = self.prompt
-        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
-            return [prompt]  # type: ignore[list-item]
-        return list(prompt)  # type: ignore[arg-type]
-
-
-def _check_token_ids(ids: list[Any], *where: int) -> None:
+def check_token_ids(ids: list[Any], *where: int) -> None:
     """A 400 naming `prompt[...]` for an element that is not a token id (the vocabulary is checked
     where the model is known)."""
     for j, token in enumerate(ids):
-        if not _is_token_id(token):
+        if not is_token_id(token):
             raise request_error(
                 "invalid_value", "A token-id prompt holds integers from 0 (its token ids).", *where, j
             )
@@ -869,7 +724,7 @@ class TokenizeChatRequest(BaseModel):
     )
 
     def chat_messages(self) -> list[dict[str, Any]]:
-        return _plain_messages(self.messages)
+        return plain_messages(self.messages)
 
     def functions(self) -> list[dict[str, Any]]:
         return [tool.function.model_dump(exclude_none=True) for tool in self.tools or []]
@@ -888,7 +743,7 @@ class DetokenizeRequest(BaseModel):
     def _check_tokens(cls, value: Any) -> Any:
         if not isinstance(value, list):
             raise request_error("invalid_type", "'tokens' must be a list of token ids.")
-        _check_token_ids(value)
+        check_token_ids(value)
         return value
 
 
@@ -923,130 +778,12 @@ class UsageInfo(BaseModel):
     prompt_tokens_details: PromptTokensDetails | None = None
 
 
-class ChatCompletionMessage(BaseModel):
-    """The assistant's reply: text, or (finish reason `tool_calls`) calls and no text; a reasoning
-    model's thinking (`pack_model.py --reasoning-parser`) in `reasoning_content` and, vLLM's newer
-    name, `reasoning`."""
-
-    role: Literal["assistant"] = "assistant"
-    content: str | None
-    tool_calls: list[ToolCall] | None = None
-    reasoning_content: str | None = None
-    reasoning: str | None = None
-
-    @model_serializer(mode="wrap")
-    def _only_what_was_made(self, handler: Any) -> Any:
-        data = handler(self)
-        for key in ("tool_calls", "reasoning_content", "reasoning"):
-            if data.get(key) is None:
-                data.pop(key, None)  # as OpenAI: a text answer has no tool_calls key
-        return data
-
-
-class ChatCompletionChoice(BaseModel):
-    """One of ``n`` non-streamed chat completions."""
-
-    index: int
-    message: ChatCompletionMessage
-    finish_reason: FinishReason | None = None
-    logprobs: dict[str, Any] | None = None
-
-
-class ChatCompletionResponse(BaseModel):
-    """Non-streamed ``chat.completion``."""
-
-    id: str = Field(default_factory=lambda: new_id("chatcmpl"))
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=_now)
-    model: str
-    choices: list[ChatCompletionChoice]
-    usage: UsageInfo
-    system_fingerprint: str | None = None
-
-
-class FunctionCallDelta(BaseModel):
-    name: str | None = None
-    arguments: str | None = None
-
-
-class ToolCallDelta(BaseModel):
-    """A streamed piece of tool call `index`: its id, type and name come in its first piece."""
-
-    index: int
-    id: str | None = None
-    type: Literal["function"] | None = None
-    function: FunctionCallDelta | None = None
-
-
-class DeltaMessage(BaseModel):
-    """The new part of a streamed message: ``role`` in the first chunk, then ``content``,
-    ``tool_calls`` or (a reasoning model thinking) ``reasoning_content`` and ``reasoning``."""
-
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-    tool_calls: list[ToolCallDelta] | None = None
-    reasoning_content: str | None = None
-    reasoning: str | None = None  # the same text as reasoning_content (vLLM's newer name)
-
-
-class ChatCompletionChunkChoice(BaseModel):
-    """One choice of a streamed chunk."""
-
-    index: int
-    delta: DeltaMessage
-    finish_reason: FinishReason | None = None
-    logprobs: dict[str, Any] | None = None
-
-
-class ChatCompletionChunk(BaseModel):
-    """One ``chat.completion.chunk``. On the hot path ``sse.ChatChunkEncoder`` writes this shape directly."""
-
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatCompletionChunkChoice]
-    usage: UsageInfo | None = None
-
-
-class CompletionChoice(BaseModel):
-    """One non-streamed text completion."""
-
-    index: int
-    text: str
-    finish_reason: FinishReason | None = None
-    logprobs: dict[str, Any] | None = None
-
-
-class CompletionResponse(BaseModel):
-    """Non-streamed ``text_completion``."""
-
-    id: str = Field(default_factory=lambda: new_id("cmpl"))
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=_now)
-    model: str
-    choices: list[CompletionChoice]
-    usage: UsageInfo
-    system_fingerprint: str | None = None
-
-
-class CompletionChunk(BaseModel):
-    """One streamed ``text_completion`` chunk (OpenAI uses the same object name as the full response)."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: UsageInfo | None = None
-
-
 class ModelCard(BaseModel):
     """One entry of ``GET /v1/models``."""
 
     id: str
     object: Literal["model"] = "model"
-    created: int = Field(default_factory=_now)
+    created: int = Field(default_factory=now)
     owned_by: str = "trtllm-service"
     root: str | None = None  # as vLLM: the base model an adapter applies to
     parent: str | None = None  # a LoRA adapter's base model (None: this is the base)

@@ -22,14 +22,21 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from trtllm_service.api.generation import error_response
 from trtllm_service.api.metrics import count_rejected
-from trtllm_service.api.openai.protocol import (
+from trtllm_service.api.openai.chat.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
+)
+from trtllm_service.api.openai.chat.serving import CHAT_ROUTE
+from trtllm_service.api.openai.completions.protocol import (
     CompletionChunk,
     CompletionRequest,
     CompletionResponse,
+)
+from trtllm_service.api.openai.completions.serving import COMPLETIONS_ROUTE
+from trtllm_service.api.openai.protocol import (
     DetokenizeRequest,
     ErrorBody,
     ModelCard,
@@ -38,8 +45,8 @@ from trtllm_service.api.openai.protocol import (
     TokenizeCompletionRequest,
     parse_request,
 )
-from trtllm_service.api.openai.responses import RESPONSES_ROUTE, ResponsesRequest
-from trtllm_service.api.openai.serving import CHAT_ROUTE, COMPLETIONS_ROUTE, OpenAIServing, error_response
+from trtllm_service.api.openai.responses.protocol import RESPONSES_ROUTE, ResponsesRequest
+from trtllm_service.api.openai.serving import OpenAIServing
 from trtllm_service.errors import APIError
 
 if TYPE_CHECKING:
