@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from trtllm_service.api.choices import Result, cached_tokens
+from trtllm_service.api.choices import Choice, Result, cached_tokens
 from trtllm_service.api.generation import split_reasoning
 from trtllm_service.api.openai.chat.protocol import (
     ChatCompletionChoice,
@@ -21,7 +21,7 @@ from trtllm_service.api.openai.usage import usage_frame, usage_info
 from trtllm_service.api.sse_frames import SSE_HEADERS, plainly_text, sse_body, whole_frames
 from trtllm_service.api.streaming import StreamBody
 from trtllm_service.chat import tool_calls
-from trtllm_service.chat.reasoning import ReasoningSplitter
+from trtllm_service.chat.reasoning import ReasoningSplitter, ReasoningStyle
 from trtllm_service.relay.logprobs import TokenLogprob, chat_logprobs
 
 if TYPE_CHECKING:
@@ -38,19 +38,87 @@ async def serve_chat(
     if isinstance(started, Response):
         return started
     served, metrics, prepared, choices = started
-    encoder = ChatChunkEncoder(new_id("chatcmpl"), served, include_usage=request.include_usage)
-    prompt_tokens = prepared.prompt_tokens
-    style = serving.reasoning
+    answer = ChatAnswer(request, served, choices, prepared.prompt_tokens, serving.reasoning, serving.runtime)
+    if (
+        request.stream
+        and request.tool_mode
+        and (answer.style or not await plainly_text(choices, request.tool_mode))
+    ):
+        # Whether an answer is calls is known at its end (after a reasoning model's thinking):
+        # the stream sends each choice whole.
+        frames = whole_frames(choices, answer.whole, metrics, answer.prompt_tokens, failure_frame=error_frame)
+        return StreamBody(frames, "text/event-stream", SSE_HEADERS)  # type: ignore[return-value]
 
-    def answer(result: Result) -> tuple[ChatCompletionMessage, str]:
-        """The message of a finished choice: its reasoning apart, then its calls when tools are
-        in play and it made some."""
-        thought, content = split_reasoning(style, result.text)
-        calls = request.calls_in(content or "")
+    def stream() -> Response:
+        return sse_body(
+            choices,
+            [answer.encoder.role(choice.index) for choice in choices],
+            answer.delta,
+            answer.finish,
+            usage_frame(request, answer.encoder, choices, answer.prompt_tokens),
+            metrics,
+            answer.prompt_tokens,
+            failure_frame=error_frame,
+            done=SSE_DONE,
+        )
+
+    return await serving.respond(
+        request, choices, http_request, stream, answer.build, metrics, answer.prompt_tokens
+    )
+
+
+class ChatAnswer:
+    """How one chat completion's choices are written: a JSON body (`build`), streamed chunks
+    (`delta`, `finish`), or a stream sent whole once the answer is known to be calls (`whole`).
+
+    Args:
+        request: The validated request.
+        served: The model id the answer names.
+        choices: The started choices (`keep_best` may narrow the list in place before `build`).
+        prompt_tokens: The prompt's length in tokens.
+        style: The model's reasoning parser, if any.
+        runtime: For the token texts of log probs.
+    """
+
+    __slots__ = (
+        "choices",
+        "encoder",
+        "prompt_tokens",
+        "request",
+        "served",
+        "splitters",
+        "style",
+        "texts",
+        "top",
+    )
+
+    def __init__(
+        self,
+        request: ChatCompletionRequest,
+        served: str,
+        choices: list[Choice],
+        prompt_tokens: int,
+        style: ReasoningStyle | None,
+        runtime: Any,
+    ) -> None:
+        self.request = request
+        self.served = served
+        self.choices = choices
+        self.prompt_tokens = prompt_tokens
+        self.style = style
+        self.encoder = ChatChunkEncoder(new_id("chatcmpl"), served, include_usage=request.include_usage)
+        self.top = request.logprob_count
+        self.texts = runtime.token_texts if self.top is not None else None
+        self.splitters = {c.index: ReasoningSplitter(style) for c in choices} if style is not None else None
+
+    def answer(self, result: Result) -> tuple[ChatCompletionMessage, str]:
+        """The message of a finished choice and its finish reason: its reasoning apart, then its
+        calls when tools are in play and it made some."""
+        thought, content = split_reasoning(self.style, result.text)
+        calls = self.request.calls_in(content or "")
         if not calls:
-            return ChatCompletionMessage(
-                content=content, reasoning_content=thought, reasoning=thought
-            ), result.finish_reason
+            message = ChatCompletionMessage(content=content, reasoning_content=thought, reasoning=thought)
+            return message, result.finish_reason
         made = [
             ToolCall(id=tool_calls.new_call_id(), function=FunctionCall(name=n, arguments=a))
             for n, a in calls
@@ -60,13 +128,12 @@ async def serve_chat(
         )
         return message, "tool_calls"
 
-    top = request.logprob_count
-    texts = serving.runtime.token_texts if top is not None else None
-
-    def build(results: list[Result], cached: int) -> ChatCompletionResponse:
-        answers = [answer(result) for result in results]
+    def build(self, results: list[Result], cached: int) -> ChatCompletionResponse:
+        """The JSON body."""
+        texts, top = self.texts, self.top
+        answers = [self.answer(result) for result in results]
         return ChatCompletionResponse(
-            model=served,
+            model=self.served,
             choices=[
                 ChatCompletionChoice(
                     index=choice.index,
@@ -74,34 +141,35 @@ async def serve_chat(
                     finish_reason=finish,  # type: ignore[arg-type]
                     logprobs=chat_logprobs(result.logprobs, texts, top) if texts is not None else None,  # type: ignore[arg-type]
                 )
-                for choice, result, (message, finish) in zip(choices, results, answers, strict=True)
+                for choice, result, (message, finish) in zip(self.choices, results, answers, strict=True)
             ],
-            usage=usage_info(prompt_tokens, results, cached),
+            usage=usage_info(self.prompt_tokens, results, cached),
         )
 
-    splitters = {c.index: ReasoningSplitter(style) for c in choices} if style is not None else None
-
-    def delta(text: str, index: int, entries: list[TokenLogprob]) -> str:
-        logprobs = chat_logprobs(entries, texts, top) if texts is not None else None  # type: ignore[arg-type]
-        if splitters is not None:
-            thought, text = splitters[index].push(text)
-            return encoder.parts(text, thought, index, logprobs)
+    def delta(self, text: str, index: int, entries: list[TokenLogprob]) -> str:
+        """A streamed text chunk (per token: the hot path)."""
+        texts = self.texts
+        logprobs = chat_logprobs(entries, texts, self.top) if texts is not None else None  # type: ignore[arg-type]
+        if self.splitters is not None:
+            thought, text = self.splitters[index].push(text)
+            return self.encoder.parts(text, thought, index, logprobs)
         if logprobs is None:
-            return encoder.content(text, index)
-        return encoder.content_logprobs(text, index, logprobs)
+            return self.encoder.content(text, index)
+        return self.encoder.content_logprobs(text, index, logprobs)
 
-    def finish(reason: str, index: int) -> str:
-        if splitters is None:
-            return encoder.finish(reason, index)
-        thought, text = splitters[index].flush()  # a tag the answer ended in the middle of
-        return encoder.parts(text, thought, index) + encoder.finish(reason, index)
+    def finish(self, reason: str, index: int) -> str:
+        """A choice's last chunks: a reasoning tag it ended in the middle of, its finish reason."""
+        if self.splitters is None:
+            return self.encoder.finish(reason, index)
+        thought, text = self.splitters[index].flush()
+        return self.encoder.parts(text, thought, index) + self.encoder.finish(reason, index)
 
-    def whole(results: list[Result]) -> str:
-        """A streamed answer sent when complete: as OpenAI streams it (role, the reasoning,
-        then its content or one piece per call, then the finish reason)."""
-        frames = []
-        for choice, result in zip(choices, results, strict=True):
-            message, reason = answer(result)
+    def whole(self, results: list[Result]) -> str:
+        """A streamed answer sent when complete: as OpenAI streams it (role, the reasoning, then
+        its content or one piece per call, then the finish reason)."""
+        encoder, frames = self.encoder, []
+        for choice, result in zip(self.choices, results, strict=True):
+            message, reason = self.answer(result)
             index = choice.index
             frames.append(encoder.role(index))
             if message.reasoning_content:
@@ -112,30 +180,9 @@ async def serve_chat(
             if message.content:
                 frames.append(encoder.content(message.content, index))
             frames.append(encoder.finish(reason, index))
-        if request.include_usage:
+        if self.request.include_usage:
             tokens = sum(r.completion_tokens for r in results)
-            frames.append(encoder.usage(prompt_tokens, tokens, cached_tokens(choices, len(choices))))
+            frames.append(
+                encoder.usage(self.prompt_tokens, tokens, cached_tokens(self.choices, len(self.choices)))
+            )
         return "".join(frames) + SSE_DONE
-
-    if request.stream and request.tool_mode and (style or not await plainly_text(choices, request.tool_mode)):
-        # Whether an answer is calls is known at its end (after a reasoning model's thinking):
-        # the stream sends each choice whole.
-        frames = whole_frames(choices, whole, metrics, prompt_tokens, failure_frame=error_frame)
-        return StreamBody(frames, "text/event-stream", SSE_HEADERS)  # type: ignore[return-value]
-
-    def stream() -> Response:
-        opening = [encoder.role(choice.index) for choice in choices]
-        usage = usage_frame(request, encoder, choices, prompt_tokens)
-        return sse_body(
-            choices,
-            opening,
-            delta,
-            finish,
-            usage,
-            metrics,
-            prompt_tokens,
-            failure_frame=error_frame,
-            done=SSE_DONE,
-        )
-
-    return await serving.respond(request, choices, http_request, stream, build, metrics, prompt_tokens)
