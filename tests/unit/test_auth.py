@@ -78,3 +78,15 @@ def test_bearer_token_parsing() -> None:
     assert bearer_token([(b"Authorization", b"bearer  abc ")]) == b"abc"
     assert bearer_token([(b"authorization", b"Token abc")]) is None
     assert bearer_token([(b"x-api-key", b"abc")]) is None
+
+
+def test_x_api_key_as_anthropic_clients_send_it() -> None:
+    app = app_with_keys("k1", "k2")
+    assert asgi_request(app, "/v1/models", "GET", **{"x-api-key": "k2"}).status_code == 200
+    wrong = asgi_request(app, "/v1/models", "GET", **{"x-api-key": "k3"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["message"] == "Incorrect API key provided."
+    assert "k3" not in wrong.text
+    # either header may carry the key: a stale bearer token beside the right x-api-key passes
+    both = asgi_request(app, "/generate", "GET", authorization="Bearer old", **{"x-api-key": "k1"})
+    assert both.text == "ok"
+    assert asgi_request(app, "/generate", "GET", **{"x-api-key": " "}).status_code == 401

@@ -1,4 +1,5 @@
-"""Optional API keys: an ASGI middleware that asks for ``Authorization: Bearer <key>``.
+"""Optional API keys: an ASGI middleware that asks for ``Authorization: Bearer <key>`` (OpenAI's
+clients) or ``x-api-key: <key>`` (Anthropic's).
 
 Deny by default: with keys configured (``TRTLLM_API_KEYS``), every path needs a key (``/v1/*``,
 ``/generate`` and any API added later) except the probes, the metrics, and the documentation (Swagger
@@ -30,7 +31,7 @@ OPEN_PREFIXES = ("/static_content/", "/assets/")
 
 _MISSING = (
     "You didn't provide an API key. You need to provide your API key in an Authorization header "
-    "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
+    "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY), or in an x-api-key header."
 )
 _WRONG = "Incorrect API key provided."
 
@@ -53,6 +54,19 @@ def bearer_token(headers: Iterable[tuple[bytes, bytes]]) -> bytes | None:
                 return token.strip()
             return None
     return None
+
+
+def api_key_tokens(headers: Iterable[tuple[bytes, bytes]]) -> list[bytes]:
+    """The keys a request offers: its bearer token, its ``x-api-key`` header (Anthropic's), or both."""
+    tokens = []
+    bearer = bearer_token(headers)
+    if bearer is not None:
+        tokens.append(bearer)
+    for name, value in headers:
+        if name.lower() == b"x-api-key" and value.strip():
+            tokens.append(value.strip())
+            break
+    return tokens
 
 
 class APIKeys:
@@ -108,14 +122,14 @@ class APIKeyMiddleware:
         if scope["type"] == "http" and scope["method"] == "OPTIONS":
             await self.app(scope, receive, send)
             return
-        token = bearer_token(scope["headers"])
-        if self.keys.matches(token):
+        tokens = api_key_tokens(scope["headers"])
+        if any(self.keys.matches(token) for token in tokens):
             await self.app(scope, receive, send)
             return
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
-        error = APIError(401, _MISSING if token is None else _WRONG, code="invalid_api_key")
+        error = APIError(401, _WRONG if tokens else _MISSING, code="invalid_api_key")
         count_rejected(self.model_name, scope["path"], 401)
         response = JSONResponse(error.body(), status_code=401, headers={"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)
