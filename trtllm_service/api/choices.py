@@ -55,6 +55,7 @@ class Result:
     completion_tokens: int
     finish_reason: str
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    stop_string: str | None = None  # the stop string that ended it, if one did
 
 
 def _seeded(prepared: GenerationRequest, params: SamplingParams, i: int) -> GenerationRequest:
@@ -200,7 +201,13 @@ async def _collect(choice: Choice) -> Result:
     while stream.finish_reason is None:
         parts.append(await stream.read())
         logprobs += stream.take_logprobs()
-    return Result("".join(parts), stream.completion_tokens, stream.finish_reason, logprobs)
+    return Result(
+        "".join(parts),
+        stream.completion_tokens,
+        stream.finish_reason,
+        logprobs,
+        getattr(stream, "stop_string", None),
+    )
 
 
 async def collect_all(choices: list[Choice], http_request: Request | None) -> list[Result] | None:

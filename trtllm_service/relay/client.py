@@ -350,6 +350,12 @@ class EngineStream:
             self._timer.cancel()
             self._timer = None
 
+    @property
+    def stop_string(self) -> str | None:
+        """The stop string that ended the answer (Anthropic's `stop_sequence`); None if none did."""
+        matcher = self._matcher
+        return matcher.matched if matcher is not None else None
+
     def take_logprobs(self) -> list[TokenLogprob]:
         """The log probs of the tokens read since the last call (none: not asked for)."""
         return []

@@ -57,20 +57,32 @@ class RequestPreparer:
         """`param` / `budget_param`: the request fields a context_length_exceeded error names;
         `tools`: the functions the request offers (OpenAI's `function` objects); `reasoning_effort`:
         for a template that takes it."""
-        self.check_text(list(_message_texts(messages, param)), param=param)
         self.check_token_ids(params.stop_token_ids, "stop_token_ids")
-        try:
-            text = self.formatter.render(messages, tools=tools, reasoning_effort=reasoning_effort)
-        except ValueError as exc:
-            raise APIError.bad_request(str(exc), param=param) from None
         return settle(
-            self.formatter.encode(text),
+            self.chat_ids(messages, param=param, tools=tools, reasoning_effort=reasoning_effort),
             params,
             self.limits,
             default_max_tokens=default_max_tokens,
             param=param,
             budget_param=budget_param,
         )
+
+    def chat_ids(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        param: str = "messages",
+        tools: list[dict[str, Any]] | None = None,
+        reasoning_effort: str | None = None,
+    ) -> list[int]:
+        """The prompt's token ids: the messages through the chat template, tokenized. What a chat
+        request sends the engine and what Anthropic's count_tokens counts."""
+        self.check_text(list(_message_texts(messages, param)), param=param)
+        try:
+            text = self.formatter.render(messages, tools=tools, reasoning_effort=reasoning_effort)
+        except ValueError as exc:
+            raise APIError.bad_request(str(exc), param=param) from None
+        return self.formatter.encode(text)
 
     def prompts(
         self, prompts: Sequence[str | Sequence[int]], params: SamplingParams

@@ -341,6 +341,18 @@ class Runtime:
         )
         return await self._maybe_in_thread(size, prepare, messages, params)
 
+    async def count_chat_tokens(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        reasoning_effort: str | None = None,
+    ) -> int:
+        """The prompt tokens `prepare_chat` would send for these messages (the same rendering)."""
+        size = sum(len(m.get("content") or "") for m in messages)
+        count = functools.partial(self.preparer.chat_ids, tools=tools, reasoning_effort=reasoning_effort)
+        return len(await self._maybe_in_thread(size, count, messages))
+
     async def prepare_prompts(
         self, prompts: Sequence[str], params: SamplingParams
     ) -> list[GenerationRequest]:
