@@ -88,7 +88,8 @@ def _patch(module: Any) -> None:
     if name == "trtllm_service.api.streaming":
         _patch_streaming(module)
     elif name == "trtllm_service.api.openai.routes":
-        module._serve = _on_entry(module._serve, "handler")
+        name_of_serve = "serve_body" if hasattr(module, "serve_body") else "_serve"  # _serve before issue 36
+        setattr(module, name_of_serve, _on_entry(getattr(module, name_of_serve), "handler"))
         module.parse_request = _on_exit(module.parse_request, "parsed")
     elif name == "trtllm_service.api.openai.serving" and hasattr(module.OpenAIServing, "_start"):
         module.OpenAIServing._start = _on_exit(module.OpenAIServing._start, "first text")  # before issue 36

@@ -6,6 +6,11 @@ error for Input", "detail": [...]}`), a path no route serves (plain-text `Not Fo
 the probes' 503s, an unexpected 500. `ErrorShapeMiddleware` rewrites those answers, and only those:
 a response below 400 passes untouched (a stream's chunks are never looked at), and an error body
 already in the shape is sent as it is.
+
+Anthropic's Messages API (`/v1/messages...`) answers in Anthropic's shape instead (`api.anthropic.errors`:
+`{"type": "error", "error": {"type", "message"}}`, a 503 as 529 overloaded_error): every error of
+those paths, ours included (auth, limits, validation), is rewritten here, so that no layer needs to
+know which API a request came through.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from trtllm_service.api.anthropic import errors as anthropic_errors
+from trtllm_service.api.anthropic.protocol import MESSAGES_ROUTE
 from trtllm_service.api.openai.errors import from_validation_error
 from trtllm_service.errors import APIError
 
@@ -66,6 +73,23 @@ def reshape(status: int, body: bytes, method: str, path: str) -> APIError | None
     return APIError(status, message, type=kind, code=_CODES.get(status))
 
 
+def is_anthropic(path: str) -> bool:
+    """Whether `path` is one of Anthropic's Messages API routes (answered in Anthropic's shape)."""
+    return path == MESSAGES_ROUTE or path.startswith(MESSAGES_ROUTE + "/")
+
+
+def _shaped_error(status: int, body: bytes) -> APIError:
+    """The `APIError` of a body in the service's shape."""
+    error = json.loads(body)["error"]
+    return APIError(
+        status,
+        error["message"],
+        type=error.get("type") or "",
+        param=error.get("param"),
+        code=error.get("code"),
+    )
+
+
 def _message(payload: Any, body: bytes) -> str:
     if isinstance(payload, list) and payload:  # BentoML answers some of its errors as `[{"error": ...}]`
         payload = payload[0]
@@ -84,6 +108,25 @@ def _reason(status: int) -> str:
         return HTTPStatus(status).phrase
     except ValueError:
         return f"HTTP {status}"
+
+
+def _is_anthropic_shaped(body: bytes) -> bool:
+    try:
+        payload = json.loads(body) if body else None
+    except ValueError:
+        return False
+    return (
+        isinstance(payload, dict)
+        and payload.get("type") == "error"
+        and isinstance(payload.get("error"), dict)
+    )
+
+
+def _header(start: Message, name: bytes) -> str | None:
+    for key, value in start.get("headers", []):
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
 
 
 class ErrorShapeMiddleware:
@@ -129,9 +172,19 @@ class ErrorShapeMiddleware:
 
     @staticmethod
     async def _send_error(start: Message, body: bytes, scope: Scope, send: Send) -> None:
-        error = reshape(start["status"], body, scope["method"], scope.get("path", ""))
-        if error is not None:
+        path = scope.get("path", "")
+        error = reshape(start["status"], body, scope["method"], path)
+        anthropic = is_anthropic(path) and not _is_anthropic_shaped(body)
+        if anthropic:
+            error = error or _shaped_error(start["status"], body)
+            retry_after = _header(start, b"retry-after")
+            if retry_after is not None and error.retry_after is None:
+                error.retry_after = float(retry_after)
+            start = {**start, "status": anthropic_errors.status_of(error)}
+            body = json.dumps(anthropic_errors.error_body(error)).encode()
+        elif error is not None:
             body = json.dumps(error.body()).encode()
+        if error is not None:
             kept = [
                 (name, value)
                 for name, value in start.get("headers", [])

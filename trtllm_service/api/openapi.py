@@ -87,6 +87,8 @@ Inference Server that this service starts, watches and restarts.
   streams back as plain text, formatted with the model's chat template.
 - The OpenAI-compatible API at `/v1`: point any OpenAI client at `<this URL>/v1`; `"stream": true`
   answers in server-sent events ending in `data: [DONE]`.
+- Anthropic's Messages API at `/v1/messages`: point the `anthropic` SDK (or Claude-Code-style
+  agents) at `<this URL>`; errors there are Anthropic's (`{{"type": "error", "error": {{...}}}}`).
 {routes}
 
 ```bash
@@ -96,12 +98,13 @@ curl -N <this URL>/v1/chat/completions -H 'content-type: application/json' \\
 
 ### Headers and errors
 
-- `Authorization: Bearer <key>` when the service was started with API keys (`TRTLLM_API_KEYS`).
+- `Authorization: Bearer <key>` or `x-api-key: <key>` when the service was started with API keys
+  (`TRTLLM_API_KEYS`).
 - `X-Request-Id`: sent back on every response (yours, or a new one), and the engine request's id.
 - Bodies are JSON (`415` for another content type, `400` for malformed JSON or a bad field).
-- Every error, on every route, is JSON `{{"error": {{"message", "type", "param", "code"}}}}` with a
-  4xx/5xx status, as OpenAI's, before the first chunk; a `/v1` stream that fails later ends with
-  one error event.
+- Every error, on every route but `/v1/messages`, is JSON `{{"error": {{"message", "type", "param",
+  "code"}}}}` with a 4xx/5xx status, as OpenAI's, before the first chunk; a `/v1` stream that fails
+  later ends with one error event.
 
 While the engine starts, `/livez` answers 200, and `/readyz` and the generation routes 503 with
 `Retry-After`; `/readyz` answers 200 once the engine is ready; `/metrics` has Prometheus metrics.

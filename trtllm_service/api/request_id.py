@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from trtllm_service.api.error_shape import is_anthropic
 from trtllm_service.request_ids import HEADER, REQUEST_ID, new_request_id, valid_request_id
 
 _HEADER = HEADER.encode("ascii")
+_ANTHROPIC_HEADER = b"request-id"
 
 
 class RequestIdMiddleware:
@@ -27,11 +29,18 @@ class RequestIdMiddleware:
         given = next((value for name, value in scope["headers"] if name.lower() == _HEADER), None)
         request_id = valid_request_id(given) or new_request_id()
         encoded = request_id.encode("ascii")
+        # Anthropic's clients read the id from `request-id` (the SDK's `_request_id`)
+        ids = (
+            [(_HEADER, encoded), (_ANTHROPIC_HEADER, encoded)]
+            if is_anthropic(scope["path"])
+            else [(_HEADER, encoded)]
+        )
+        names = {name for name, _ in ids}
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != _HEADER]
-                message = {**message, "headers": [*headers, (_HEADER, encoded)]}
+                headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() not in names]
+                message = {**message, "headers": [*headers, *ids]}
             await send(message)
 
         token = REQUEST_ID.set(request_id)

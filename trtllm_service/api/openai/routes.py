@@ -16,7 +16,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Match
@@ -73,7 +73,7 @@ def bind(runtime: Runtime) -> OpenAIServing:
     return serving
 
 
-def _serving(request: Request) -> OpenAIServing:
+def bound_serving(request: Request) -> OpenAIServing:
     serving = getattr(app.state, "serving", None)
     if serving is None:
         raise APIError.unavailable("The service is starting; please retry shortly.", retry_after=1)
@@ -124,7 +124,7 @@ def _openapi30(node: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
-def _body(model: type[BaseModel], example: dict[str, Any]) -> dict[str, Any]:
+def body_doc(model: type[BaseModel], example: dict[str, Any]) -> dict[str, Any]:
     media = {"schema": _inline_schema(model), "example": example}
     return {"requestBody": {"required": True, "content": {"application/json": media}}}
 
@@ -155,10 +155,10 @@ def _responses(ok: type[BaseModel], chunk: type[BaseModel] | None = None) -> dic
             "ending in `data: [DONE]`"
         )
         success["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
-    return {200: success, **_ERROR_RESPONSES}
+    return {200: success, **ERROR_RESPONSES}
 
 
-_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": why}
     for code, why in {
         400: "Invalid request, unsupported parameter, or prompt too long for the context",
@@ -177,7 +177,7 @@ _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 async def list_models(request: Request) -> Response:
     """The served model, with its context length (`max_model_len`)."""
     try:
-        return JSONResponse(_serving(request).list_models().model_dump(mode="json"))
+        return JSONResponse(bound_serving(request).list_models().model_dump(mode="json"))
     except APIError as exc:
         return error_response(exc)
 
@@ -191,7 +191,7 @@ async def list_models(request: Request) -> Response:
 async def retrieve_model(model: str, request: Request) -> Response:
     """The card of the served model or one of its LoRA adapters, or a 404 for any other name."""
     try:
-        serving = _serving(request)
+        serving = bound_serving(request)
         serving.check_model(model)
         card = next(card for card in serving.list_models().data if card.id == model)
         return JSONResponse(card.model_dump(mode="json"))
@@ -202,45 +202,45 @@ async def retrieve_model(model: str, request: Request) -> Response:
 @app.post(
     "/chat/completions",
     summary="Create a chat completion",
-    openapi_extra=_body(ChatCompletionRequest, _CHAT_EXAMPLE),
+    openapi_extra=body_doc(ChatCompletionRequest, _CHAT_EXAMPLE),
     responses=_responses(ChatCompletionResponse, ChatCompletionChunk),
 )
 async def chat_completions(request: Request) -> Response:
     """Formats the messages with the model's chat template and generates the assistant's reply."""
-    return await _serve(request, ChatCompletionRequest, CHAT_ROUTE, OpenAIServing.chat)
+    return await serve_body(request, ChatCompletionRequest, CHAT_ROUTE, OpenAIServing.chat)
 
 
 @app.post(
     "/completions",
     summary="Create a text completion",
-    openapi_extra=_body(CompletionRequest, _COMPLETION_EXAMPLE),
+    openapi_extra=body_doc(CompletionRequest, _COMPLETION_EXAMPLE),
     responses=_responses(CompletionResponse, CompletionChunk),
 )
 async def completions(request: Request) -> Response:
     """Continues the prompt(s) as plain text (no chat template)."""
-    return await _serve(request, CompletionRequest, COMPLETIONS_ROUTE, OpenAIServing.completions)
+    return await serve_body(request, CompletionRequest, COMPLETIONS_ROUTE, OpenAIServing.completions)
 
 
 @app.post(
     "/responses",
     summary="Create a response",
-    openapi_extra=_body(ResponsesRequest, _RESPONSES_EXAMPLE),
+    openapi_extra=body_doc(ResponsesRequest, _RESPONSES_EXAMPLE),
     responses={
         200: {
             "description": "The response object; with `stream: true` an event stream of "
             "`event: <type>` / `data: <event>` pairs from `response.created` to `response.completed`",
             "content": {"application/json": {}, "text/event-stream": {"schema": {"type": "string"}}},
         },
-        **_ERROR_RESPONSES,
+        **ERROR_RESPONSES,
     },
 )
 async def responses(request: Request) -> Response:
     """OpenAI's Responses API: `instructions` and `input` through the chat template, the answer as
     output items (a message, function calls, a reasoning model's reasoning). Nothing is stored."""
-    return await _serve(request, ResponsesRequest, RESPONSES_ROUTE, OpenAIServing.responses)
+    return await serve_body(request, ResponsesRequest, RESPONSES_ROUTE, OpenAIServing.responses)
 
 
-async def _serve(
+async def serve_body(
     request: Request,
     model: type[_Body],
     route: str,
@@ -248,7 +248,7 @@ async def _serve(
 ) -> Response:
     """Parses the body as `model` and serves it; a body refused before that is answered and counted."""
     try:
-        serving = _serving(request)
+        serving = bound_serving(request)
         body = parse_request(model, await request.body())
     except APIError as exc:
         return _refused(request, exc, route)
@@ -293,7 +293,7 @@ _TOKENIZE_BODY = {
         },
     }
 }
-_TOKEN_ERRORS = {code: _ERROR_RESPONSES[code] for code in (400, 401, 404, 503)}
+_TOKEN_ERRORS = {code: ERROR_RESPONSES[code] for code in (400, 401, 404, 503)}
 
 
 @root_app.post(
@@ -312,7 +312,7 @@ async def tokenize(request: Request) -> Response:
     """vLLM's `/tokenize`: `{prompt}` or `{messages}` (rendered with the chat template) ->
     `{count, max_model_len, tokens}`."""
     try:
-        serving = _serving(request)
+        serving = bound_serving(request)
         raw = await request.body()
         try:
             decoded = json.loads(raw)
@@ -328,7 +328,7 @@ async def tokenize(request: Request) -> Response:
 @root_app.post(
     "/detokenize",
     summary="Detokenize token ids",
-    openapi_extra=_body(DetokenizeRequest, _DETOKENIZE_EXAMPLE),
+    openapi_extra=body_doc(DetokenizeRequest, _DETOKENIZE_EXAMPLE),
     responses={
         200: {
             "description": "`{prompt}`: the text of the token ids, special tokens included",
@@ -340,7 +340,7 @@ async def tokenize(request: Request) -> Response:
 async def detokenize(request: Request) -> Response:
     """vLLM's `/detokenize`: `{tokens}` -> `{prompt}`."""
     try:
-        serving = _serving(request)
+        serving = bound_serving(request)
         body = parse_request(DetokenizeRequest, await request.body())
         return JSONResponse(serving.detokenize(body))
     except APIError as exc:
@@ -371,6 +371,13 @@ async def unknown_route(path: str, request: Request) -> Response:
         if getattr(route, "endpoint", None) is not unknown_route
     )
     return _not_routed(request, 405 if known else 404)
+
+
+def add_routes(router: APIRouter) -> None:
+    """Adds another API's routes under /v1 (Anthropic's Messages API), before the catch-all of
+    unknown URLs."""
+    app.include_router(router)
+    app.router.routes.sort(key=lambda route: getattr(route, "endpoint", None) is unknown_route)
 
 
 class V1NotFoundMiddleware:
