@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -228,6 +229,26 @@ def test_api_keys_rate_limit_and_unavailable(
         )
         assert response.status_code == 200
 
+    def claude(key: str, bearer: bool = False) -> anthropic.Anthropic:
+        credentials = {"auth_token": key} if bearer else {"api_key": key}
+        return anthropic.Anthropic(base_url=url, max_retries=0, timeout=60, **credentials)  # type: ignore[arg-type]
+
+    message = {"model": model_name, "max_tokens": 3, "messages": user()}
+
+    with subtests.test("Anthropic's clients: x-api-key or a bearer token; 401 authentication_error"):
+        for key, bearer in (("k1", False), ("k2", True)):
+            answer = claude(key, bearer).messages.create(**message)
+            assert answer.stop_reason in ("end_turn", "max_tokens")
+        assert claude("k1").messages.count_tokens(model=model_name, messages=user()).input_tokens > 0
+        for key, bearer in (("nope", False), ("nope", True)):
+            with pytest.raises(anthropic.AuthenticationError) as denied:
+                claude(key, bearer).messages.create(**message)
+            body = denied.value.body
+            assert isinstance(body, dict) and body["type"] == "error"
+            assert body["error"]["type"] == "authentication_error" and "nope" not in str(body)
+        missing = httpx.post(f"{url}/v1/messages", json=message, timeout=30)
+        assert missing.status_code == 401 and missing.json()["error"]["type"] == "authentication_error"
+
     with subtests.test("probes, metrics and docs stay open"):
         for path in ("/readyz", "/livez", "/healthz", "/metrics", "/docs.json", "/"):
             assert httpx.get(url + path, timeout=30).status_code == 200, path
@@ -257,6 +278,10 @@ def test_api_keys_rate_limit_and_unavailable(
         )
         assert response.status_code == 429
         assert httpx.get(f"{url}/readyz", timeout=30).status_code == 200  # probes are not limited
+        with pytest.raises(anthropic.RateLimitError) as limited:
+            claude("k1").messages.create(**message)
+        assert limited.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
+        assert limited.value.response.headers["retry-after"] == "1"
 
     # The held request is closed; the server counts it out when it sees the disconnect.
     assert wait_for(lambda: running(url) == 0, 10), "the closed request still counts as running"
@@ -287,4 +312,10 @@ def test_api_keys_rate_limit_and_unavailable(
         with pytest.raises(openai.InternalServerError) as err:
             keyed("k2").completions.create(model=model_name, prompt="Hi", max_tokens=2)
         assert err.value.status_code == 503
+        # Anthropic's clients know 529 overloaded_error (and retry it after Retry-After), not 503
+        with pytest.raises(anthropic.OverloadedError) as overloaded:
+            claude("k2").messages.create(**message)
+        assert overloaded.value.status_code == 529
+        assert overloaded.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
+        assert overloaded.value.response.headers["retry-after"] == "1"
         assert time.monotonic() - start < 20, "answered while Triton is still down (backoff 30 s)"

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 
@@ -118,3 +119,38 @@ def test_reasoning_effort_reaches_the_template(thinker: openai.OpenAI) -> None:
 def test_pack_json_names_the_parser(reasoning_service: BentoService) -> None:
     (pack,) = Path(reasoning_service.home, "models").glob("*/*/pack.json")
     assert '"reasoning_parser": "deepseek-r1"' in pack.read_text()
+
+
+def test_messages_return_a_thinking_block_streamed_or_not(
+    reasoning_service: BentoService, thinker: openai.OpenAI
+) -> None:
+    """Cut off while thinking (no guide here: Anthropic's requests take none of vLLM's), as the
+    Responses test: the message is one thinking block, the chat completion's reasoning."""
+    claude = anthropic.Anthropic(base_url=reasoning_service.url, api_key="x", max_retries=0, timeout=120)
+    expected = chat(thinker, max_tokens=6).choices[0].message.reasoning_content
+    assert expected
+    params: dict[str, Any] = {
+        "model": "trtllm-demo",
+        "max_tokens": 6,
+        "messages": MESSAGES,
+        "extra_body": {"temperature": 0},
+    }
+    message = claude.messages.create(**params)
+    assert [block.type for block in message.content] == ["thinking"]
+    assert message.content[0].thinking == expected and message.stop_reason == "max_tokens"  # type: ignore[union-attr]
+
+    with claude.messages.stream(**params) as stream:
+        events = list(stream)
+        final = stream.get_final_message()
+    thinking = [
+        e.delta.thinking
+        for e in events
+        if e.type == "content_block_delta" and e.delta.type == "thinking_delta"
+    ]
+    assert "".join(thinking) == expected
+    assert [block.model_dump() for block in final.content] == [
+        block.model_dump() for block in message.content
+    ]
+    omitted = {"type": "enabled", "budget_tokens": 1024, "display": "omitted"}  # budget < max_tokens
+    hidden = claude.messages.create(**{**params, "max_tokens": 1025}, thinking=omitted)  # type: ignore[arg-type]
+    assert [block.type for block in hidden.content] == ["thinking"] and hidden.content[0].thinking == ""  # type: ignore[union-attr]
