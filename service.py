@@ -16,7 +16,6 @@ from starlette.responses import JSONResponse
 
 from tensorrtllm_backend.stop_strings import StopStringError, check_stop
 from trtllm_service.api import deployment
-from trtllm_service.api.anthropic import routes as anthropic_routes
 from trtllm_service.api.auth import APIKeyMiddleware, APIKeys
 from trtllm_service.api.bentoml_patches import (
     arrange_middlewares,
@@ -54,7 +53,6 @@ DRAIN = Drain(SETTINGS.shutdown_grace_s)  # SIGTERM: requests in flight finish, 
 tune_request_tracing()  # before BentoML builds the app: no span per chunk, none built unread
 cancel_request_timers()  # BentoML's request timeout would hold every request's context for 600 s
 expose_server_send()  # streamed chunks skip the middlewares' send wrappers (api/streaming.py)
-openai_routes.add_routes(anthropic_routes.router)  # Anthropic's /v1/messages beside OpenAI's routes
 
 
 # Runtime settings only (the image and what goes into it are bentofile.yaml's): traffic and GPUs

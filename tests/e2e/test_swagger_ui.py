@@ -153,6 +153,8 @@ def test_every_route_is_on_the_page(service: BentoService) -> None:
         ("post", "/v1/chat/completions"),
         ("post", "/v1/completions"),
         ("post", "/v1/responses"),
+        ("post", "/v1/messages"),
+        ("post", "/v1/messages/count_tokens"),
     }
     documented = {(method, path) for path, item in paths.items() for method in item}
     assert routes <= documented, routes - documented

@@ -395,7 +395,7 @@ BAD: list[tuple[dict[str, Any], str, str]] = [
     ({"max_tokens": None}, "max_tokens", "missing_required_parameter"),
     ({"max_tokens": 0}, "max_tokens", "invalid_value"),
     ({"max_tokens": "10"}, "max_tokens", "invalid_type"),
-    ({"model": None}, "model", "missing_required_parameter"),
+    ({"model": ""}, "model", "invalid_value"),
     ({"messages": []}, "messages", "invalid_value"),
     ({"messages": ["hi"]}, "messages[0]", "invalid_type"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "invalid_value"),
@@ -529,3 +529,10 @@ def test_every_refusal_names_its_field(fields: dict[str, Any], param: str, code:
 def test_an_image_is_refused_in_words() -> None:
     error = refusal(MessagesRequest, {**BASE, **blocks({"type": "image", "source": {}})})
     assert "image content blocks are not supported by this server" in error.message
+
+
+def test_an_omitted_model_is_the_served_one() -> None:
+    """Anthropic requires `model`; here, as on the OpenAI routes, omitting it means the served model."""
+    body = {k: v for k, v in BASE.items() if k != "model"}
+    assert parse_request(MessagesRequest, body).model is None
+    assert parse_request(CountTokensRequest, {"messages": body["messages"]}).model is None

@@ -9,9 +9,11 @@ from typing import Any
 import bentoml
 import pytest
 
+from trtllm_service.api.anthropic.errors import error_type as anthropic_error_type
 from trtllm_service.api.openai import routes as openai_routes
 from trtllm_service.api.openai.protocol import ErrorBody
 from trtllm_service.api.openapi import (
+    ANTHROPIC_TAG,
     GENERATE_TAG,
     OPENAI_TAG,
     TITLE,
@@ -77,11 +79,14 @@ def test_routes_are_tagged(spec: dict[str, Any]) -> None:
     assert [tag["name"] for tag in spec["tags"]] == [
         GENERATE_TAG.name,
         OPENAI_TAG.name,
+        ANTHROPIC_TAG.name,
         TOKENIZER_TAG.name,
         "Infrastructure",
     ]
     for path, _, op in operations(spec):
-        if path.startswith("/v1/"):
+        if path.startswith("/v1/messages"):
+            assert op["tags"] == [ANTHROPIC_TAG.name], path
+        elif path.startswith("/v1/"):
             assert op["tags"] == [OPENAI_TAG.name], path
         elif path in ("/tokenize", "/detokenize"):
             assert op["tags"] == [TOKENIZER_TAG.name], path
@@ -90,6 +95,20 @@ def test_routes_are_tagged(spec: dict[str, Any]) -> None:
         else:
             assert op["tags"] == ["Infrastructure"], path
         assert op["tags"] != ["default"]
+
+
+def test_anthropics_routes_are_documented(spec: dict[str, Any]) -> None:
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        body = spec["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+        assert "messages" in body["schema"]["properties"] and body["example"]["messages"], path
+        assert f"`POST {path}`" in DESCRIPTION
+    assert (
+        "max_tokens"
+        in spec["paths"]["/v1/messages"]["post"]["requestBody"]["content"]["application/json"]["schema"][
+            "required"
+        ]
+    )
+    assert "529" in {str(code) for code in spec["paths"]["/v1/messages"]["post"]["responses"]}
 
 
 def test_every_route_is_documented(spec: dict[str, Any]) -> None:
@@ -137,6 +156,12 @@ def test_errors_are_documented_in_openais_shape(spec: dict[str, Any]) -> None:
             if int(code) < 400:
                 continue
             media = response["content"]["application/json"]
+            if path.startswith("/v1/messages"):  # Anthropic's shape, as the anthropic SDK parses it
+                assert media["schema"] == {"$ref": "#/components/schemas/AnthropicError"}, (path, code)
+                example = media["example"]
+                assert example["type"] == "error" and example["error"]["message"], (path, code)
+                assert example["error"]["type"] == anthropic_error_type(int(code)), (path, code)
+                continue
             assert media["schema"] == {"$ref": "#/components/schemas/ErrorBody"}, (path, code)
             example = ErrorBody.model_validate(media["example"])  # the shape OpenAI clients parse
             assert example.error.message

@@ -18,8 +18,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+from trtllm_service.api.bodies import openapi30
 from trtllm_service.api.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
-from trtllm_service.api.openai.routes import _openapi30
 from trtllm_service.api.shutdown import Drain
 from trtllm_service.chat.template import PromptFormatter
 from trtllm_service.errors import APIError
@@ -272,7 +272,7 @@ def test_json_schema_nodes_said_the_openapi_3_0_way() -> None:
         "anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "null"}],
         "default": None,
     }
-    converted = _openapi30({**node, "anyOf": [_openapi30(dict(b)) for b in node["anyOf"]]})
+    converted = openapi30({**node, "anyOf": [openapi30(dict(b)) for b in node["anyOf"]]})
     assert converted == {
         "type": "number",
         "minimum": 0,
@@ -280,8 +280,8 @@ def test_json_schema_nodes_said_the_openapi_3_0_way() -> None:
         "nullable": True,
         "default": None,
     }
-    assert _openapi30({"const": "auto"}) == {"enum": ["auto"]}
-    union = _openapi30({"anyOf": [{"type": "string"}, {"type": "integer"}, {"type": "null"}]})
+    assert openapi30({"const": "auto"}) == {"enum": ["auto"]}
+    union = openapi30({"anyOf": [{"type": "string"}, {"type": "integer"}, {"type": "null"}]})
     assert union == {"anyOf": [{"type": "string"}, {"type": "integer"}], "nullable": True}
 
 

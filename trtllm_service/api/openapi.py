@@ -35,9 +35,15 @@ TOKENIZER_TAG = Tag(
     description="vLLM's `/tokenize` and `/detokenize`, at the root as vLLM serves them: the token ids "
     "the engine gets for a prompt or chat messages, and the text of token ids.",
 )
+ANTHROPIC_TAG = Tag(
+    name="Anthropic Messages API",
+    description="Anthropic's Messages API at `/v1/messages`: the `anthropic` SDK works with `base_url` set "
+    "to this service's URL. Errors on these routes are in Anthropic's shape.",
+)
 TOKENIZER_ROUTES = ("/tokenize", "/detokenize")
 ERROR_SCHEMA = "ErrorBody"
 ERROR_REF = f"#/components/schemas/{ERROR_SCHEMA}"
+ANTHROPIC_ERROR_REF = "#/components/schemas/AnthropicError"
 GENERATE_EXAMPLE = {
     "prompt": "Explain superconductors in plain English.",
     "max_tokens": 128,
@@ -135,14 +141,21 @@ def _error_responses(codes: list[int]) -> dict[str, Any]:
 
 
 def _with_error_examples(responses: dict[Any, Any]) -> dict[Any, Any]:
-    """`responses` with an example on each error documented with the OpenAI error schema."""
+    """`responses` with an example on each error documented with the OpenAI error schema, or with
+    Anthropic's (whose 529 is our 503)."""
+    from trtllm_service.api.anthropic.errors import OVERLOADED, error_body
+
     found = {}
     for code, response in responses.items():
-        if isinstance(response, dict) and int(code) in ERRORS:
+        status = 503 if int(code) == OVERLOADED else int(code)
+        if isinstance(response, dict) and status in ERRORS:
             media = (response.get("content") or {}).get("application/json")
-            if isinstance(media, dict) and media.get("schema", {}).get("$ref") == ERROR_REF:
+            ref = media.get("schema", {}).get("$ref") if isinstance(media, dict) else None
+            if ref in (ERROR_REF, ANTHROPIC_ERROR_REF):
+                error = ERRORS[status][1]
+                example = error.body() if ref == ERROR_REF else error_body(error, request_id="req_0123")
                 response = copy.deepcopy(response)
-                response["content"]["application/json"].setdefault("example", ERRORS[int(code)][1].body())
+                response["content"]["application/json"].setdefault("example", example)
         found[code] = response
     return found
 
@@ -193,6 +206,8 @@ def document(
                 continue
             if path == "/generate":
                 changes[method] = _generate(operation)
+            elif path.startswith(openai_prefix + "/messages"):
+                changes[method] = _openai(operation, ANTHROPIC_TAG)
             elif path.startswith(openai_prefix + "/"):
                 changes[method] = _openai(operation)
             elif path in TOKENIZER_ROUTES:
@@ -211,7 +226,7 @@ def document(
     return attrs.evolve(
         spec,
         info=Info(title=TITLE, version=service_version(), description=description),
-        tags=[GENERATE_TAG, OPENAI_TAG, TOKENIZER_TAG, INFRA_TAG],
+        tags=[GENERATE_TAG, OPENAI_TAG, ANTHROPIC_TAG, TOKENIZER_TAG, INFRA_TAG],
         paths=paths,
         components=components,
     )

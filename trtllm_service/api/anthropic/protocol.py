@@ -279,7 +279,12 @@ class _Conversation(BaseModel):
 
     _messages: list[dict[str, Any]] = PrivateAttr(default_factory=list)
 
-    model: str = Field(min_length=1, description="The model id: the served model or a LoRA adapter")
+    model: str | None = Field(
+        None,
+        min_length=1,
+        description="The model id: the served model or a LoRA adapter. Anthropic requires it; omitted "
+        "here means the served model, as on the OpenAI routes (and the Swagger page's example)",
+    )
     messages: list[dict[str, Any]] = Field(
         min_length=1,
         description="Turns of role 'user' or 'assistant' (or 'system'); content a string or a list of "

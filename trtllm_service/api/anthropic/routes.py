@@ -1,5 +1,5 @@
 """Anthropic's ``/v1/messages`` and ``/v1/messages/count_tokens``: a router that the ``/v1`` app
-includes beside OpenAI's routes (`openai.routes.add_routes`), served by the same bound serving object.
+includes beside OpenAI's routes (`openai.routes`), served by the same bound serving object.
 
 Bodies are read raw and validated by the protocol's models, as OpenAI's are; every error on these
 paths reaches the client in Anthropic's shape (`api.error_shape`). ``anthropic-version`` and
@@ -16,9 +16,9 @@ from starlette.responses import JSONResponse, Response
 
 from trtllm_service.api.anthropic.protocol import MESSAGES_ROUTE, CountTokensRequest, MessagesRequest
 from trtllm_service.api.anthropic.serving import count_message_tokens, serve_messages
+from trtllm_service.api.bodies import body_doc, bound_serving, serve_body
 from trtllm_service.api.generation import error_response
 from trtllm_service.api.openai.protocol import parse_request
-from trtllm_service.api.openai.routes import body_doc, bound_serving, serve_body
 from trtllm_service.errors import APIError
 
 MESSAGES_EXAMPLE = {

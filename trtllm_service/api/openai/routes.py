@@ -1,29 +1,27 @@
-"""The ``/v1`` FastAPI app: thin routes over ``OpenAIServing``; and ``root_app``, vLLM's ``/tokenize``
-and ``/detokenize`` at the root.
+"""The ``/v1`` FastAPI app: thin routes over ``OpenAIServing``, Anthropic's Messages API
+(``anthropic.routes``) beside them; and ``root_app``, vLLM's ``/tokenize`` and ``/detokenize`` at the root.
 
-Request bodies are read raw and validated by ``protocol.parse_request``, not by FastAPI, so that every
-error (malformed JSON, a wrong type, an unsupported parameter) has OpenAI's shape and names its
-``param``. The JSON schemas of the bodies still reach the OpenAPI document (``/docs.json``) through
-``openapi_extra``. Unknown paths and methods under ``/v1`` are answered with OpenAI-shaped 404 / 405s.
+Request bodies are read raw and validated by the protocol's models (``api.bodies``), not by FastAPI, so
+that every error (malformed JSON, a wrong type, an unsupported parameter) names its ``param``.
+Unknown paths and methods under ``/v1`` are answered with OpenAI-shaped 404 / 405s.
 
-The service binds its runtime once at startup (``bind``); the app finds it in ``app.state``.
+The service binds its runtime once per worker (``bind``); every route answers from it.
 """
 
 from __future__ import annotations
 
-import copy
 import json
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import FastAPI, Request
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from trtllm_service.api.anthropic import routes as anthropic_routes
+from trtllm_service.api.bodies import bind_serving, body_doc, bound_serving, inline_schema, serve_body
 from trtllm_service.api.generation import error_response
-from trtllm_service.api.metrics import count_rejected
 from trtllm_service.api.openai.chat.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -69,64 +67,8 @@ app = FastAPI(
 def bind(runtime: Runtime) -> OpenAIServing:
     """Serves this app from `runtime` (called once per worker, when the service is created)."""
     serving = OpenAIServing(runtime)
-    app.state.serving = serving
+    bind_serving(serving)
     return serving
-
-
-def bound_serving(request: Request) -> OpenAIServing:
-    serving = getattr(app.state, "serving", None)
-    if serving is None:
-        raise APIError.unavailable("The service is starting; please retry shortly.", retry_after=1)
-    return serving
-
-
-# ---- OpenAPI documentation of bodies that FastAPI does not parse -----------------------------------------
-
-
-def _inline_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """The model's JSON schema with every ``$ref`` replaced by its definition (no shared components),
-    in the OpenAPI 3.0 dialect of the service's document (`_openapi30`)."""
-    schema = model.model_json_schema()
-    defs = schema.pop("$defs", {})
-
-    def resolve(node: Any) -> Any:
-        if isinstance(node, dict):
-            ref = node.get("$ref")
-            if isinstance(ref, str) and ref.startswith("#/$defs/"):
-                return resolve(copy.deepcopy(defs[ref.removeprefix("#/$defs/")]))
-            return _openapi30({key: resolve(value) for key, value in node.items()})
-        if isinstance(node, list):
-            return [resolve(item) for item in node]
-        return node
-
-    return resolve(schema)
-
-
-def _openapi30(node: dict[str, Any]) -> dict[str, Any]:
-    """One schema node of pydantic's JSON Schema (2020-12) said the OpenAPI 3.0 way, which BentoML's
-    document declares and Swagger UI and API fuzzers read: numeric exclusive bounds become booleans
-    beside the bound, `const` an enum of one, and an `anyOf` with a null branch `nullable`."""
-    for exclusive, bound in (("exclusiveMinimum", "minimum"), ("exclusiveMaximum", "maximum")):
-        value = node.get(exclusive)
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            node[bound], node[exclusive] = value, True
-    if "const" in node:
-        node["enum"] = [node.pop("const")]
-    branches = node.get("anyOf")
-    if isinstance(branches, list) and {"type": "null"} in branches:
-        rest = [branch for branch in branches if branch != {"type": "null"}]
-        node.pop("anyOf")
-        if len(rest) == 1 and isinstance(rest[0], dict):
-            node.update({**rest[0], **{k: v for k, v in node.items() if k not in rest[0]}})
-        else:
-            node["anyOf"] = rest
-        node["nullable"] = True
-    return node
-
-
-def body_doc(model: type[BaseModel], example: dict[str, Any]) -> dict[str, Any]:
-    media = {"schema": _inline_schema(model), "example": example}
-    return {"requestBody": {"required": True, "content": {"application/json": media}}}
 
 
 _CHAT_EXAMPLE = {
@@ -240,26 +182,7 @@ async def responses(request: Request) -> Response:
     return await serve_body(request, ResponsesRequest, RESPONSES_ROUTE, OpenAIServing.responses)
 
 
-async def serve_body(
-    request: Request,
-    model: type[_Body],
-    route: str,
-    serve: Callable[[OpenAIServing, _Body, Request], Awaitable[Response]],
-) -> Response:
-    """Parses the body as `model` and serves it; a body refused before that is answered and counted."""
-    try:
-        serving = bound_serving(request)
-        body = parse_request(model, await request.body())
-    except APIError as exc:
-        return _refused(request, exc, route)
-    return await serve(serving, body, request)
-
-
-def _refused(request: Request, error: APIError, route: str) -> Response:
-    """A body refused before it reached the serving logic: answered, and counted."""
-    serving = getattr(request.app.state, "serving", None)
-    count_rejected(serving.model_name if serving is not None else "", route, error.status)
-    return error_response(error)
+app.include_router(anthropic_routes.router)  # Anthropic's Messages API, beside OpenAI's
 
 
 # ---- /tokenize and /detokenize: vLLM serves them at the root, not under /v1 ------------------------------
@@ -286,7 +209,7 @@ _TOKENIZE_BODY = {
         "content": {
             "application/json": {
                 "schema": {
-                    "oneOf": [_inline_schema(TokenizeCompletionRequest), _inline_schema(TokenizeChatRequest)]
+                    "oneOf": [inline_schema(TokenizeCompletionRequest), inline_schema(TokenizeChatRequest)]
                 },
                 "example": _TOKENIZE_EXAMPLE,
             }
@@ -371,13 +294,6 @@ async def unknown_route(path: str, request: Request) -> Response:
         if getattr(route, "endpoint", None) is not unknown_route
     )
     return _not_routed(request, 405 if known else 404)
-
-
-def add_routes(router: APIRouter) -> None:
-    """Adds another API's routes under /v1 (Anthropic's Messages API), before the catch-all of
-    unknown URLs."""
-    app.include_router(router)
-    app.router.routes.sort(key=lambda route: getattr(route, "endpoint", None) is unknown_route)
 
 
 class V1NotFoundMiddleware:
