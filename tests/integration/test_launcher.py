@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from tensorrtllm_backend import LAUNCHER
-from tensorrtllm_backend.scripts.launch_triton_server import LauncherError, find_tritonserver
+from tensorrtllm_backend.launcher import LauncherError, find_tritonserver
 from tests.support import alive, free_ports
 
 pytestmark = pytest.mark.integration
@@ -37,6 +37,7 @@ except LauncherError as exc:  # pragma: no cover - depends on the machine
 
 requires_triton = pytest.mark.skipif(bool(NO_TRITON), reason=f"no tritonserver: {NO_TRITON}")
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT = 90.0
 STOP_TIMEOUT = 30.0
 
@@ -332,8 +333,8 @@ def test_escalates_to_sigkill_and_kills_descendants(tmp_path: Path):
     code = textwrap.dedent(
         f"""
         import os, sys
-        sys.path.insert(0, {str(LAUNCHER.parent)!r})
-        import launch_triton_server as lts
+        sys.path.insert(0, {str(REPO_ROOT)!r})
+        from tensorrtllm_backend import launcher as lts
         sys.exit(lts.supervise(["sh", "-c", {fake_server!r}], dict(os.environ), kill_grace_secs=1.0))
         """
     )

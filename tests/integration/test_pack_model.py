@@ -22,9 +22,9 @@ import bentoml
 import pytest
 from bentoml._internal.models import ModelStore
 
+from tensorrtllm_backend.launcher import LauncherError, find_tritonserver
 from tensorrtllm_backend.pinned import ENSEMBLE_LEGACY_WARNING
 from tensorrtllm_backend.repository import FLAVORS, LLMAPI_SHARED_MODULES, SHARED_MODULES
-from tensorrtllm_backend.scripts.launch_triton_server import LauncherError, find_tritonserver
 from tests.support import engine_config
 from trtllm_service.packed_model import XGRAMMAR_TOKENIZER_INFO, layout_runtime_repository, read_pack_info
 from trtllm_service.packing import packer as packing

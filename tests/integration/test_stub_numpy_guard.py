@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tensorrtllm_backend.scripts import launch_triton_server as launcher
+from tensorrtllm_backend import launcher
 
 pytestmark = pytest.mark.integration
 

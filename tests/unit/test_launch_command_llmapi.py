@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tensorrtllm_backend import LAUNCHER
-from tensorrtllm_backend.scripts import launch_triton_server as lts
+from tensorrtllm_backend import launcher as lts
 from trtllm_service.triton import process
 from trtllm_service.triton.process import TritonPorts, TritonStartupError, triton_command
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from tensorrtllm_backend import LAUNCHER
-from tensorrtllm_backend.scripts import launch_triton_server as lts
-from tensorrtllm_backend.scripts.launch_triton_server import (
+from tensorrtllm_backend import launcher as lts
+from tensorrtllm_backend.launcher import (
     LauncherError,
     TritonInstall,
     build_command,

@@ -882,7 +882,7 @@ def tool_versions(source: ModelSource) -> dict[str, str]:
 
 def launch_command(repository: Path, world_size: int, unique: str) -> str:
     """The production command line (tritonserver, or mpirun for world_size > 1), shell-quoted."""
-    from tensorrtllm_backend.scripts.launch_triton_server import TritonInstall, build_command, build_parser
+    from tensorrtllm_backend.launcher import TritonInstall, build_command, build_parser
 
     args = build_parser().parse_args(
         [

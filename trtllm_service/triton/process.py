@@ -1,6 +1,6 @@
 """The one owner of the Triton process tree: command line, spawn, readiness, death and stall, restart, stop.
 
-The command line comes from one builder, the launcher's (`launch_triton_server.build_command`:
+The command line comes from one builder, the launcher's (`launcher.build_command`:
 tritonserver for one rank, mpirun for several). The service spawns it itself, in a new session
 (its process group holds tritonserver and its Python-backend stubs, or mpirun; mpirun gives each
 rank a group of its own) with PR_SET_PDEATHSIG, so the tree is told to stop even when the service
@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tensorrtllm_backend.scripts import launch_triton_server as launcher
+from tensorrtllm_backend import launcher
 from trtllm_service.versions import REQUIRE_TENSORRT_LLM, installed_tensorrt_llm
 
 logger = logging.getLogger("trtllm_service.triton")

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tensorrtllm_backend.scripts.launch_triton_server import pid_alive
+from tensorrtllm_backend.launcher import pid_alive
 from trtllm_service.triton.process import TritonSupervisor, kill_group
 
 logger = logging.getLogger("trtllm_service.triton")
