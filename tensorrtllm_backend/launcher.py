@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Start tritonserver (or ``mpirun`` with one tritonserver per rank) and supervise it.
 
 Unlike upstream's launcher, which spawns the server and returns at once, this one stays in the
@@ -13,8 +12,8 @@ foreground as the parent of the server:
   are re-parented to the launcher instead of init, and the launcher kills and reaps them before
   it exits (a stub notices its parent's death by itself only most of the time).
 
-For several ranks, ``mpirun`` starts each tritonserver through this same script in its rank mode
-(``--supervise_rank``), which supervises one rank the same way and adds two rules mpirun lacks:
+For several ranks, ``mpirun`` starts each tritonserver through the launcher's script in its rank
+mode (``--supervise_rank``), which supervises one rank the same way and adds two rules mpirun lacks:
 the rank dies with mpirun (mpirun puts every rank in its own process group, so a SIGKILL to
 mpirun's group would orphan them), and a tritonserver that exits when nobody asked it to fails the
 rank even with status 0, so mpirun takes every rank down and the supervisor above restarts the
@@ -29,7 +28,9 @@ pytriton build needs its libraries on LD_LIBRARY_PATH and a Python backend stub 
 running interpreter; the launcher stages a per-launch backend directory for it and removes it on
 exit.
 
-This file is self-contained: it runs as a plain script and imports nothing else of the repo.
+The logic of ``scripts/launch_triton_server.py`` (``LAUNCHER``), the entry point that users, the
+service and mpirun's ranks run by path; the service imports this module. It imports only the standard
+library, so any Python with this package runs it.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tensorrtllm_backend import LAUNCHER
 
 __all__ = [
     "LauncherError",
@@ -235,6 +238,7 @@ def find_tritonserver(
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's counts; a zombie too, until reaped)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -458,7 +462,7 @@ def build_command(
     ``unique`` goes into the Python backend's shared-memory prefix (default: this process's
     pid) so that two servers on one host do not collide. For world_size > 1 the command is
     ``mpirun --allow-run-as-root --noprefix -n 1 <rank 0> : -n 1 <rank 1> ...``, each rank this
-    script's rank mode run by ``python`` (default: this interpreter) around its tritonserver;
+    launcher's rank mode run by ``python`` (default: this interpreter) around its tritonserver;
     ``mpirun`` defaults to the one on PATH, or the bare name when there is none.
 
     With ``args.trtllm_llmapi_launch`` each rank's tritonserver runs as ``trtllm-llmapi-launch
@@ -487,7 +491,7 @@ def build_command(
     # <prefix>/lib first on every rank's PATH and LD_LIBRARY_PATH, so the Python backend's stub
     # would find the system's python3 and libpython instead of the launcher's.
     cmd = [mpirun or shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "--noprefix"]
-    wrapper = [python or sys.executable, os.path.abspath(__file__), RANK_MODE, f"{_kill_grace(args):g}", "--"]
+    wrapper = [python or sys.executable, str(LAUNCHER), RANK_MODE, f"{_kill_grace(args):g}", "--"]
     for rank in range(args.world_size):
         if rank:
             cmd.append(":")
@@ -838,7 +842,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except SystemExit as exc:  # --help
         return exc.code if isinstance(exc.code, int) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -86,9 +86,10 @@ def test_bentoml_build_packages_model_code_and_templates(
         "trtllm_service/relay/client.py",
         "trtllm_service/relay/grpc_http2.py",
         "trtllm_service/triton/process.py",
+        "tensorrtllm_backend/launcher.py",
+        "tensorrtllm_backend/scripts/launch_triton_server.py",
     ):
         assert package in sources, f"{package} missing"
-    assert "tensorrtllm_backend/launcher.py" in sources
     for model in TRITON_MODELS:
         assert f"tensorrtllm_backend/all_models/inflight_batcher_llm/{model}/config.pbtxt" in sources, model
         assert f"tensorrtllm_backend/all_models/inflight_batcher_llm/{model}/1/model.py" in sources or (

@@ -16,11 +16,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tensorrtllm_backend import launcher
+from tensorrtllm_backend import LAUNCHER, launcher
 
 pytestmark = pytest.mark.integration
 
-LAUNCHER = Path(launcher.__file__)
 NUMPY_2 = "2.2.6"
 
 

@@ -65,7 +65,7 @@ def test_service_supervises_the_launch_tree(monkeypatch: pytest.MonkeyPatch, tmp
     monkeypatch.setenv("PATH", f"{DOUBLE_BIN}:{Path(sys.executable).parent}:/usr/bin:/bin")
     argv, _ = triton_command(tmp_path, ports(), host="127.0.0.1", world_size=1, workdir=tmp_path, llmapi=True)
     mode = argv.index(lts.SUPERVISE_HOLDING_SIGTERM_MODE)
-    assert argv[:mode] == [sys.executable, lts.__file__]
+    assert argv[:mode] == [sys.executable, str(LAUNCHER)]
     assert float(argv[mode + 1]) >= lts.MIN_KILL_GRACE_SECS and argv[mode + 2] == "--"
     assert argv[mode + 3] == str(DOUBLE_BIN / lts.LLMAPI_LAUNCH)
     assert Path(argv[mode + 4]).name == "tritonserver"

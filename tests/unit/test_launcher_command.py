@@ -360,9 +360,17 @@ def run_launcher(*argv: str, env: dict[str, str] | None = None) -> subprocess.Co
         text=True,
         timeout=60,
         env=env,
-        cwd="/",  # proves it imports nothing of the repo
+        cwd="/",  # run by path from elsewhere, as users and mpirun's ranks run it
         check=False,
     )
+
+
+def test_the_script_imports_its_own_tree_without_pythonpath():
+    """The entry point puts the tree that holds it first on sys.path: nothing else need be set."""
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    proc = run_launcher("--help", env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: launch_triton_server ") and "--model_repo" in proc.stdout
 
 
 def test_print_command_is_one_quoted_line(tmp_path: Path):

@@ -22,6 +22,7 @@ from pathlib import Path
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from tensorrtllm_backend.launcher import pid_alive
 from trtllm_service.api.auth import is_open
 from trtllm_service.api.metrics import count_rejected
 from trtllm_service.api.shutdown import Drain
@@ -76,7 +77,7 @@ class SharedSlots:
             slots = self._slots(table)
             total = 0
             for pid, count in slots:
-                if count > 0 and (pid == me or _alive(pid)):
+                if count > 0 and (pid == me or pid_alive(pid)):
                     total += count
             if total >= limit:
                 return False
@@ -93,7 +94,7 @@ class SharedSlots:
         me = os.getpid()
         fcntl.flock(self._fd, fcntl.LOCK_EX)  # type: ignore[arg-type]
         try:
-            return sum(c for pid, c in self._slots(table) if c > 0 and (pid == me or _alive(pid)))
+            return sum(c for pid, c in self._slots(table) if c > 0 and (pid == me or pid_alive(pid)))
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)  # type: ignore[arg-type]
 
@@ -120,7 +121,7 @@ class SharedSlots:
             if pid == me:
                 self._mine = index
                 return index
-            if free is None and (count == 0 or not _alive(pid)):
+            if free is None and (count == 0 or not pid_alive(pid)):
                 free = index
         if free is None:  # the first slot never taken
             if len(slots) == self.SLOTS:
@@ -128,16 +129,6 @@ class SharedSlots:
             free = len(slots)
         self._mine = free
         return free
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class ConcurrencyLimitMiddleware:

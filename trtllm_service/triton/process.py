@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tensorrtllm_backend import launcher
+from tensorrtllm_backend import LAUNCHER, launcher
 from trtllm_service.versions import REQUIRE_TENSORRT_LLM, installed_tensorrt_llm
 
 logger = logging.getLogger("trtllm_service.triton")
@@ -221,9 +221,9 @@ def triton_command(
     # launcher's supervising mode instead (SIGTERM blocked as well), which stays its parent.
     if llmapi_launch and world_size == 1:
         grace = f"{max(launcher.MIN_KILL_GRACE_SECS, exit_timeout_s + 5.0):g}"
-        hold = [sys.executable, launcher.__file__, launcher.SUPERVISE_HOLDING_SIGTERM_MODE, grace, "--"]
+        hold = [sys.executable, str(LAUNCHER), launcher.SUPERVISE_HOLDING_SIGTERM_MODE, grace, "--"]
     else:
-        hold = [sys.executable, launcher.__file__, launcher.HOLD_SIGTERM_MODE, "--"]
+        hold = [sys.executable, str(LAUNCHER), launcher.HOLD_SIGTERM_MODE, "--"]
     return [*hold, *command], install.child_env()
 
 
