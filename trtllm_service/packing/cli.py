@@ -21,8 +21,16 @@ from typing import NoReturn
 
 from tensorrtllm_backend import pinned
 from trtllm_service.chat.reasoning import REASONING_PARSERS
-from trtllm_service.packing import packer as packing
-from trtllm_service.packing.packer import PackError, RuntimeOptions
+from trtllm_service.packed_model import PackError
+from trtllm_service.packing import packer
+from trtllm_service.packing.model_name import default_name, validate_name
+from trtllm_service.packing.options import DTYPES, FLAVORS, LLMAPI_ENGINES, SCHEDULER_POLICIES, RuntimeOptions
+from trtllm_service.packing.sources import (
+    ModelSource,
+    read_chat_template,
+    read_engine_dir,
+    read_hf_checkpoint,
+)
 
 PROG = "pack_model"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -93,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     source.add_argument(
         "--flavor",
-        choices=packing.FLAVORS,
+        choices=FLAVORS,
         help="Triton model repository: llmapi (one LLM API model configured by model.yaml, TensorRT-LLM's "
         "PyTorch backend; the default for every source it serves: --hf-model, --demo) or ensemble (the "
         "classic inflight_batcher_llm ensemble on NVIDIA's C++ backend; legacy, served by images up to "
@@ -153,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     engine = parser.add_argument_group("engine (--hf-model, --demo)")
     engine.add_argument(
         "--engine",
-        choices=packing.LLMAPI_ENGINES,
+        choices=LLMAPI_ENGINES,
         default=defaults.engine,
         help="what serves the model: tensorrt_llm (llmapi flavour only, its default: TensorRT-LLM's LLM API, "
         "falling back to reference where tensorrt_llm cannot be imported unless "
@@ -240,7 +248,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     llm.add_argument(
         "--dtype",
-        choices=packing.DTYPES,
+        choices=DTYPES,
         default=defaults.dtype,
         help="weights and activations dtype (default %(default)s: the checkpoint's)",
     )
@@ -277,7 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     runtime.add_argument(
         "--batch-scheduler-policy",
-        choices=packing.SCHEDULER_POLICIES,
+        choices=SCHEDULER_POLICIES,
         default=defaults.batch_scheduler_policy,
         help="max_utilization: admit as many requests as fit now, pausing some if the KV cache runs out "
         "(best throughput); guaranteed_no_evict: admit a request only when its whole KV cache is "
@@ -408,16 +416,16 @@ def _lora_arg(value: str) -> tuple[str, Path]:
     return name, Path(directory)
 
 
-def run(args: argparse.Namespace) -> packing.PackResult:
+def run(args: argparse.Namespace) -> packer.PackResult:
     """Validates the arguments and packs; raises PackError for bad input."""
     options = _options(args)
     if args.name is not None:
-        packing.validate_name(args.name)
-    chat_template = packing.read_chat_template(args.chat_template) if args.chat_template else None
+        validate_name(args.name)
+    chat_template = read_chat_template(args.chat_template) if args.chat_template else None
     loras = [_lora_arg(value) for value in args.lora]
 
-    def pack(source: packing.ModelSource, tokenizer: Path, option: str = "--tokenizer") -> packing.PackResult:
-        return packing.pack(
+    def pack(source: ModelSource, tokenizer: Path, option: str = "--tokenizer") -> packer.PackResult:
+        return packer.pack(
             source,
             tokenizer,
             options,
@@ -437,7 +445,7 @@ def run(args: argparse.Namespace) -> packing.PackResult:
             raise PackError("--trust-remote-code is an LLM API option: it goes with --flavor llmapi")
         from trtllm_service.packing.engine_build import build_engine
 
-        source = packing.read_hf_checkpoint(args.hf_model)
+        source = read_hf_checkpoint(args.hf_model)
         with tempfile.TemporaryDirectory(prefix="pack-build-") as tmp:
             engine_dir = build_engine(source, options, Path(tmp))
             # what trtllm-build took is now the engine's (its config.json); the rest is packed as usual
@@ -449,11 +457,11 @@ def run(args: argparse.Namespace) -> packing.PackResult:
                 max_num_tokens=None,
                 dtype="auto",
             )
-            return packing.pack(
-                packing.read_engine_dir(engine_dir),
+            return packer.pack(
+                read_engine_dir(engine_dir),
                 args.tokenizer or source.directory,
                 build_options,
-                name=args.name or packing.default_name(source),
+                name=args.name or default_name(source),
                 chat_template=chat_template,
                 progress=not args.quiet,
                 tokenizer_option="--tokenizer" if args.tokenizer else "--hf-model",
@@ -462,16 +470,16 @@ def run(args: argparse.Namespace) -> packing.PackResult:
     if args.engine_dir is not None:
         if args.tokenizer is None:
             raise PackError("--engine-dir needs --tokenizer DIR (the engine does not carry its tokenizer)")
-        return pack(packing.read_engine_dir(args.engine_dir), args.tokenizer)
+        return pack(read_engine_dir(args.engine_dir), args.tokenizer)
     if args.hf_model is not None:
-        source = packing.read_hf_checkpoint(args.hf_model)
+        source = read_hf_checkpoint(args.hf_model)
         if args.tokenizer is not None:
             return pack(source, args.tokenizer)
         return pack(source, source.directory, option="--hf-model")
     if args.tokenizer is not None:
         raise PackError("--tokenizer does not go with --demo (the demo model has its own)")
     with tempfile.TemporaryDirectory(prefix="pack-demo-") as tmp:
-        source = packing.read_hf_checkpoint(build_demo(args.demo, Path(tmp) / "model"), mode="demo")
+        source = read_hf_checkpoint(build_demo(args.demo, Path(tmp) / "model"), mode="demo")
         source = dataclasses.replace(source, demo=args.demo)
         return pack(source, source.directory)
 
