@@ -30,7 +30,7 @@ import tensorrtllm_backend
 from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR
 from tensorrtllm_backend.lora import Adapter
 from tensorrtllm_backend.repository import TEMPLATES_DIR, fill_model_config, repository_values
-from trtllm_service.packing.adapters import _lora_values
+from trtllm_service.packing.adapters import lora_values
 from trtllm_service.packing.options import RuntimeOptions
 from trtllm_service.packing.sources import read_hf_checkpoint
 
@@ -159,7 +159,7 @@ def _packed_model_yaml(tmp_path: Path, demo_model_dir: Path, options: RuntimeOpt
     values = repository_values(
         engine_dir=demo_model_dir,
         tokenizer_dir=demo_model_dir,
-        overrides={"end_ids": "1", **values, **_lora_values(adapters, tmp_path, values)},
+        overrides={"end_ids": "1", **values, **lora_values(adapters, tmp_path, values)},
     )
     from tensorrtllm_backend.tools.fill_template import fill_text, placeholders
 

@@ -1,4 +1,4 @@
-"""trtllm_service.packing.packer: engine/checkpoint reading, options, names, pack.json and relocation."""
+"""trtllm_service.packing: engine/checkpoint reading, options, names, pack.json and relocation."""
 
 from __future__ import annotations
 
@@ -584,11 +584,11 @@ def test_copy_is_chunked_and_reports_progress(tmp_path: Path, monkeypatch: pytes
     source.write_bytes(os.urandom(100))
     seen: list[int] = []
 
-    class Recorder(copying._Progress):
+    class Recorder(copying.Progress):
         def update(self, count: int) -> None:
             seen.append(count)
 
-    copying._copy_files([(source, tmp_path / "out" / "big.engine")], Recorder(100, enabled=False))
+    copying.copy_files([(source, tmp_path / "out" / "big.engine")], Recorder(100, enabled=False))
     assert (tmp_path / "out" / "big.engine").read_bytes() == source.read_bytes()
     assert sum(seen) == 100 and max(seen) == 7
 

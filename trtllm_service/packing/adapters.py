@@ -28,7 +28,7 @@ from tensorrtllm_backend.lora import (
     WEIGHTS_FILE as LORA_WEIGHTS_FILE,
 )
 from trtllm_service.packed_model import LORA_DIR, PackError, read_json_object
-from trtllm_service.packing.sources import ModelSource, _existing_dir
+from trtllm_service.packing.sources import ModelSource, existing_dir
 
 _LORA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 LORA_DTYPES: dict[str, tuple[str, Any]] = {
@@ -69,7 +69,7 @@ def read_loras(source: ModelSource, loras: Sequence[tuple[str, Path | str]]) -> 
         if name in adapters:
             raise PackError(f"--lora {name} is given twice")
         try:
-            adapter = read_peft(_existing_dir(directory, f"--lora {name}"), base_config(source))
+            adapter = read_peft(existing_dir(directory, f"--lora {name}"), base_config(source))
         except LoraError as exc:
             raise PackError(f"--lora {name}: {exc}") from None
         adapters[name] = adapter
@@ -97,7 +97,7 @@ def read_loras(source: ModelSource, loras: Sequence[tuple[str, Path | str]]) -> 
     return adapters
 
 
-def _write_loras(
+def write_loras(
     staging: Path, adapters: Mapping[str, Adapter], sources: Mapping[str, Path], dtype: str
 ) -> None:
     """Copies each adapter's PEFT files and writes its TensorRT-LLM rows beside them."""
@@ -113,7 +113,7 @@ def _write_loras(
         np.save(target / ROWS_CONFIG, config)
 
 
-def _lora_values(
+def lora_values(
     adapters: Mapping[str, Adapter], packed_root: Path, values: Mapping[str, str]
 ) -> dict[str, str]:
     """model.yaml's LoRA entries: the adapters by name (id, PEFT dir) and the LLM API's LoraConfig."""

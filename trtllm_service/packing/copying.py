@@ -14,7 +14,7 @@ from trtllm_service.packed_model import PackError
 _COPY_CHUNK = 16 * 1024 * 1024
 
 
-class _Progress:
+class Progress:
     """A byte progress bar on stderr (tqdm); silent when disabled or stderr is not a terminal."""
 
     def __init__(self, total: int, enabled: bool) -> None:
@@ -40,7 +40,7 @@ class _Progress:
             self._bar = None
 
 
-def _copy_one(source: Path, target: Path, progress: _Progress) -> None:
+def _copy_one(source: Path, target: Path, progress: Progress) -> None:
     """Chunked copy (so the progress bar moves within multi-GB engine files)."""
     progress.describe(source.name)
     with open(source, "rb") as reader, open(target, "wb") as writer:
@@ -49,7 +49,7 @@ def _copy_one(source: Path, target: Path, progress: _Progress) -> None:
             progress.update(len(chunk))
 
 
-def _copy_files(copies: Sequence[tuple[Path, Path]], progress: _Progress) -> None:
+def copy_files(copies: Sequence[tuple[Path, Path]], progress: Progress) -> None:
     for source, target in copies:
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -64,7 +64,7 @@ def _nearest_existing(path: Path) -> Path:
     return path
 
 
-def _check_space(total: int, store_dir: Path) -> None:
+def check_space(total: int, store_dir: Path) -> None:
     """BentoML writes the model to a temp dir, then copies it into the store: both need room."""
     tmp = Path(tempfile.gettempdir())
     store = _nearest_existing(store_dir)
@@ -75,12 +75,12 @@ def _check_space(total: int, store_dir: Path) -> None:
         free = shutil.disk_usage(path).free
         if free < size:
             raise PackError(
-                f"not enough disk space on {str(path)!r}: {_human(size)} needed, {_human(free)} free "
+                f"not enough disk space on {str(path)!r}: {readable_size(size)} needed, {readable_size(free)} free "
                 "(BentoML stages the model in $TMPDIR, then copies it into $BENTOML_HOME)"
             )
 
 
-def _human(size: float) -> str:
+def readable_size(size: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if size < 1024:
             return f"{size:.1f} {unit}" if unit != "B" else f"{int(size)} B"

@@ -48,17 +48,17 @@ from trtllm_service.packed_model import (
     check_path_safe,
     read_json_object,
 )
-from trtllm_service.packing.adapters import _lora_values, _write_loras, read_loras
-from trtllm_service.packing.copying import _check_space, _copy_files, _human, _Progress, directory_size
+from trtllm_service.packing.adapters import lora_values, read_loras, write_loras
+from trtllm_service.packing.copying import Progress, check_space, copy_files, directory_size, readable_size
 from trtllm_service.packing.guided_decoding import write_xgrammar_tokenizer_info, xgrammar_tokenizer_info
 from trtllm_service.packing.model_name import default_name, validate_name
 from trtllm_service.packing.options import RuntimeOptions
 from trtllm_service.packing.sources import (
     CHAT_TEMPLATE_FILES,
     ModelSource,
-    _existing_dir,
-    _load_tokenizer,
     check_tokenizer,
+    existing_dir,
+    load_tokenizer,
     tokenizer_files,
 )
 from trtllm_service.versions import service_version
@@ -77,7 +77,7 @@ class PackResult:
 
     @property
     def human_size(self) -> str:
-        return _human(self.size)
+        return readable_size(self.size)
 
 
 def tool_versions(source: ModelSource) -> dict[str, str]:
@@ -216,7 +216,7 @@ def pack(
     import bentoml
     from bentoml._internal.configuration.containers import BentoMLContainer
 
-    tokenizer_path = _existing_dir(tokenizer_dir, tokenizer_option)
+    tokenizer_path = existing_dir(tokenizer_dir, tokenizer_option)
     tokenizer_names = tokenizer_files(tokenizer_path, option=tokenizer_option)
     values = options.template_values(source)
     flavor = options.flavor_for(source)
@@ -236,7 +236,7 @@ def pack(
     copies = [(source.directory / n, Path(ENGINE_DIR) / n) for n in source.files]
     copies += [(tokenizer_path / n, Path(TOKENIZER_DIR) / n) for n in tokenizer_names]
     total = sum((src.stat().st_size for src, _ in copies), 0)
-    _check_space(total, packed_root.parent)
+    check_space(total, packed_root.parent)
 
     end_id_list = repository_end_ids(tokenizer_path)  # of the tokenizer being packed (not copied yet)
     guided = options.guides(flavor)
@@ -253,7 +253,7 @@ def pack(
             overrides={
                 "end_ids": ",".join(map(str, end_id_list)),
                 **values,
-                **_lora_values(adapters, packed_root, values),
+                **lora_values(adapters, packed_root, values),
             },
         )
     except RepositoryError as exc:
@@ -290,24 +290,24 @@ def pack(
     metadata["launch_command"] = info.launch_command
 
     staging: Path | None = None
-    bar = _Progress(total, progress)
+    bar = Progress(total, progress)
     try:
         with bentoml.models.create(
             tag, labels=_labels(source, info.max_batch_size), metadata=metadata
         ) as model:
             staging = Path(model.path)
-            _copy_files([(src, staging / rel) for src, rel in copies], bar)
+            copy_files([(src, staging / rel) for src, rel in copies], bar)
             bar.close()
             if chat_template is not None:
                 _apply_chat_template(staging / TOKENIZER_DIR, chat_template)
-                packed = _load_tokenizer(staging / TOKENIZER_DIR)
+                packed = load_tokenizer(staging / TOKENIZER_DIR)
                 if packed.chat_template != chat_template:
                     raise PackError("the packed tokenizer does not pick up --chat-template")
             try:
                 build_repository(staging / REPOSITORY_DIR, values, flavor=flavor)
             except RepositoryError as exc:
                 raise PackError(str(exc)) from exc
-            _write_loras(staging, adapters, dict(loras), source.dtype)
+            write_loras(staging, adapters, dict(loras), source.dtype)
             if xgrammar_info is not None:
                 write_xgrammar_tokenizer_info(
                     staging / TOKENIZER_DIR / XGRAMMAR_TOKENIZER_INFO, xgrammar_info

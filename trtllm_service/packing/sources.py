@@ -101,7 +101,7 @@ class ModelSource:
         return self.tp_size * self.pp_size * self.cp_size
 
 
-def _existing_dir(path: Path | str, what: str) -> Path:
+def existing_dir(path: Path | str, what: str) -> Path:
     directory = Path(path).expanduser()
     if not directory.exists():
         raise PackError(f"{what} {str(directory)!r} does not exist")
@@ -131,7 +131,7 @@ def read_engine_dir(engine_dir: Path | str) -> ModelSource:
         PackError: No such directory, no or not a TRT-LLM engine ``config.json``, or rank files that
             do not match the parallel mapping.
     """
-    directory = _existing_dir(engine_dir, "--engine-dir")
+    directory = existing_dir(engine_dir, "--engine-dir")
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise PackError(
@@ -263,7 +263,7 @@ def read_hf_checkpoint(model_dir: Path | str, *, mode: str = "hf") -> ModelSourc
     Raises:
         PackError: No such directory, no ``config.json``, a TRT-LLM engine dir, or no weights.
     """
-    directory = _existing_dir(model_dir, "--hf-model")
+    directory = existing_dir(model_dir, "--hf-model")
     config_path = directory / "config.json"
     if not config_path.is_file():
         raise PackError(f"--hf-model {str(directory)!r} has no config.json")
@@ -305,7 +305,7 @@ def tokenizer_files(tokenizer_dir: Path | str, *, option: str = "--tokenizer") -
     Raises:
         PackError: No such directory, or no tokenizer vocabulary in it.
     """
-    directory = _existing_dir(tokenizer_dir, option)
+    directory = existing_dir(tokenizer_dir, option)
     present = tuple(name for name in TOKENIZER_FILES if (directory / name).is_file())
     if not any(name in present for name in TOKENIZER_VOCAB_FILES):
         raise PackError(
@@ -314,7 +314,7 @@ def tokenizer_files(tokenizer_dir: Path | str, *, option: str = "--tokenizer") -
     return present
 
 
-def _load_tokenizer(directory: Path) -> Any:
+def load_tokenizer(directory: Path) -> Any:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from transformers import AutoTokenizer
 
@@ -336,7 +336,7 @@ def check_tokenizer(tokenizer_dir: Path, chat_template: str | None = None) -> An
     """
     from trtllm_service.chat.template import PromptFormatter
 
-    tokenizer = _load_tokenizer(tokenizer_dir)
+    tokenizer = load_tokenizer(tokenizer_dir)
     if chat_template is None and not getattr(tokenizer, "chat_template", None):
         return tokenizer
     which = "--chat-template" if chat_template is not None else f"the chat template of {str(tokenizer_dir)!r}"
