@@ -331,6 +331,20 @@ def test_bad_options(options: RuntimeOptions, message: str) -> None:
         options.validate()
 
 
+def test_every_runtime_option_is_the_argument_of_its_name() -> None:
+    """RuntimeOptions.from_args: the parser's defaults are RuntimeOptions' own, and each field is set."""
+    from trtllm_service.packing import cli
+
+    parser = cli.build_parser()
+    assert RuntimeOptions.from_args(parser.parse_args(["--demo", "tiny"])) == RuntimeOptions()
+    given = parser.parse_args(
+        ["--demo", "tiny", "--tp-size", "2", "--no-exclude-input-in-output", "--reasoning-parser", "qwen3"]
+    )
+    assert RuntimeOptions.from_args(given) == RuntimeOptions(
+        tp_size=2, exclude_input_in_output=False, reasoning_parser="qwen3"
+    )
+
+
 # --------------------------------------------------------------------------- flavours: llmapi first
 
 

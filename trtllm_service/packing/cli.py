@@ -213,35 +213,7 @@ def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _options(args: argparse.Namespace) -> RuntimeOptions:
-    options = RuntimeOptions(
-        max_batch_size=args.max_batch_size,
-        kv_cache_free_gpu_mem_fraction=args.kv_cache_free_gpu_mem_fraction,
-        max_tokens_in_paged_kv_cache=args.max_tokens_in_paged_kv_cache,
-        batch_scheduler_policy=args.batch_scheduler_policy,
-        enable_kv_cache_reuse=args.enable_kv_cache_reuse,
-        enable_chunked_context=args.enable_chunked_context,
-        max_queue_delay_microseconds=args.max_queue_delay_microseconds,
-        max_queue_size=args.max_queue_size,
-        preprocessing_instances=args.preprocessing_instances,
-        exclude_input_in_output=args.exclude_input_in_output,
-        engine=args.engine,
-        step_delay_ms=args.step_delay_ms,
-        engine_instances=args.engine_instances,
-        flavor=args.flavor,
-        tp_size=args.tp_size,
-        pp_size=args.pp_size,
-        max_num_tokens=args.max_num_tokens,
-        max_seq_len=args.max_seq_len,
-        dtype=args.dtype,
-        trust_remote_code=args.trust_remote_code,
-        lora_cache_adapters=args.lora_cache_adapters,
-        guided_decoding=args.guided_decoding,
-        max_input_len=args.max_input_len,
-        max_beam_width=args.max_beam_width,
-        gather_generation_logits=args.gather_generation_logits,
-        gather_context_logits=args.gather_context_logits,
-        reasoning_parser=args.reasoning_parser,
-    )
+    options = RuntimeOptions.from_args(args)
     options.validate()
     return options
 

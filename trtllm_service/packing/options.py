@@ -62,6 +62,12 @@ class RuntimeOptions:
     }
     """Options that only trtllm-build applies: field -> (pack flag, the engine property it sets)."""
 
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RuntimeOptions:
+        """The options pack_model's command line gave: each field is the argument of its name (the
+        groups below), so that a new option is a field and its argument, nothing else."""
+        return cls(**{field.name: getattr(args, field.name) for field in dataclasses.fields(cls)})
+
     def llm_beam_width(self, source: ModelSource, flavor: str) -> int | None:
         """--max-beam-width for a checkpoint served by the LLM API: model.yaml's max_beam_width, the
         beams EVERY request then runs (1.2.1's executor refuses other widths; README: beam search)."""
