@@ -23,7 +23,7 @@ from trtllm_service.api.bentoml_patches import (
     expose_server_send,
     forbid_unknown_fields,
 )
-from trtllm_service.api.error_shape import ErrorShapeMiddleware
+from trtllm_service.api.error_shape import ErrorShapeMiddleware, is_anthropic
 from trtllm_service.api.heap import freeze_startup_heap
 from trtllm_service.api.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
 from trtllm_service.api.metrics import RequestMetrics, count_rejected
@@ -222,7 +222,7 @@ TRTLLM.mount_asgi_app(openai_routes.root_app, path="/")
 
 # Outermost first (arrange_middlewares puts the request id before BentoML's own middlewares and
 # BentoML's CORS right after it, so that every answer, refusals included, carries both).
-TRTLLM.add_asgi_middleware(RequestIdMiddleware)
+TRTLLM.add_asgi_middleware(RequestIdMiddleware, anthropic_paths=is_anthropic)
 TRTLLM.add_asgi_middleware(ErrorShapeMiddleware)  # BentoML's own errors in the service's one shape
 TRTLLM.add_asgi_middleware(
     deployment.ServiceConcurrencyLimit,  # traffic.max_concurrency, counted across the workers

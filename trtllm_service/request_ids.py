@@ -17,6 +17,8 @@ import uuid
 from contextvars import ContextVar
 
 HEADER = "x-request-id"
+ANTHROPIC_HEADER = "request-id"
+"""Where Anthropic's clients read the same id (the SDK's `_request_id`), on Anthropic's routes."""
 MAX_LENGTH = 128
 _VALID = re.compile(rf"[A-Za-z0-9._:/+=@-]{{1,{MAX_LENGTH}}}")
 

@@ -7,20 +7,27 @@ engine request's id and the log lines written meanwhile start with it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from trtllm_service.api.error_shape import is_anthropic
-from trtllm_service.request_ids import HEADER, REQUEST_ID, new_request_id, valid_request_id
+from trtllm_service.request_ids import ANTHROPIC_HEADER, HEADER, REQUEST_ID, new_request_id, valid_request_id
 
 _HEADER = HEADER.encode("ascii")
-_ANTHROPIC_HEADER = b"request-id"
+_ANTHROPIC_HEADER = ANTHROPIC_HEADER.encode("ascii")
+
+
+def _none(path: str) -> bool:
+    return False
 
 
 class RequestIdMiddleware:
-    """Sets the request's id for its duration and echoes it in the `X-Request-Id` response header."""
+    """Sets the request's id for its duration and echoes it in the `X-Request-Id` response header,
+    and also in `request-id` on the paths `anthropic_paths` picks (api.error_shape.is_anthropic)."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, anthropic_paths: Callable[[str], bool] = _none) -> None:
         self.app = app
+        self.anthropic_paths = anthropic_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -32,7 +39,7 @@ class RequestIdMiddleware:
         # Anthropic's clients read the id from `request-id` (the SDK's `_request_id`)
         ids = (
             [(_HEADER, encoded), (_ANTHROPIC_HEADER, encoded)]
-            if is_anthropic(scope["path"])
+            if self.anthropic_paths(scope["path"])
             else [(_HEADER, encoded)]
         )
         names = {name for name, _ in ids}
