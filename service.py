@@ -29,7 +29,6 @@ from trtllm_service.api.limits import BodyLimitMiddleware, ConcurrencyLimitMiddl
 from trtllm_service.api.metrics import RequestMetrics, count_rejected
 from trtllm_service.api.openai import routes as openai_routes
 from trtllm_service.api.openapi import DocumentedService, describe, openai_routes_of
-from trtllm_service.api.request_id import RequestIdMiddleware
 from trtllm_service.api.shutdown import Drain
 from trtllm_service.api.startup import Startup
 from trtllm_service.api.streaming import PushBody, TextFraming, first_text, quiet_cut_streams
@@ -39,7 +38,7 @@ from trtllm_service.packed_model import read_pack_info
 from trtllm_service.relay.guided import GuideRequestError, checked, json_schema_guide
 from trtllm_service.relay.request import SamplingParams
 from trtllm_service.relay.runtime import Runtime, default_model_tag, run_dir
-from trtllm_service.request_ids import RequestIdLogFilter
+from trtllm_service.request_ids import RequestIdLogFilter, RequestIdMiddleware
 from trtllm_service.settings import get_settings
 from trtllm_service.triton.metrics import append_triton_metrics
 from trtllm_service.triton.shared import serving_elsewhere

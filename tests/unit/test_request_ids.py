@@ -18,11 +18,11 @@ from trtllm_service.api.bentoml_patches import arrange_middlewares
 from trtllm_service.api.deployment import ServiceConcurrencyLimit, http
 from trtllm_service.api.error_shape import is_anthropic
 from trtllm_service.api.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
-from trtllm_service.api.request_id import RequestIdMiddleware
 from trtllm_service.request_ids import (
     MARK,
     REQUEST_ID,
     RequestIdLogFilter,
+    RequestIdMiddleware,
     engine_request_id,
     new_request_id,
     valid_request_id,
