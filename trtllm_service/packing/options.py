@@ -1,4 +1,6 @@
-"""Runtime options: the knobs filled into the Triton model configs, checked against the source."""
+"""Runtime options: the knobs filled into the Triton model configs, checked against the source, and
+the command-line groups that set them (each field is the argument of its name: RuntimeOptions.from_args).
+"""
 
 from __future__ import annotations
 
