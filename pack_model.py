@@ -2,7 +2,7 @@
 """Pack a Hugging Face checkpoint (or a TensorRT-LLM engine) into the BentoML model store.
 
 The model holds the engine, the tokenizer and a filled Triton model repository, and nothing else. The
-command line is ``trtllm_service.packing.cli``, the logic ``trtllm_service.packing.packer``.
+command line is ``trtllm_service.packing.cli``, the logic ``trtllm_service.packing`` (``packer.pack``).
 
 Examples::
 

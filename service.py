@@ -23,13 +23,12 @@ from trtllm_service.api.bentoml_patches import (
     expose_server_send,
     forbid_unknown_fields,
 )
-from trtllm_service.api.error_shape import ErrorShapeMiddleware
+from trtllm_service.api.error_shape import ErrorShapeMiddleware, is_anthropic
 from trtllm_service.api.heap import freeze_startup_heap
 from trtllm_service.api.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
 from trtllm_service.api.metrics import RequestMetrics, count_rejected
 from trtllm_service.api.openai import routes as openai_routes
 from trtllm_service.api.openapi import DocumentedService, describe, openai_routes_of
-from trtllm_service.api.request_id import RequestIdMiddleware
 from trtllm_service.api.shutdown import Drain
 from trtllm_service.api.startup import Startup
 from trtllm_service.api.streaming import PushBody, TextFraming, first_text, quiet_cut_streams
@@ -39,7 +38,7 @@ from trtllm_service.packed_model import read_pack_info
 from trtllm_service.relay.guided import GuideRequestError, checked, json_schema_guide
 from trtllm_service.relay.request import SamplingParams
 from trtllm_service.relay.runtime import Runtime, default_model_tag, run_dir
-from trtllm_service.request_ids import RequestIdLogFilter
+from trtllm_service.request_ids import RequestIdLogFilter, RequestIdMiddleware
 from trtllm_service.settings import get_settings
 from trtllm_service.triton.metrics import append_triton_metrics
 from trtllm_service.triton.shared import serving_elsewhere
@@ -222,7 +221,7 @@ TRTLLM.mount_asgi_app(openai_routes.root_app, path="/")
 
 # Outermost first (arrange_middlewares puts the request id before BentoML's own middlewares and
 # BentoML's CORS right after it, so that every answer, refusals included, carries both).
-TRTLLM.add_asgi_middleware(RequestIdMiddleware)
+TRTLLM.add_asgi_middleware(RequestIdMiddleware, anthropic_paths=is_anthropic)
 TRTLLM.add_asgi_middleware(ErrorShapeMiddleware)  # BentoML's own errors in the service's one shape
 TRTLLM.add_asgi_middleware(
     deployment.ServiceConcurrencyLimit,  # traffic.max_concurrency, counted across the workers

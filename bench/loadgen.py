@@ -25,13 +25,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.ensemble_request import ensemble_message
 from trtllm_service.relay.grpc_http2 import GrpcConnection
-from trtllm_service.relay.request import (
-    GenerationRequest,
-    engine_message,
-    ensemble_message,
-    llmapi_message,
-)
+from trtllm_service.relay.request import GenerationRequest, engine_message, llmapi_message
 
 PROMPT_WORDS = [
     "the",

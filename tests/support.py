@@ -148,7 +148,7 @@ def guided_decoding_values(tokenizer_dir: Path, workdir: Path) -> dict[str, str]
     from transformers import AutoTokenizer
 
     from tensorrtllm_backend.repository import end_ids
-    from trtllm_service.packing.packer import write_xgrammar_tokenizer_info, xgrammar_tokenizer_info
+    from trtllm_service.packing.guided_decoding import write_xgrammar_tokenizer_info, xgrammar_tokenizer_info
 
     path = workdir / "xgrammar_tokenizer_info.json"
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))

@@ -28,7 +28,7 @@ _STREAMS: dict[int, list[tuple[str, float]]] = {}  # id(engine stream) -> its re
 _DONE: list[list[tuple[str, float]]] = []
 
 MIDDLEWARES = {  # module -> ASGI classes whose entry is marked (outermost first, as BentoML stacks them)
-    "trtllm_service.api.request_id": ["RequestIdMiddleware"],
+    "trtllm_service.request_ids": ["RequestIdMiddleware"],
     "bentoml._internal.server.http.instruments": [
         "HTTPTrafficMetricsMiddleware",
         "RunnerTrafficMetricsMiddleware",

@@ -27,8 +27,8 @@ from tensorrtllm_backend.pinned import ENSEMBLE_LEGACY_WARNING
 from tensorrtllm_backend.repository import FLAVORS, LLMAPI_SHARED_MODULES, SHARED_MODULES
 from tests.support import engine_config
 from trtllm_service.packed_model import XGRAMMAR_TOKENIZER_INFO, layout_runtime_repository, read_pack_info
-from trtllm_service.packing import packer as packing
-from trtllm_service.packing.packer import TOKENIZER_FILES
+from trtllm_service.packing import packer
+from trtllm_service.packing.sources import TOKENIZER_FILES
 
 pytestmark = pytest.mark.integration
 
@@ -443,9 +443,9 @@ def test_failure_midway_saves_nothing(store: Store, engine_dir: Path, demo_model
         """
         import sys
         import pack_model
-        from trtllm_service.packing import packer as packing
+        from trtllm_service.packing import copying
 
-        real = packing._copy_one
+        real = copying._copy_one
         calls = []
 
         def flaky(source, target, progress):
@@ -454,7 +454,7 @@ def test_failure_midway_saves_nothing(store: Store, engine_dir: Path, demo_model
                 raise RuntimeError("disk fell off")
             real(source, target, progress)
 
-        packing._copy_one = flaky
+        copying._copy_one = flaky
         sys.exit(pack_model.main(sys.argv[1:]))
         """
     )
@@ -513,7 +513,7 @@ def test_packs_tp2_engine(store: Store, engine_dir: Path, demo_model_dir: Path) 
     assert info.launch_command == metadata["launch_command"]
     argv = info.launch_argv
     assert argv[:2] == ["mpirun", "--allow-run-as-root"]
-    assert argv.count("-n") == 2 and argv.count(packing.PRODUCTION_TRITONSERVER) == 2
+    assert argv.count("-n") == 2 and argv.count(packer.PRODUCTION_TRITONSERVER) == 2
     assert f"--model-repository={path.resolve()}/repository" in argv
     assert "--load-model=tensorrt_llm" in argv
     assert f"launch_command: {info.launch_command}" in result.stdout
@@ -590,7 +590,7 @@ def test_packs_demo_into_its_own_dir(store: Store, flavor: str) -> None:
     assert info.packed_root == str(path)
     assert info.template_values["engine_dir"] == f"{path}/engine"
     assert "mpirun" not in info.launch_command
-    assert shlex.split(info.launch_command)[0] == packing.PRODUCTION_TRITONSERVER
+    assert shlex.split(info.launch_command)[0] == packer.PRODUCTION_TRITONSERVER
     assert store.temp_leftovers() == []
 
 

@@ -12,9 +12,11 @@ from typing import Any
 import pytest
 
 from tests.support import engine_config
+from trtllm_service.packed_model import PackError
 from trtllm_service.packing import cli as pack_model
 from trtllm_service.packing.engine_build import build_limits, trtllm_build_command
-from trtllm_service.packing.packer import ModelSource, PackError, RuntimeOptions, read_engine_dir
+from trtllm_service.packing.options import RuntimeOptions
+from trtllm_service.packing.sources import ModelSource, read_engine_dir
 
 pytestmark = pytest.mark.unit
 

@@ -10,8 +10,9 @@ import pytest
 
 from tensorrtllm_backend.lora import CACHE_MISS, LoraCache, LoraError, from_rows, read_peft, to_rows
 from tests.lora_support import make_adapter
-from trtllm_service.packing import packer as packing
-from trtllm_service.packing.packer import PackError
+from trtllm_service.packed_model import PackError
+from trtllm_service.packing.adapters import read_loras
+from trtllm_service.packing.sources import read_hf_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -95,13 +96,13 @@ def test_cache_evicts_the_least_recently_used() -> None:
 
 
 def test_pack_refuses_bad_lora_arguments(tmp_path: Path, demo_model_dir: Path, base_config: dict) -> None:
-    source = packing.read_hf_checkpoint(demo_model_dir, mode="demo")
+    source = read_hf_checkpoint(demo_model_dir, mode="demo")
     good = make_adapter(tmp_path / "good", base_config, seed=1)
-    assert list(packing.read_loras(source, [("poet", good)])) == ["poet"]
+    assert list(read_loras(source, [("poet", good)])) == ["poet"]
     for loras, message in [
         ([("poet", good), ("poet", good)], "given twice"),
         ([("bad name", good)], "use letters"),
         ([("x", tmp_path / "missing")], "--lora x"),
     ]:
         with pytest.raises(PackError, match=message):
-            packing.read_loras(source, loras)
+            read_loras(source, loras)

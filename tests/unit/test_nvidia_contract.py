@@ -21,7 +21,7 @@ from tritonclient.grpc import model_config_pb2, service_pb2
 import tensorrtllm_backend
 from tensorrtllm_backend import TEMPLATES_DIR, nvidia_backend
 from tensorrtllm_backend.repository import fill_model_config, repository_values
-from trtllm_service.relay.request import ENGINE_INPUTS, ENSEMBLE_INPUTS, GenerationRequest, engine_message
+from trtllm_service.relay.request import ENGINE_INPUTS, GenerationRequest, engine_message
 
 pytestmark = pytest.mark.unit
 
@@ -100,7 +100,6 @@ def test_finding_min_tokens_and_seed_carry_their_v1_2_names() -> None:
     are not inputs of the model any more, so Triton refuses them."""
     assert (ENGINE_INPUTS["min_tokens"].name, ENGINE_INPUTS["min_tokens"].datatype) == ("min_tokens", "INT32")
     assert (ENGINE_INPUTS["seed"].name, ENGINE_INPUTS["seed"].datatype) == ("seed", "UINT64")
-    assert (ENSEMBLE_INPUTS["min_tokens"].name, ENSEMBLE_INPUTS["seed"].name) == ("min_tokens", "seed")
     declared = {i.name for i in engine_config().input}
     assert {"min_tokens", "seed"} <= declared and not {"min_length", "random_seed"} & declared
     parsed = parse(request(min_tokens=np.array([[3]], np.int32), seed=np.array([[9]], np.uint64)))

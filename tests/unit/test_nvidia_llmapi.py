@@ -30,7 +30,9 @@ import tensorrtllm_backend
 from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR
 from tensorrtllm_backend.lora import Adapter
 from tensorrtllm_backend.repository import TEMPLATES_DIR, fill_model_config, repository_values
-from trtllm_service.packing import packer as packing
+from trtllm_service.packing.adapters import lora_values
+from trtllm_service.packing.options import RuntimeOptions
+from trtllm_service.packing.sources import read_hf_checkpoint
 
 # As the llmapi model sees them: its own modules, the ensemble stand-in's and the shared ones beside it.
 sys.path.insert(0, str(TEMPLATES_DIR / "tensorrt_llm" / "1"))
@@ -147,8 +149,8 @@ def test_finding_update_llm_args_with_extra_dict_is_upstreams_merge() -> None:
     assert nv.UPDATE_LLM_ARGS[0] == ("tensorrt_llm.llmapi.llm_utils", "update_llm_args_with_extra_dict")
 
 
-def _packed_model_yaml(tmp_path: Path, demo_model_dir: Path, options: packing.RuntimeOptions) -> dict:
-    source = packing.read_hf_checkpoint(demo_model_dir, mode="demo")
+def _packed_model_yaml(tmp_path: Path, demo_model_dir: Path, options: RuntimeOptions) -> dict:
+    source = read_hf_checkpoint(demo_model_dir, mode="demo")
     values = options.template_values(source)
     adapters = {
         "poet": Adapter(rank=4, alpha=8, target_modules=("q_proj", "v_proj"), factors={}),
@@ -157,7 +159,7 @@ def _packed_model_yaml(tmp_path: Path, demo_model_dir: Path, options: packing.Ru
     values = repository_values(
         engine_dir=demo_model_dir,
         tokenizer_dir=demo_model_dir,
-        overrides={"end_ids": "1", **values, **packing._lora_values(adapters, tmp_path, values)},
+        overrides={"end_ids": "1", **values, **lora_values(adapters, tmp_path, values)},
     )
     from tensorrtllm_backend.tools.fill_template import fill_text, placeholders
 
@@ -170,8 +172,8 @@ def _packed_model_yaml(tmp_path: Path, demo_model_dir: Path, options: packing.Ru
 @pytest.mark.parametrize(
     "options",
     [
-        packing.RuntimeOptions(),
-        packing.RuntimeOptions(
+        RuntimeOptions(),
+        RuntimeOptions(
             max_batch_size=4,
             max_num_tokens=512,
             max_seq_len=1024,
@@ -185,7 +187,7 @@ def _packed_model_yaml(tmp_path: Path, demo_model_dir: Path, options: packing.Ru
     ],
 )
 def test_finding_packing_writes_only_llm_api_fields(
-    tmp_path: Path, demo_model_dir: Path, options: packing.RuntimeOptions
+    tmp_path: Path, demo_model_dir: Path, options: RuntimeOptions
 ) -> None:
     """Every key packing writes into model.yaml is a 1.2.1 TorchLlmArgs / KvCacheConfig / LoraConfig
     field (present in both versions around the tag), and the whole validates as TorchLlmArgs."""

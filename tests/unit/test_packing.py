@@ -1,4 +1,4 @@
-"""trtllm_service.packing.packer: engine/checkpoint reading, options, names, pack.json and relocation."""
+"""trtllm_service.packing: engine/checkpoint reading, options, names, pack.json and relocation."""
 
 from __future__ import annotations
 
@@ -17,24 +17,24 @@ from tensorrtllm_backend.repository import MODELS, build_repository, repository_
 from tests.support import engine_config
 from trtllm_service.packed_model import (
     XGRAMMAR_TOKENIZER_INFO,
+    PackError,
+    PackInfo,
     guided_decoding_unsupported,
     layout_runtime_repository,
     read_pack_info,
 )
-from trtllm_service.packing import packer as packing
-from trtllm_service.packing.packer import (
+from trtllm_service.packing import copying, packer
+from trtllm_service.packing.guided_decoding import write_xgrammar_tokenizer_info, xgrammar_tokenizer_info
+from trtllm_service.packing.model_name import default_name, validate_name
+from trtllm_service.packing.options import RuntimeOptions
+from trtllm_service.packing.packer import launch_command
+from trtllm_service.packing.sources import (
     ModelSource,
-    PackError,
-    PackInfo,
-    RuntimeOptions,
     check_tokenizer,
-    default_name,
-    launch_command,
     read_chat_template,
     read_engine_dir,
     read_hf_checkpoint,
     tokenizer_files,
-    validate_name,
 )
 
 pytestmark = pytest.mark.unit
@@ -331,6 +331,20 @@ def test_bad_options(options: RuntimeOptions, message: str) -> None:
         options.validate()
 
 
+def test_every_runtime_option_is_the_argument_of_its_name() -> None:
+    """RuntimeOptions.from_args: the parser's defaults are RuntimeOptions' own, and each field is set."""
+    from trtllm_service.packing import cli
+
+    parser = cli.build_parser()
+    assert RuntimeOptions.from_args(parser.parse_args(["--demo", "tiny"])) == RuntimeOptions()
+    given = parser.parse_args(
+        ["--demo", "tiny", "--tp-size", "2", "--no-exclude-input-in-output", "--reasoning-parser", "qwen3"]
+    )
+    assert RuntimeOptions.from_args(given) == RuntimeOptions(
+        tp_size=2, exclude_input_in_output=False, reasoning_parser="qwen3"
+    )
+
+
 # --------------------------------------------------------------------------- flavours: llmapi first
 
 
@@ -420,15 +434,15 @@ def test_each_pack_model_source_defaults_to_llmapi_where_it_serves(
     def pack(source: ModelSource, tokenizer: Path, options: RuntimeOptions, **_: Any) -> None:
         chosen.append(options.flavor_for(source))
 
-    monkeypatch.setattr(packing, "pack", pack)
+    monkeypatch.setattr(packer, "pack", pack)
     args = cli.build_parser().parse_args([a.format(ckpt=ckpt, engine=engine) for a in argv])
     cli.run(args)
     assert chosen == [flavor]
 
 
-def packed(tmp_path: Path, flavor: str) -> packing.PackResult:
+def packed(tmp_path: Path, flavor: str) -> packer.PackResult:
     info = dataclasses.replace(read_pack_info(fake_packed_model(tmp_path / "m")), flavor=flavor)
-    return packing.PackResult(tag=info.tag, path=tmp_path / "m", size=1, info=info)
+    return packer.PackResult(tag=info.tag, path=tmp_path / "m", size=1, info=info)
 
 
 @pytest.mark.parametrize("flavor", ["ensemble", "llmapi"])
@@ -476,11 +490,11 @@ def test_names(tmp_path: Path) -> None:
 
 def test_launch_command_uses_mpirun_for_ranks() -> None:
     single = shlex.split(launch_command(Path("/m/repository"), 1, unique="v1"))
-    assert single[0] == packing.PRODUCTION_TRITONSERVER
+    assert single[0] == packer.PRODUCTION_TRITONSERVER
     assert "--model-repository=/m/repository" in single
     multi = shlex.split(launch_command(Path("/m/repository"), 2, unique="v1"))
     assert multi[:2] == ["mpirun", "--allow-run-as-root"]
-    assert multi.count(packing.PRODUCTION_TRITONSERVER) == 2
+    assert multi.count(packer.PRODUCTION_TRITONSERVER) == 2
     assert multi.count("-n") == 2 and ":" in multi
 
 
@@ -521,7 +535,7 @@ def test_pack_info_round_trip(tmp_path: Path) -> None:
     model = fake_packed_model(tmp_path / "store" / "trtllm-x" / "v1")
     info = read_pack_info(model)
     assert info.tag == "trtllm-x:v1" and info.packed_root == str(model.resolve())
-    assert info.launch_argv[0] == packing.PRODUCTION_TRITONSERVER
+    assert info.launch_argv[0] == packer.PRODUCTION_TRITONSERVER
     assert PackInfo.from_dict(json.loads(info.to_json())) == info
 
 
@@ -579,16 +593,16 @@ def test_layout_does_not_touch_lookalike_paths(tmp_path: Path) -> None:
 
 
 def test_copy_is_chunked_and_reports_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(packing, "_COPY_CHUNK", 7)
+    monkeypatch.setattr(copying, "_COPY_CHUNK", 7)
     source = tmp_path / "big.engine"
     source.write_bytes(os.urandom(100))
     seen: list[int] = []
 
-    class Recorder(packing._Progress):
+    class Recorder(copying.Progress):
         def update(self, count: int) -> None:
             seen.append(count)
 
-    packing._copy_files([(source, tmp_path / "out" / "big.engine")], Recorder(100, enabled=False))
+    copying.copy_files([(source, tmp_path / "out" / "big.engine")], Recorder(100, enabled=False))
     assert (tmp_path / "out" / "big.engine").read_bytes() == source.read_bytes()
     assert sum(seen) == 100 and max(seen) == 7
 
@@ -624,7 +638,7 @@ def test_xgrammar_tokenizer_info_is_the_vocabulary(demo_model_dir: Path) -> None
     tokenizer = AutoTokenizer.from_pretrained(demo_model_dir)
     ends = end_ids(demo_model_dir)
     assert len(ends) == 2  # <|eot_id|> and <|end_of_text|>
-    info = json.loads(json.dumps(packing.xgrammar_tokenizer_info(tokenizer, ends)))  # as the file holds it
+    info = json.loads(json.dumps(xgrammar_tokenizer_info(tokenizer, ends)))  # as the file holds it
     assert set(info) == {"encoded_vocab", "tokenizer_str", "stop_token_ids"}  # what the C++ backend reads
     vocab = info["encoded_vocab"]
     assert len(vocab) == len(tokenizer.get_vocab())
@@ -642,7 +656,7 @@ def test_xgrammar_tokenizer_info_edges(demo_model_dir: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(demo_model_dir)
     size = len(tokenizer.get_vocab())
     # the model's vocabulary is the limit: tokens past it cannot be produced, nor end a guide
-    cut = packing.xgrammar_tokenizer_info(tokenizer, [size - 1, 5, 5], vocab_size=size - 1)
+    cut = xgrammar_tokenizer_info(tokenizer, [size - 1, 5, 5], vocab_size=size - 1)
     assert len(cut["encoded_vocab"]) == size - 1 and cut["stop_token_ids"] == [5]
 
     class Holes:  # a vocabulary that skips an id: later ids keep their places
@@ -651,16 +665,16 @@ def test_xgrammar_tokenizer_info_edges(demo_model_dir: Path) -> None:
         def get_vocab(self) -> dict[str, int]:
             return {"a": 0, "c": 2}
 
-    assert packing.xgrammar_tokenizer_info(Holes(), [2])["encoded_vocab"] == ["a", "", "c"]
+    assert xgrammar_tokenizer_info(Holes(), [2])["encoded_vocab"] == ["a", "", "c"]
     with pytest.raises(PackError, match="needs an end-of-sequence id within the vocabulary"):
-        packing.xgrammar_tokenizer_info(tokenizer, [size + 10])
+        xgrammar_tokenizer_info(tokenizer, [size + 10])
 
     class Slow:  # a Python tokenizer has no tokenizer.json for xgrammar to read how tokens decode
         def get_vocab(self) -> dict[str, int]:
             return {"a": 0}
 
     with pytest.raises(PackError, match=r"needs a fast tokenizer .*--no-guided-decoding"):
-        packing.xgrammar_tokenizer_info(Slow(), [0])
+        xgrammar_tokenizer_info(Slow(), [0])
 
 
 def test_guided_decoding_options(tmp_path: Path) -> None:
@@ -709,7 +723,7 @@ def test_layout_relocates_the_xgrammar_tokenizer_info(tmp_path: Path) -> None:
     (old / "engine").mkdir(parents=True)
     (old / "tokenizer").mkdir()
     path = old.resolve() / "tokenizer" / XGRAMMAR_TOKENIZER_INFO
-    packing.write_xgrammar_tokenizer_info(
+    write_xgrammar_tokenizer_info(
         path, {"encoded_vocab": ["a"], "tokenizer_str": "{}", "stop_token_ids": [0]}
     )
     values = repository_values(
@@ -812,8 +826,8 @@ def test_served_prompt_limit_of_an_engine(tmp_path: Path) -> None:
     engine = read_engine_dir(
         write_engine(tmp_path / "e", engine_config(max_input_len=32767, max_seq_len=32768))
     )
-    assert packing.served_max_input_len(engine, RuntimeOptions()) == 8192  # its max_num_tokens
-    assert packing.served_max_input_len(engine, RuntimeOptions(enable_chunked_context=True)) == 32767
+    assert packer.served_max_input_len(engine, RuntimeOptions()) == 8192  # its max_num_tokens
+    assert packer.served_max_input_len(engine, RuntimeOptions(enable_chunked_context=True)) == 32767
     short = read_engine_dir(write_engine(tmp_path / "s"))
-    assert packing.served_max_input_len(short, RuntimeOptions()) == 1024
-    assert packing.served_max_input_len(hf_source(tmp_path), RuntimeOptions()) == 4095
+    assert packer.served_max_input_len(short, RuntimeOptions()) == 1024
+    assert packer.served_max_input_len(hf_source(tmp_path), RuntimeOptions()) == 4095

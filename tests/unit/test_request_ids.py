@@ -16,12 +16,13 @@ from starlette.routing import Route
 from tests.support import asgi_request
 from trtllm_service.api.bentoml_patches import arrange_middlewares
 from trtllm_service.api.deployment import ServiceConcurrencyLimit, http
+from trtllm_service.api.error_shape import is_anthropic
 from trtllm_service.api.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
-from trtllm_service.api.request_id import RequestIdMiddleware
 from trtllm_service.request_ids import (
     MARK,
     REQUEST_ID,
     RequestIdLogFilter,
+    RequestIdMiddleware,
     engine_request_id,
     new_request_id,
     valid_request_id,
@@ -101,6 +102,17 @@ def test_refusals_and_unknown_routes_carry_the_id_too() -> None:
     limited = RequestIdMiddleware(BodyLimitMiddleware(app_seeing_ids([]), max_bytes=1024))
     response = asgi_request(limited, "/ok", "POST", **{"content-type": "text/plain", "X-Request-Id": "r-415"})
     assert response.status_code == 415 and response.headers["x-request-id"] == "r-415"
+
+
+def test_anthropic_routes_carry_the_id_as_request_id_too() -> None:
+    """Anthropic's clients read the id from `request-id`: on its routes, refusals included."""
+    app = RequestIdMiddleware(app_seeing_ids([]), anthropic_paths=is_anthropic)
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        response = asgi_request(app, path, "POST", **{"X-Request-Id": "a-1"})
+        assert (response.headers["x-request-id"], response.headers["request-id"]) == ("a-1", "a-1")
+        assert response.headers.get_list("request-id") == ["a-1"]
+    assert "request-id" not in asgi_request(app, "/ok", **{"X-Request-Id": "o-1"}).headers
+    assert "request-id" not in asgi_request(app_seeing_ids([]), "/v1/messages", "POST").headers
 
 
 # ---- the log filter --------------------------------------------------------------------------------------

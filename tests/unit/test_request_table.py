@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import struct
 import sys
-from array import array
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,6 @@ from trtllm_service.errors import APIError
 from trtllm_service.relay.request import (
     ENGINE_FIXED,
     ENGINE_INPUTS,
-    ENSEMBLE_INPUTS,
     LLMAPI_FIXED,
     LLMAPI_INPUTS,
     LLMAPI_OUTPUTS,
@@ -35,7 +33,6 @@ from trtllm_service.relay.request import (
     GenerationRequest,
     SamplingParams,
     engine_message,
-    ensemble_message,
     llmapi_message,
     settle,
 )
@@ -68,16 +65,12 @@ def _declared(model: str, tmp_path: Path) -> dict[str, str]:
     return {i.name: model_config_pb2.DataType.Name(i.data_type).removeprefix("TYPE_") for i in config.input}
 
 
-@pytest.mark.parametrize(("model", "table"), [("tensorrt_llm", ENGINE_INPUTS), ("ensemble", ENSEMBLE_INPUTS)])
-def test_every_table_row_is_an_input_the_model_declares(model: str, table: Any, tmp_path: Path) -> None:
-    declared = _declared(model, tmp_path)
-    rows = list(table.values())
-    if model == "tensorrt_llm":
-        rows += [spec for spec, _ in ENGINE_FIXED.values()]
-    for spec in rows:
+def test_every_table_row_is_an_input_the_model_declares(tmp_path: Path) -> None:
+    declared = _declared("tensorrt_llm", tmp_path)
+    for spec in [*ENGINE_INPUTS.values(), *(spec for spec, _ in ENGINE_FIXED.values())]:
         triton_type = "STRING" if spec.datatype == "BYTES" else spec.datatype
         assert declared.get(spec.name) == triton_type, (
-            f"{model} declares {spec.name} as {declared.get(spec.name)}"
+            f"tensorrt_llm declares {spec.name} as {declared.get(spec.name)}"
         )
 
 
@@ -243,16 +236,6 @@ def test_settle_the_token_budget_once() -> None:
     assert "100 tokens" in error.message and "(10 in the prompt, 91 in the completion)" in error.message
     with pytest.raises(APIError, match="maximum context length"):
         settle([1] * 91, SamplingParams(max_tokens=1), LIMITS)  # beyond max_input_len
-
-
-def test_ensemble_message_uses_upstream_names() -> None:
-    request = GenerationRequest(prompt_ids=(), max_tokens=5, top_k=1, seed=4, end_id=-1)
-    message = service_pb2.ModelInferRequest.FromString(ensemble_message("héllo", request, "e1"))
-    names = [t.name for t in message.inputs]
-    assert names == ["text_input", "max_tokens", "top_k", "seed", "end_id", "stream"]
-    raw = message.raw_input_contents[0]
-    assert int.from_bytes(raw[:4], "little") == len("héllo".encode()) and raw[4:].decode() == "héllo"
-    assert array("q", message.raw_input_contents[3])[0] == 4
 
 
 # ---- the LLM API flavour -------------------------------------------------------------------------------

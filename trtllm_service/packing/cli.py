@@ -21,8 +21,23 @@ from typing import NoReturn
 
 from tensorrtllm_backend import pinned
 from trtllm_service.chat.reasoning import REASONING_PARSERS
-from trtllm_service.packing import packer as packing
-from trtllm_service.packing.packer import PackError, RuntimeOptions
+from trtllm_service.packed_model import PackError
+from trtllm_service.packing import packer
+from trtllm_service.packing.model_name import default_name, validate_name
+from trtllm_service.packing.options import (
+    FLAVORS,
+    RuntimeOptions,
+    add_build_arguments,
+    add_engine_arguments,
+    add_llm_api_arguments,
+    add_runtime_arguments,
+)
+from trtllm_service.packing.sources import (
+    ModelSource,
+    read_chat_template,
+    read_engine_dir,
+    read_hf_checkpoint,
+)
 
 PROG = "pack_model"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -38,7 +53,8 @@ class _OneLineErrorParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    defaults = RuntimeOptions()
+    """The command line, one group at a time (as --help lists them). Each group is defined beside
+    what it sets: the runtime options' groups in `options`, beside RuntimeOptions; the others here."""
     parser = _OneLineErrorParser(
         prog=PROG,
         description=(
@@ -54,6 +70,19 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
 
+    _add_source_arguments(parser)
+    _add_model_arguments(parser)
+    add_engine_arguments(parser)
+    add_build_arguments(parser)
+    add_llm_api_arguments(parser)
+    add_runtime_arguments(parser)
+    _add_lora_arguments(parser)
+    _add_output_arguments(parser)
+    return parser
+
+
+def _add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """The source to pack (one of four), its flavour and its tokenizer: what `run` reads."""
     source = parser.add_argument_group(
         "source (exactly one of --engine-dir, --hf-model, --demo; or --set-served to pack nothing)"
     )
@@ -93,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     source.add_argument(
         "--flavor",
-        choices=packing.FLAVORS,
+        choices=FLAVORS,
         help="Triton model repository: llmapi (one LLM API model configured by model.yaml, TensorRT-LLM's "
         "PyTorch backend; the default for every source it serves: --hf-model, --demo) or ensemble (the "
         "classic inflight_batcher_llm ensemble on NVIDIA's C++ backend; legacy, served by images up to "
@@ -117,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--engine-dir; defaults to the --hf-model directory",
     )
 
+
+def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model as a whole: its name, whether it is served, its chat template and reasoning."""
     model = parser.add_argument_group("model")
     model.add_argument(
         "--name",
@@ -150,199 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
         "is reasoning; qwen3: only what the model writes between both tags",
     )
 
-    engine = parser.add_argument_group("engine (--hf-model, --demo)")
-    engine.add_argument(
-        "--engine",
-        choices=packing.LLMAPI_ENGINES,
-        default=defaults.engine,
-        help="what serves the model: tensorrt_llm (llmapi flavour only, its default: TensorRT-LLM's LLM API, "
-        "falling back to reference where tensorrt_llm cannot be imported unless "
-        "TRTLLM_REQUIRE_TENSORRT_LLM=1); reference runs the checkpoint with PyTorch (the ensemble "
-        "flavour's default); synthetic emits tokens as fast as Triton relays them, no model (for load "
-        "tests and benchmarks of everything around the engine)",
-    )
-    engine.add_argument(
-        "--step-delay-ms",
-        type=float,
-        default=defaults.step_delay_ms,
-        metavar="MS",
-        help="--engine synthetic: time per decoding step (every active request gets one token per "
-        "step), to stand in for an engine of that speed; 0 = as fast as possible (default %(default)s)",
-    )
-    engine.add_argument(
-        "--engine-instances",
-        type=int,
-        default=defaults.engine_instances,
-        metavar="N",
-        help="--engine synthetic, ensemble flavour: N token sources side by side (Triton model instances, "
-        "each its own process), for load tests that need more tokens per second than one Python "
-        "process relays (default %(default)s)",
-    )
 
-    build = parser.add_argument_group(
-        "engine build (--build-engine only)",
-        "trtllm-build's limits, chosen for what the API offers. A prebuilt --engine-dir has its own (its "
-        "config.json build_config), and --hf-model without --build-engine builds nothing: both refuse them.",
-    )
-    build.add_argument(
-        "--max-input-len",
-        type=int,
-        metavar="N",
-        help="longest prompt in tokens (trtllm-build --max_input_len). Default: the max sequence length "
-        "minus 1 (--max-seq-len, else the checkpoint's max_position_embeddings), so any prompt that fits "
-        "the context is accepted; trtllm-build's own default would refuse prompts over 1024 tokens. "
-        "Without --enable-chunked-context, TensorRT-LLM takes prompts only up to --max-num-tokens "
-        "(trtllm-build's default 8192), and so does the service",
-    )
-    build.add_argument(
-        "--max-beam-width",
-        type=int,
-        metavar="N",
-        help="most beams of beam search the engine can run (trtllm-build --max_beam_width; default 1: no "
-        "beam search)",
-    )
-    build.add_argument(
-        "--gather-generation-logits",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="build the engine to return generation logits (trtllm-build --gather_generation_logits), "
-        "from which top_logprobs / completions logprobs > 0 are computed; default: on (off, such "
-        "requests are refused with a 400)",
-    )
-    build.add_argument(
-        "--gather-context-logits",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="build the engine to return the prompt's logits (trtllm-build --gather_context_logits), "
-        "needed for prompt log probabilities (echo with logprobs); default: off (it costs GPU memory "
-        "for every prompt token)",
-    )
-
-    llm = parser.add_argument_group("LLM API (filled into model.yaml; --hf-model, --demo)")
-    llm.add_argument(
-        "--tp-size",
-        type=int,
-        metavar="N",
-        help="tensor parallel size: GPUs one model is split across (default 1)",
-    )
-    llm.add_argument("--pp-size", type=int, metavar="N", help="pipeline parallel size (default 1)")
-    llm.add_argument(
-        "--max-num-tokens",
-        type=int,
-        metavar="N",
-        help="most tokens (prompt + generated) the engine schedules in one iteration (default: the LLM API's)",
-    )
-    llm.add_argument(
-        "--max-seq-len",
-        type=int,
-        metavar="N",
-        help="most tokens per sequence, prompt included (default: the checkpoint's max_position_embeddings)",
-    )
-    llm.add_argument(
-        "--dtype",
-        choices=packing.DTYPES,
-        default=defaults.dtype,
-        help="weights and activations dtype (default %(default)s: the checkpoint's)",
-    )
-    llm.add_argument(
-        "--trust-remote-code",
-        action=argparse.BooleanOptionalAction,
-        default=defaults.trust_remote_code,
-        help="let the checkpoint run its own Python code (custom architectures); off by default",
-    )
-
-    runtime = parser.add_argument_group("runtime (filled into the Triton model configs)")
-    runtime.add_argument(
-        "--max-batch-size",
-        type=int,
-        metavar="N",
-        help="most requests in flight in one batch. Ensemble: Triton's max_batch_size, default the engine's "
-        "build_config.max_batch_size (it cannot be exceeded), 8 for a checkpoint; llmapi: the LLM's "
-        "max_batch_size (default: the LLM API's). The reference engine: its batch slots (default 8)",
-    )
-    runtime.add_argument(
-        "--kv-cache-free-gpu-mem-fraction",
-        type=float,
-        default=defaults.kv_cache_free_gpu_mem_fraction,
-        metavar="F",
-        help="share of the GPU memory left free after loading the engine that the paged KV cache takes, "
-        "in (0, 1]; lower it if something else shares the GPU (default %(default)s). TRT-LLM only",
-    )
-    runtime.add_argument(
-        "--max-tokens-in-paged-kv-cache",
-        type=int,
-        metavar="N",
-        help="hard cap on the tokens the KV cache holds; the smaller of this and the fraction wins "
-        "(default: unset, the fraction alone decides). TRT-LLM engines only",
-    )
-    runtime.add_argument(
-        "--batch-scheduler-policy",
-        choices=packing.SCHEDULER_POLICIES,
-        default=defaults.batch_scheduler_policy,
-        help="max_utilization: admit as many requests as fit now, pausing some if the KV cache runs out "
-        "(best throughput); guaranteed_no_evict: admit a request only when its whole KV cache is "
-        "guaranteed (steadier latency) (default %(default)s)",
-    )
-    runtime.add_argument(
-        "--enable-kv-cache-reuse",
-        action=argparse.BooleanOptionalAction,
-        default=defaults.enable_kv_cache_reuse,
-        help="reuse the KV cache of shared prompt prefixes (system prompts, chat history) across requests "
-        "(llmapi: kv_cache_config.enable_block_reuse); an engine needs --use_paged_context_fmha enable "
-        "(default: off)",
-    )
-    runtime.add_argument(
-        "--enable-chunked-context",
-        action=argparse.BooleanOptionalAction,
-        default=defaults.enable_chunked_context,
-        help="split long prompts into chunks scheduled alongside generation steps, so one long prompt "
-        "does not stall other requests (llmapi: enable_chunked_prefill); an engine needs paged context "
-        "FMHA (default: off)",
-    )
-    runtime.add_argument(
-        "--max-queue-delay-microseconds",
-        type=int,
-        default=defaults.max_queue_delay_microseconds,
-        metavar="US",
-        help="how long Triton may hold a request to form a larger batch; 0 sends it on at once, "
-        "in-flight batching does the rest (default %(default)s)",
-    )
-    runtime.add_argument(
-        "--max-queue-size",
-        type=int,
-        default=defaults.max_queue_size,
-        metavar="N",
-        help="requests Triton queues for the engine before rejecting new ones; 0 = unbounded "
-        "(default %(default)s)",
-    )
-    runtime.add_argument(
-        "--preprocessing-instances",
-        type=int,
-        default=defaults.preprocessing_instances,
-        metavar="N",
-        help="parallel instances of the tokenizing preprocessing model (default %(default)s). There is no "
-        "such option for postprocessing: it is one instance by design, because its incremental "
-        "detokenizer keeps per-request state keyed by request id and must see each request's tokens in "
-        "order",
-    )
-    runtime.add_argument(
-        "--guided-decoding",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="structured output (response_format, guided_json/regex/choice/grammar, forced tool calls, "
-        "generate's json_schema). Ensemble flavour: writes tokenizer/xgrammar_tokenizer_info.json (the "
-        "vocabulary NVIDIA's C++ backend guides with, xgrammar) and sets guided_decoding_backend and "
-        "xgrammar_tokenizer_info_path in config.pbtxt; it needs a fast tokenizer (tokenizer.json). "
-        "--no-guided-decoding leaves them empty, and the service answers guided requests with a 400. "
-        "The LLM API (llmapi) always guides, with llguidance (default: on)",
-    )
-    runtime.add_argument(
-        "--exclude-input-in-output",
-        action=argparse.BooleanOptionalAction,
-        default=defaults.exclude_input_in_output,
-        help="return only generated tokens, never echo the prompt (default: on)",
-    )
-
+def _add_lora_arguments(parser: argparse.ArgumentParser) -> None:
+    """--lora NAME=DIR (read by `run`, see `_lora_arg`) and the engine's adapter cache."""
+    defaults = RuntimeOptions()
     adapters = parser.add_argument_group("LoRA adapters")
     adapters.add_argument(
         "--lora",
@@ -360,43 +203,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="adapters the engine holds at once; others are loaded again on use (default: %(default)s)",
     )
 
+
+def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    """What packing prints."""
     output = parser.add_argument_group("output")
     output.add_argument(
         "--quiet", action="store_true", help="no progress bar (it only shows when stderr is a terminal)"
     )
-    return parser
 
 
 def _options(args: argparse.Namespace) -> RuntimeOptions:
-    options = RuntimeOptions(
-        max_batch_size=args.max_batch_size,
-        kv_cache_free_gpu_mem_fraction=args.kv_cache_free_gpu_mem_fraction,
-        max_tokens_in_paged_kv_cache=args.max_tokens_in_paged_kv_cache,
-        batch_scheduler_policy=args.batch_scheduler_policy,
-        enable_kv_cache_reuse=args.enable_kv_cache_reuse,
-        enable_chunked_context=args.enable_chunked_context,
-        max_queue_delay_microseconds=args.max_queue_delay_microseconds,
-        max_queue_size=args.max_queue_size,
-        preprocessing_instances=args.preprocessing_instances,
-        exclude_input_in_output=args.exclude_input_in_output,
-        engine=args.engine,
-        step_delay_ms=args.step_delay_ms,
-        engine_instances=args.engine_instances,
-        flavor=args.flavor,
-        tp_size=args.tp_size,
-        pp_size=args.pp_size,
-        max_num_tokens=args.max_num_tokens,
-        max_seq_len=args.max_seq_len,
-        dtype=args.dtype,
-        trust_remote_code=args.trust_remote_code,
-        lora_cache_adapters=args.lora_cache_adapters,
-        guided_decoding=args.guided_decoding,
-        max_input_len=args.max_input_len,
-        max_beam_width=args.max_beam_width,
-        gather_generation_logits=args.gather_generation_logits,
-        gather_context_logits=args.gather_context_logits,
-        reasoning_parser=args.reasoning_parser,
-    )
+    options = RuntimeOptions.from_args(args)
     options.validate()
     return options
 
@@ -408,16 +225,16 @@ def _lora_arg(value: str) -> tuple[str, Path]:
     return name, Path(directory)
 
 
-def run(args: argparse.Namespace) -> packing.PackResult:
+def run(args: argparse.Namespace) -> packer.PackResult:
     """Validates the arguments and packs; raises PackError for bad input."""
     options = _options(args)
     if args.name is not None:
-        packing.validate_name(args.name)
-    chat_template = packing.read_chat_template(args.chat_template) if args.chat_template else None
+        validate_name(args.name)
+    chat_template = read_chat_template(args.chat_template) if args.chat_template else None
     loras = [_lora_arg(value) for value in args.lora]
 
-    def pack(source: packing.ModelSource, tokenizer: Path, option: str = "--tokenizer") -> packing.PackResult:
-        return packing.pack(
+    def pack(source: ModelSource, tokenizer: Path, option: str = "--tokenizer") -> packer.PackResult:
+        return packer.pack(
             source,
             tokenizer,
             options,
@@ -437,7 +254,7 @@ def run(args: argparse.Namespace) -> packing.PackResult:
             raise PackError("--trust-remote-code is an LLM API option: it goes with --flavor llmapi")
         from trtllm_service.packing.engine_build import build_engine
 
-        source = packing.read_hf_checkpoint(args.hf_model)
+        source = read_hf_checkpoint(args.hf_model)
         with tempfile.TemporaryDirectory(prefix="pack-build-") as tmp:
             engine_dir = build_engine(source, options, Path(tmp))
             # what trtllm-build took is now the engine's (its config.json); the rest is packed as usual
@@ -449,11 +266,11 @@ def run(args: argparse.Namespace) -> packing.PackResult:
                 max_num_tokens=None,
                 dtype="auto",
             )
-            return packing.pack(
-                packing.read_engine_dir(engine_dir),
+            return packer.pack(
+                read_engine_dir(engine_dir),
                 args.tokenizer or source.directory,
                 build_options,
-                name=args.name or packing.default_name(source),
+                name=args.name or default_name(source),
                 chat_template=chat_template,
                 progress=not args.quiet,
                 tokenizer_option="--tokenizer" if args.tokenizer else "--hf-model",
@@ -462,16 +279,16 @@ def run(args: argparse.Namespace) -> packing.PackResult:
     if args.engine_dir is not None:
         if args.tokenizer is None:
             raise PackError("--engine-dir needs --tokenizer DIR (the engine does not carry its tokenizer)")
-        return pack(packing.read_engine_dir(args.engine_dir), args.tokenizer)
+        return pack(read_engine_dir(args.engine_dir), args.tokenizer)
     if args.hf_model is not None:
-        source = packing.read_hf_checkpoint(args.hf_model)
+        source = read_hf_checkpoint(args.hf_model)
         if args.tokenizer is not None:
             return pack(source, args.tokenizer)
         return pack(source, source.directory, option="--hf-model")
     if args.tokenizer is not None:
         raise PackError("--tokenizer does not go with --demo (the demo model has its own)")
     with tempfile.TemporaryDirectory(prefix="pack-demo-") as tmp:
-        source = packing.read_hf_checkpoint(build_demo(args.demo, Path(tmp) / "model"), mode="demo")
+        source = read_hf_checkpoint(build_demo(args.demo, Path(tmp) / "model"), mode="demo")
         source = dataclasses.replace(source, demo=args.demo)
         return pack(source, source.directory)
 

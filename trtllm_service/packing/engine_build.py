@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_service.packed_model import PackError
-from trtllm_service.packing.packer import ModelSource, RuntimeOptions
+from trtllm_service.packing.options import RuntimeOptions
+from trtllm_service.packing.sources import ModelSource
 
 TRTLLM_BUILD = "trtllm-build"
 

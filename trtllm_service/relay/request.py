@@ -391,22 +391,6 @@ assert all(
 )
 assert ENGINE_CACHE_OUTPUT in nvidia_backend.PERF_OUTPUTS
 
-ENSEMBLE_INPUTS: Mapping[str, TensorSpec] = {
-    "max_tokens": TensorSpec("max_tokens", "INT32"),
-    "temperature": TensorSpec("temperature", "FP32"),
-    "top_k": TensorSpec("top_k", "INT32"),
-    "top_p": TensorSpec("top_p", "FP32"),
-    "repetition_penalty": TensorSpec("repetition_penalty", "FP32"),
-    "presence_penalty": TensorSpec("presence_penalty", "FP32"),
-    "frequency_penalty": TensorSpec("frequency_penalty", "FP32"),
-    "min_tokens": TensorSpec("min_tokens", "INT32"),
-    "seed": TensorSpec("seed", "UINT64"),
-    "end_id": TensorSpec("end_id", "INT32"),
-    "guide_type": TensorSpec("guided_decoding_guide_type", "BYTES"),
-    "guide": TensorSpec("guided_decoding_guide", "BYTES"),
-}
-"""GenerationRequest field -> input of the upstream-compatible `ensemble` (text in, `text_input`)."""
-
 
 def _llmapi(name: str, datatype: str) -> TensorSpec:
     return TensorSpec(name, datatype, batched=False)  # the llmapi model has max_batch_size 0
@@ -463,7 +447,7 @@ _FIELDS = (
     "return_context_logits",
     "use_beam_search",
 )
-assert set(ENGINE_INPUTS) <= set(_FIELDS) and set(ENSEMBLE_INPUTS) <= set(_FIELDS)
+assert set(ENGINE_INPUTS) <= set(_FIELDS)
 assert set(LLMAPI_INPUTS) <= set(_FIELDS)
 
 
@@ -552,14 +536,3 @@ def llmapi_message(request: GenerationRequest, request_id: str, prompt: str | No
     extra = () if prompt is None else ((_llmapi("text_input", "BYTES"), prompt),)
     outputs = llmapi_outputs(request)
     return _message(ENGINE_MODEL, request_id, request, LLMAPI_INPUTS, LLMAPI_FIXED, outputs, extra)
-
-
-def ensemble_message(prompt: str, request: GenerationRequest, request_id: str) -> bytes:
-    """The serialized ModelInferRequest of a text prompt for the `ensemble` (streamed text out)."""
-    text = (TensorSpec("text_input", "BYTES"), prompt)
-    return _message(
-        "ensemble", request_id, request, ENSEMBLE_INPUTS, ENSEMBLE_FIXED, ("text_output",), (text,)
-    )
-
-
-ENSEMBLE_FIXED: Mapping[str, tuple[TensorSpec, object]] = {"stream": (TensorSpec("stream", "BOOL"), True)}

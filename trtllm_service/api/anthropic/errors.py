@@ -26,9 +26,8 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 from trtllm_service.errors import APIError
-from trtllm_service.request_ids import REQUEST_ID
+from trtllm_service.request_ids import ANTHROPIC_HEADER, REQUEST_ID
 
-REQUEST_ID_HEADER = "request-id"
 OVERLOADED = 529
 """Anthropic's status for "overloaded, retry": what our 503 becomes."""
 
@@ -83,7 +82,7 @@ def request_id_headers(request_id: str | None = None) -> dict[str, str]:
     """``request-id``: our id of the request (the current one when not given), as Anthropic sends
     it on every answer; empty outside a request."""
     request_id = request_id if request_id is not None else REQUEST_ID.get()
-    return {REQUEST_ID_HEADER: request_id} if request_id else {}
+    return {ANTHROPIC_HEADER: request_id} if request_id else {}
 
 
 def error_headers(error: APIError, request_id: str | None = None) -> dict[str, str]:

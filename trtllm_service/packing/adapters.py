@@ -1,0 +1,133 @@
+"""LoRA adapters packed with the model (--lora): checked against the base model, stored as their PEFT
+files and TensorRT-LLM's rows, and listed in model.yaml."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tensorrtllm_backend.lora import (
+    CONFIG_FILE as LORA_CONFIG_FILE,
+)
+from tensorrtllm_backend.lora import (
+    HF_TO_TRTLLM,
+    ROWS_CONFIG,
+    ROWS_WEIGHTS,
+    Adapter,
+    LoraError,
+    read_peft,
+    to_rows,
+)
+from tensorrtllm_backend.lora import (
+    WEIGHTS_FILE as LORA_WEIGHTS_FILE,
+)
+from trtllm_service.packed_model import LORA_DIR, PackError, read_json_object
+from trtllm_service.packing.sources import ModelSource, existing_dir
+
+_LORA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+LORA_DTYPES: dict[str, tuple[str, Any]] = {
+    "float32": ("TYPE_FP32", np.float32),
+    "float16": ("TYPE_FP16", np.float16),
+    "bfloat16": ("TYPE_BF16", "bfloat16"),  # stored as the bits of bfloat16, in uint16
+}
+"""The engine's dtype -> the Triton type of `lora_weights` and how the packed rows are stored."""
+
+
+def _bfloat16_bits(values: np.ndarray) -> np.ndarray:
+    bits = values.astype(np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
+
+
+def base_config(source: ModelSource) -> dict[str, Any]:
+    """The base model's shape as a Hugging Face config (an engine's pretrained_config is mapped)."""
+    config = read_json_object(source.directory / "config.json", "model config")
+    if source.backend == "python":
+        return config
+    pretrained = config.get("pretrained_config") or {}
+    return {
+        "hidden_size": pretrained.get("hidden_size"),
+        "num_attention_heads": pretrained.get("num_attention_heads"),
+        "num_key_value_heads": pretrained.get("num_key_value_heads"),
+        "head_dim": pretrained.get("head_size"),
+        "intermediate_size": pretrained.get("intermediate_size"),
+        "num_hidden_layers": pretrained.get("num_hidden_layers"),
+    }
+
+
+def read_loras(source: ModelSource, loras: Sequence[tuple[str, Path | str]]) -> dict[str, Adapter]:
+    """Reads and checks each --lora NAME=DIR against the base model (and an engine's LoRA build)."""
+    adapters: dict[str, Adapter] = {}
+    for name, directory in loras:
+        if not _LORA_NAME.match(name):
+            raise PackError(f"--lora name {name!r}: use letters, digits, '.', '_' and '-' (at most 64)")
+        if name in adapters:
+            raise PackError(f"--lora {name} is given twice")
+        try:
+            adapter = read_peft(existing_dir(directory, f"--lora {name}"), base_config(source))
+        except LoraError as exc:
+            raise PackError(f"--lora {name}: {exc}") from None
+        adapters[name] = adapter
+    if adapters and source.backend != "python":
+        build = read_json_object(source.directory / "config.json", "engine config").get("build_config") or {}
+        lora = build.get("lora_config") or {}
+        plugin = (build.get("plugin_config") or {}).get("lora_plugin")
+        if not plugin:
+            raise PackError(
+                "--lora: this engine was built without LoRA support; rebuild it with "
+                "`trtllm-build --lora_plugin auto --max_lora_rank R --lora_target_modules ...`"
+            )
+        max_rank = int(lora.get("max_lora_rank") or 0)
+        for name, adapter in adapters.items():
+            if max_rank and adapter.rank > max_rank:
+                raise PackError(
+                    f"--lora {name}: rank {adapter.rank} exceeds the engine's max_lora_rank {max_rank}"
+                )
+            built = set(lora.get("lora_target_modules") or [])
+            missing = {HF_TO_TRTLLM[m] for m in adapter.target_modules} - built
+            if built and missing:
+                raise PackError(
+                    f"--lora {name}: the engine was built without LoRA on {', '.join(sorted(missing))}"
+                )
+    return adapters
+
+
+def write_loras(
+    staging: Path, adapters: Mapping[str, Adapter], sources: Mapping[str, Path], dtype: str
+) -> None:
+    """Copies each adapter's PEFT files and writes its TensorRT-LLM rows beside them."""
+    _, stored = LORA_DTYPES.get(dtype, LORA_DTYPES["float16"])
+    for name, adapter in adapters.items():
+        target = staging / LORA_DIR / name
+        target.mkdir(parents=True)
+        for file in (LORA_CONFIG_FILE, LORA_WEIGHTS_FILE):
+            shutil.copyfile(Path(sources[name]) / file, target / file)
+        weights, config = to_rows(adapter.factors)
+        weights = _bfloat16_bits(weights) if stored == "bfloat16" else weights.astype(stored)
+        np.save(target / ROWS_WEIGHTS, weights)
+        np.save(target / ROWS_CONFIG, config)
+
+
+def lora_values(
+    adapters: Mapping[str, Adapter], packed_root: Path, values: Mapping[str, str]
+) -> dict[str, str]:
+    """model.yaml's LoRA entries: the adapters by name (id, PEFT dir) and the LLM API's LoraConfig."""
+    if not adapters:
+        return {"loras_json": "{}", "llm_lora_config": "null"}
+    paths = {name: str(packed_root / LORA_DIR / name) for name in adapters}
+    table = {name: {"id": i, "path": paths[name]} for i, name in enumerate(adapters, 1)}
+    modules = sorted({HF_TO_TRTLLM[m] for a in adapters.values() for m in a.target_modules})
+    cache = int(values.get("lora_cache_adapters", "8"))
+    llm = {
+        "lora_dir": list(paths.values()),
+        "max_lora_rank": max(a.rank for a in adapters.values()),
+        "lora_target_modules": modules,
+        "max_loras": cache,
+        "max_cpu_loras": max(cache, len(adapters)),
+    }
+    return {"loras_json": json.dumps(table), "llm_lora_config": json.dumps(llm)}
