@@ -38,8 +38,8 @@ from trtllm_service.errors import APIError
 from trtllm_service.packed_model import read_pack_info
 from trtllm_service.relay.guided import GuideRequestError, checked, json_schema_guide
 from trtllm_service.relay.request import SamplingParams
-from trtllm_service.relay.runtime import Runtime, default_model_tag, run_dir
 from trtllm_service.request_ids import RequestIdLogFilter
+from trtllm_service.runtime import Runtime, default_model_tag, run_dir
 from trtllm_service.settings import get_settings
 from trtllm_service.triton.metrics import append_triton_metrics
 from trtllm_service.triton.shared import serving_elsewhere

@@ -336,7 +336,7 @@ async def diagnose(tag: str | None) -> tuple[dict[str, Any], list[Check]]:
     import bentoml
 
     from trtllm_service import served_model as served
-    from trtllm_service.relay.runtime import Runtime, default_model_tag
+    from trtllm_service.runtime import Runtime, default_model_tag
     from trtllm_service.settings import get_settings
 
     settings = get_settings()

@@ -95,7 +95,7 @@ def _patch(module: Any) -> None:
         module.OpenAIServing._start = _on_exit(module.OpenAIServing._start, "first text")  # before issue 36
     elif name in ("trtllm_service.api.generation", "trtllm_service.api.openai.completions.serving"):
         module.start_choices = _on_exit(module.start_choices, "first text")  # where it is called
-    elif name == "trtllm_service.relay.runtime":
+    elif name == "trtllm_service.runtime":
         for method in ("prepare_chat", "prepare_prompts"):
             setattr(module.Runtime, method, _on_exit(getattr(module.Runtime, method), "prepared"))
     elif name == "trtllm_service.relay.grpc_http2":
@@ -158,7 +158,7 @@ _WANTED = frozenset(
         "trtllm_service.api.openai.serving",
         "trtllm_service.api.generation",
         "trtllm_service.api.openai.completions.serving",
-        "trtllm_service.relay.runtime",
+        "trtllm_service.runtime",
         "trtllm_service.relay.grpc_http2",
         "trtllm_service.relay.client",
     }

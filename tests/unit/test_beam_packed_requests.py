@@ -11,7 +11,7 @@ import pytest
 
 from trtllm_service.errors import APIError
 from trtllm_service.relay.request import EngineLimits, SamplingParams
-from trtllm_service.relay.runtime import Runtime
+from trtllm_service.runtime import Runtime
 
 pytestmark = pytest.mark.unit
 

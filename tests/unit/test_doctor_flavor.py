@@ -48,7 +48,7 @@ def test_the_report_has_one_warning_line_for_the_legacy_flavour(
 ) -> None:
     import importlib
 
-    from trtllm_service.relay import runtime
+    from trtllm_service import runtime
 
     model = SimpleNamespace(path=str(tmp_path), tag=SimpleNamespace(name="m"))
     # bentoml.models is a lazy loader: patch the module it loads

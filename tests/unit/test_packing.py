@@ -786,7 +786,7 @@ _INFO: dict[str, Any] = {
 )
 def test_guided_request_refused_when_packed_without(path: str, body: dict[str, Any], param: str) -> None:
     from tests.unit.test_openai_serving import FakeRuntime, post
-    from trtllm_service.relay.runtime import Runtime
+    from trtllm_service.runtime import Runtime
 
     class Unguided(FakeRuntime):
         no_guides = guided_decoding_unsupported(PackInfo(**_INFO))

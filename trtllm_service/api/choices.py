@@ -30,7 +30,7 @@ from trtllm_service.relay.request import GenerationRequest, SamplingParams
 from trtllm_service.request_ids import engine_request_id
 
 if TYPE_CHECKING:
-    from trtllm_service.relay.runtime import Runtime
+    from trtllm_service.runtime import Runtime
 
 logger = logging.getLogger("trtllm_service.api")
 

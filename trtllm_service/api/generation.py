@@ -33,7 +33,7 @@ from trtllm_service.errors import APIError
 from trtllm_service.relay.request import GenerationRequest, SamplingParams
 
 if TYPE_CHECKING:
-    from trtllm_service.relay.runtime import Runtime
+    from trtllm_service.runtime import Runtime
 
 
 class ChatRequest(Protocol):

@@ -50,7 +50,7 @@ from trtllm_service.errors import APIError
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from trtllm_service.relay.runtime import Runtime
+    from trtllm_service.runtime import Runtime
 
 _Body = TypeVar("_Body", bound="BaseModel")
 
