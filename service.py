@@ -173,7 +173,7 @@ class TRTLLM:
             except GuideRequestError as exc:
                 raise APIError.bad_request(str(exc), param=exc.param) from None
             if guide is not None:
-                runtime.check_guide("json_schema")
+                runtime.flavor.check_guide("json_schema")
             params = SamplingParams(
                 guide=guide,
                 max_tokens=max_tokens,
@@ -188,7 +188,8 @@ class TRTLLM:
                 ignore_eos=ignore_eos,
                 lora=adapter,
             )
-            params = runtime.fill_beam_search(params)  # a beam-packed model: every request searches beams
+            # a beam-packed model: every request searches beams
+            params = runtime.flavor.fill_beam_search(params)
             if params.beam_width and guide is not None:
                 raise APIError.bad_request(
                     "beam search is not served with structured output", param="json_schema"

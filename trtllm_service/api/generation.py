@@ -19,7 +19,6 @@ from trtllm_service.api.choices import (
     Choice,
     Result,
     cached_tokens,
-    check_engine_features,
     collect_all,
     finish_label,
     keep_best,
@@ -113,14 +112,17 @@ class GenerationServing:
     def params(self, request: SamplingFields, logprobs_param: str) -> SamplingParams:
         """A request's sampling parameters (with its LoRA adapter), once it is known that the engine
         can serve them: 400s naming the field otherwise."""
-        params = replace(request.sampling_params(), lora=self.check_model(request.model))
-        fill = getattr(self.runtime, "fill_beam_search", None)  # a beam-packed model: every request
-        if fill is not None:
-            params = fill(params)
-        self.runtime.check_logprobs(params, logprobs_param)
-        check_engine_features(self.runtime, params, request, logprobs_param)
+        flavor = self.runtime.flavor
+        # a beam-packed model: every request searches beams
+        params = flavor.fill_beam_search(
+            replace(request.sampling_params(), lora=self.check_model(request.model))
+        )
+        flavor.check_logprobs(params, logprobs_param)
+        flavor.check_engine_features(
+            params, stream=request.stream, n=request.samples_per_prompt, logprobs_param=logprobs_param
+        )
         if params.guide is not None:
-            self.runtime.check_guide(request.guide_param)
+            flavor.check_guide(request.guide_param)
         return params
 
     async def respond(

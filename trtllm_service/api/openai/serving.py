@@ -43,7 +43,7 @@ class OpenAIServing(GenerationServing):
             created=self._created,
             max_model_len=self.runtime.max_seq_len,
             engine=getattr(self.runtime, "engine", None),
-            flavor=getattr(self.runtime, "flavor", None),
+            flavor=self.runtime.flavor.name,
         )
 
     def list_models(self) -> ModelList:
