@@ -154,12 +154,13 @@ class TRTLLM:
         except APIError as exc:
             count_rejected(MODEL_NAME, "/generate", exc.status)
             return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())  # type: ignore[return-value]
-        adapter = lora if lora in runtime.adapters else None
+        try:
+            adapter = runtime.adapter(lora, param="lora")
+        except APIError as exc:
+            RequestMetrics(runtime.model_name, "/generate").done(exc.status)
+            return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())  # type: ignore[return-value]
         metrics = RequestMetrics(adapter or runtime.model_name, "/generate")
         try:
-            if lora is not None and adapter is None:
-                known = ", ".join(runtime.adapters) or "none packed"
-                raise APIError.bad_request(f"unknown LoRA adapter {lora!r} ({known})", param="lora")
             try:
                 stops = check_stop(stop or [])
             except StopStringError as exc:

@@ -253,13 +253,18 @@ class Runtime:
             return fn(*args)
         return await asyncio.to_thread(fn, *args)
 
-    def resolve_model(self, model: str | None) -> str | None:
-        """The LoRA adapter a request's `model` names (None: the base model); 404 for another name."""
-        if model is None or model == self.model_name:
+    def adapter(self, name: str | None, param: str = "model") -> str | None:
+        """The LoRA adapter a request names (None: the served model, or no name): the one lookup of
+        /generate's `lora`, every /v1 route's and /v1/messages' `model`. Another name is OpenAI's 404
+        model_not_found for a `model`, a 400 naming /generate's `lora` field."""
+        if name is None or (name == self.model_name and param == "model"):
             return None
-        if model in self.adapters:
-            return model
-        raise APIError.model_not_found(model)
+        if name in self.adapters:
+            return name
+        if param == "model":
+            raise APIError.model_not_found(name)
+        known = ", ".join(self.adapters) or "none packed"
+        raise APIError.bad_request(f"unknown LoRA adapter {name!r} ({known})", param=param)
 
     async def generate(self, request: GenerationRequest) -> EngineStream:
         """Starts `request`; read the stream, and close it when done (that cancels an unfinished one).

@@ -1,4 +1,5 @@
-"""relay/flavors.py: the flavour decided once (one object per flavour), its readers, its LoRA policy."""
+"""relay/flavors.py: the flavour decided once (one object per flavour), its readers, its LoRA policy;
+and Runtime.adapter, the one LoRA lookup of every route."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import numpy as np
 import pytest
 
 from tensorrtllm_backend.lora import ROWS_CONFIG, ROWS_WEIGHTS
+from trtllm_service.errors import APIError
 from trtllm_service.packed_model import LORA_DIR
 from trtllm_service.relay import readers
 from trtllm_service.relay.flavors import FLAVORS, EnsembleFlavor, LLMAPIFlavor
 from trtllm_service.relay.request import ENGINE_INPUTS, LLMAPI_INPUTS, GenerationRequest
+from trtllm_service.runtime import Runtime
 
 pytestmark = pytest.mark.unit
 
@@ -73,3 +76,16 @@ def test_a_cpp_adapter_is_sent_with_its_weights_once_per_triton(tmp_path: Path) 
     flavor.triton_restarted()
     assert flavor.with_adapter(request)[0].lora_weights is not None
     assert flavor.with_adapter(REQUEST) == (REQUEST, None)
+
+
+def test_one_lookup_names_the_adapter_of_every_route() -> None:
+    runtime = object.__new__(Runtime)
+    runtime.model_name, runtime.adapters = "base", {"poet": {"id": 1}}
+    assert runtime.adapter(None) is None and runtime.adapter("base") is None
+    assert runtime.adapter("poet") == "poet" and runtime.adapter("poet", param="lora") == "poet"
+    with pytest.raises(APIError) as missing:
+        runtime.adapter("nope")
+    assert (missing.value.status, missing.value.code) == (404, "model_not_found")
+    with pytest.raises(APIError) as unknown:  # /generate's field
+        runtime.adapter("nope", param="lora")
+    assert (unknown.value.status, unknown.value.param) == (400, "lora") and "poet" in unknown.value.message

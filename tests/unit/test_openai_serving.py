@@ -29,6 +29,7 @@ from trtllm_service.relay.flavors import LLMAPIFlavor
 from trtllm_service.relay.prompting import RequestPreparer
 from trtllm_service.relay.readers import TokenIdReader
 from trtllm_service.relay.request import EngineLimits, GenerationRequest, SamplingParams
+from trtllm_service.runtime import Runtime
 
 
 class WordDecoder:
@@ -115,6 +116,7 @@ class FakeRuntime:
             EngineLimits(max_seq_len=context, max_input_len=context, end_ids=(9,), vocab_size=100),
         )
         self.flavor = LLMAPIFlavor()  # returns what is asked
+        self.adapters: dict[str, Any] = {}
         self.requests: list[GenerationRequest] = []
         self.open = 0
         self.closed_early = 0
@@ -129,6 +131,8 @@ class FakeRuntime:
         reasoning_effort: str | None = None,
     ) -> GenerationRequest:
         return self.preparer.chat(messages, params, tools=tools, reasoning_effort=reasoning_effort)
+
+    adapter = Runtime.adapter  # the served model's name, or a 404
 
     async def prepare_prompts(self, prompts: list[str], params: SamplingParams) -> list[GenerationRequest]:
         return self.preparer.prompts(prompts, params)
