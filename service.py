@@ -37,8 +37,8 @@ from trtllm_service.errors import APIError
 from trtllm_service.packed_model import read_pack_info
 from trtllm_service.relay.guided import GuideRequestError, checked, json_schema_guide
 from trtllm_service.relay.request import SamplingParams
-from trtllm_service.relay.runtime import Runtime, default_model_tag, run_dir
 from trtllm_service.request_ids import RequestIdLogFilter, RequestIdMiddleware
+from trtllm_service.runtime import Runtime, default_model_tag, run_dir
 from trtllm_service.settings import get_settings
 from trtllm_service.triton.metrics import append_triton_metrics
 from trtllm_service.triton.shared import serving_elsewhere
@@ -153,12 +153,13 @@ class TRTLLM:
         except APIError as exc:
             count_rejected(MODEL_NAME, "/generate", exc.status)
             return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())  # type: ignore[return-value]
-        adapter = lora if lora in runtime.adapters else None
+        try:
+            adapter = runtime.adapter(lora, param="lora")
+        except APIError as exc:
+            RequestMetrics(runtime.model_name, "/generate").done(exc.status)
+            return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())  # type: ignore[return-value]
         metrics = RequestMetrics(adapter or runtime.model_name, "/generate")
         try:
-            if lora is not None and adapter is None:
-                known = ", ".join(runtime.adapters) or "none packed"
-                raise APIError.bad_request(f"unknown LoRA adapter {lora!r} ({known})", param="lora")
             try:
                 stops = check_stop(stop or [])
             except StopStringError as exc:
@@ -172,7 +173,7 @@ class TRTLLM:
             except GuideRequestError as exc:
                 raise APIError.bad_request(str(exc), param=exc.param) from None
             if guide is not None:
-                runtime.check_guide("json_schema")
+                runtime.flavor.check_guide("json_schema")
             params = SamplingParams(
                 guide=guide,
                 max_tokens=max_tokens,
@@ -187,7 +188,8 @@ class TRTLLM:
                 ignore_eos=ignore_eos,
                 lora=adapter,
             )
-            params = runtime.fill_beam_search(params)  # a beam-packed model: every request searches beams
+            # a beam-packed model: every request searches beams
+            params = runtime.flavor.fill_beam_search(params)
             if params.beam_width and guide is not None:
                 raise APIError.bad_request(
                     "beam search is not served with structured output", param="json_schema"

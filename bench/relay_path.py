@@ -87,10 +87,8 @@ async def run(tokenizer: Any, streams: int, tokens: int, route: str) -> tuple[fl
 
     bodies, ids = [], []
     for i in range(streams):
-        stream = EngineStream(request, IncrementalDetokenizer(tokenizer), f"r{i}", connection.cancel)
+        stream = _stream(request, IncrementalDetokenizer(tokenizer), f"r{i}", connection)
         stream.stream_id = connection.start_call(STREAM_INFER, engine_message(request, f"r{i}"), stream)
-        with contextlib.suppress(AttributeError):  # as TritonRelay.start sets it (an older checkout: none)
-            stream._reading = connection
         ids.append(stream.stream_id)
         metrics = RequestMetrics("bench", "/v1/chat/completions")
         body = _body(serving, streaming, route, stream, metrics, i)
@@ -118,6 +116,23 @@ async def run(tokenizer: Any, streams: int, tokens: int, route: str) -> tuple[fl
     connection.data_received(b"".join(trailers[:5] + s.to_bytes(4, "big") + trailers[9:] for s in ids))
     await asyncio.gather(*bodies)
     return time.process_time() - started, written[0]
+
+
+def _stream(
+    request: GenerationRequest, decoder: Any, request_id: str, connection: GrpcConnection
+) -> EngineStream:
+    """An engine stream as `TritonRelay.start` builds it for the C++ contract (an older checkout's
+    too: one whose stream took the detokenizer itself, before readers)."""
+    try:  # since issue 37: one stream class over the flavour's reader
+        from trtllm_service.relay.readers import TokenIdReader
+    except ImportError:
+        stream = EngineStream(request, decoder, request_id, connection.cancel)
+        with contextlib.suppress(AttributeError):  # as TritonRelay.start set it (older still: none)
+            stream._reading = connection
+        return stream
+    return EngineStream(
+        request, TokenIdReader(request, decoder), request_id, connection.cancel, reading=connection
+    )
 
 
 def _body(serving: Any, streaming: Any, route: str, stream: EngineStream, metrics: Any, i: int) -> Any:

@@ -20,7 +20,7 @@ TRITON_VERSION = "2.71.0"
 TENSORRT_LLM_VERSION = "1.2.1"
 TENSORRT_LLM_COMMIT = "376f7e1bd8ed543f75014309e3fd4b237e9b0e73"  # NVIDIA/TensorRT-LLM tag v1.2.1
 MIN_TENSORRT_LLM = "1.1.0"
-"""The oldest TensorRT-LLM the service starts with (trtllm_service.relay.runtime.check_tensorrt_llm refuses
+"""The oldest TensorRT-LLM the service starts with (trtllm_service.runtime.check_tensorrt_llm refuses
 older ones in one line). 1.1.0 (images 25.12-26.02) and 1.2.x have the same C++ backend contract
 (nvidia_backend.py); 1.0.x (25.09-25.11) was never checked against, and 0.19 (25.05) names tensors
 differently (min_length, random_seed) and knows neither lora_config nor llguidance."""

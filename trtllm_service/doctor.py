@@ -87,11 +87,9 @@ BEAM_PACKED = (
 """The doctor's one line on a beam-packed LLM API model (README: beam search)."""
 
 
-def flavor_checks(info: Any) -> list[Check]:
-    """One warning for a model of the legacy ensemble flavour (a TensorRT engine), none for llmapi."""
-    if info.flavor == "ensemble":
-        return [Check("flavor", WARNING, pinned.ENSEMBLE_LEGACY_WARNING)]
-    return []
+def flavor_checks(flavor: Any) -> list[Check]:
+    """One warning for a model of a legacy flavour (the ensemble: a TensorRT engine), none otherwise."""
+    return [Check("flavor", WARNING, flavor.legacy)] if flavor.legacy else []
 
 
 def environment_checks(info: Any, engine: str | None, installed: str | None) -> list[Check]:
@@ -164,9 +162,10 @@ class FeatureProbe:
 
     async def ask(self, params: SamplingParams) -> Answer:
         runtime = self.runtime
-        if getattr(runtime, "beam_packed", None):  # as the service serves it: a beam search (or a 400)
-            params = runtime.fill_beam_search(params)
-            runtime.check_engine_features(params, stream=True)
+        flavor = runtime.flavor
+        if flavor.beam_packed:  # as the service serves it: a beam search (or a 400)
+            params = flavor.fill_beam_search(params)
+            flavor.check_engine_features(params, stream=True)
         request = await self.prepare(replace(params, max_tokens=self.max_tokens))
         started = time.monotonic()
         stream = await runtime.generate(request)
@@ -250,7 +249,8 @@ class FeatureProbe:
         )
 
     async def logprobs(self) -> Check:
-        top = 0 if self.runtime.no_top_logprobs else 2
+        unsupported = self.runtime.flavor.no_top_logprobs
+        top = 0 if unsupported else 2
         answer, _ = await self.ask_for_tokens(SamplingParams(temperature=0.0, logprobs=top))
         if len(answer.logprobs) != answer.tokens or not answer.tokens:
             return engine_fault("logprobs", f"{len(answer.logprobs)} log probs for {answer.tokens} tokens")
@@ -259,11 +259,12 @@ class FeatureProbe:
         detail = f"{answer.tokens} tokens with their log probs"
         if top:
             return Check("logprobs", OK, f"{detail} and top {top}")
-        return Check("logprobs", OK, f"{detail}; top log probs unsupported: {self.runtime.no_top_logprobs}")
+        return Check("logprobs", OK, f"{detail}; top log probs unsupported: {unsupported}")
 
     async def guided(self) -> Check:
-        if self.runtime.no_guides:
-            return Check("guided", UNSUPPORTED, self.runtime.no_guides)
+        unsupported = self.runtime.flavor.no_guides
+        if unsupported:
+            return Check("guided", UNSUPPORTED, unsupported)
         answer = await self.ask(SamplingParams(temperature=0.0, guide=("regex", "(yes|no)")))
         if answer.text not in ("yes", "no"):
             return engine_fault("guided", f"regex (yes|no) gave {answer.text!r}")
@@ -281,9 +282,7 @@ class FeatureProbe:
     async def beams(self) -> Check:
         """Beam search where the engine can: its beams (the LLM API: exactly its max_beam_width),
         the best two returned, in one response."""
-        limit, exact = getattr(
-            self.runtime, "beam_limit", (int(self.runtime.info.max_beam_width or 1), False)
-        )
+        limit, exact = self.runtime.flavor.beam_limit
         if limit < 2:
             return Check(
                 "beams",
@@ -301,7 +300,7 @@ class FeatureProbe:
         if len(beams) != 2 or not all(tokens for _, tokens, _ in beams):
             return engine_fault("beams", f"beam width {width}: got {[(t, n) for t, n, _ in beams]}")
         got = f"2 beams of {beams[0][1]} and {beams[1][1]} tokens"
-        if getattr(self.runtime, "beam_packed", None):
+        if self.runtime.flavor.beam_packed:
             return Check("beams", OK, f"{BEAM_PACKED.format(width=width)}; {got}")
         return Check("beams", OK, f"beam width {width}: {got}")
 
@@ -336,7 +335,7 @@ async def diagnose(tag: str | None) -> tuple[dict[str, Any], list[Check]]:
     import bentoml
 
     from trtllm_service import served_model as served
-    from trtllm_service.relay.runtime import Runtime, default_model_tag
+    from trtllm_service.runtime import Runtime, default_model_tag
     from trtllm_service.settings import get_settings
 
     settings = get_settings()
@@ -347,7 +346,7 @@ async def diagnose(tag: str | None) -> tuple[dict[str, Any], list[Check]]:
     facts: dict[str, Any] = {
         "model": str(model.tag),
         **({"chosen by": why} if why else {}),
-        "flavor": runtime.info.flavor,
+        "flavor": runtime.flavor.name,
         "image (pinned)": pinned.IMAGE,
         "tensorrt_llm (pinned)": pinned.TENSORRT_LLM_VERSION,
     }
@@ -356,7 +355,7 @@ async def diagnose(tag: str | None) -> tuple[dict[str, Any], list[Check]]:
         await runtime.learn_engine()
         facts["engine"] = runtime.engine
         facts["triton"] = triton_version(runtime.triton.http_url)
-        checks = flavor_checks(runtime.info)
+        checks = flavor_checks(runtime.flavor)
         checks += environment_checks(runtime.info, runtime.engine, installed_tensorrt_llm())
         checks += await FeatureProbe(runtime).run()
     finally:

@@ -243,14 +243,15 @@ def guided_decoding_unsupported(info: PackInfo) -> str | None:
     )
 
 
-def _engine_config(model_path: Path | str) -> dict[str, Any]:
+def engine_config(model_path: Path | str) -> dict[str, Any]:
+    """A TensorRT-LLM engine's (or a checkpoint's) config.json, {} when absent or unreadable."""
     try:
         return read_json_object(Path(model_path) / ENGINE_DIR / "config.json", "engine config")
     except PackError:
         return {}
 
 
-def _llm_args(model_path: Path | str) -> dict[str, Any]:
+def llm_args(model_path: Path | str) -> dict[str, Any]:
     """The llmapi flavour's model.yaml (the LLM's arguments), {} when absent or unreadable."""
     import yaml
 
@@ -266,7 +267,7 @@ def _llm_args(model_path: Path | str) -> dict[str, Any]:
 def vocab_size(model_path: Path | str) -> int:
     """The width of the engine's logits (a TensorRT-LLM engine's pretrained_config, a checkpoint's
     config.json); 0 when it does not say."""
-    config = _engine_config(model_path)
+    config = engine_config(model_path)
     size = (config.get("pretrained_config") or {}).get("vocab_size") or config.get("vocab_size")
     return int(size) if isinstance(size, int) and size > 0 else 0
 
@@ -275,30 +276,14 @@ DEFAULT_TOKENS_PER_BLOCK = 32
 """TensorRT-LLM's default KV cache block (trtllm-build's plugin_config, the LLM API's KvCacheConfig)."""
 
 
-def tokens_per_block(model_path: Path | str, info: PackInfo) -> int:
-    """Tokens in one KV cache block, which the engine counts its reused blocks in: a C++ engine's
-    build_config.plugin_config.tokens_per_block, the LLM API's kv_cache_config.tokens_per_block,
-    else TensorRT-LLM's default (our stand-in engines count in that one too)."""
-    if info.backend == "tensorrtllm":
-        plugin = (_engine_config(model_path).get("build_config") or {}).get("plugin_config") or {}
-        value = plugin.get("tokens_per_block")
-    elif info.flavor == "llmapi":
-        value = (_llm_args(model_path).get("kv_cache_config") or {}).get("tokens_per_block")
-    else:
-        value = None
-    return int(value) if isinstance(value, int) and value > 0 else DEFAULT_TOKENS_PER_BLOCK
-
-
-def beam_width_limit(model_path: Path | str, info: PackInfo) -> tuple[int, bool]:
-    """(the most beams a request may search, whether it must be exactly that many).
-
-    The C++ engine (or the stand-in in its slot) searches up to the max_beam_width it was built or
-    packed with; the LLM API searches exactly its model.yaml max_beam_width (it requires best_of ==
-    max_beam_width; unset: 1, no beam search)."""
-    if info.flavor == "llmapi":
-        width = _llm_args(model_path).get("max_beam_width")
-        return (int(width) if isinstance(width, int) and width > 0 else 1), True
-    return max(1, int(info.max_beam_width or 1)), False
+def engine_tokens_per_block(model_path: Path | str, info: PackInfo) -> int | None:
+    """A C++ engine's KV cache block (build_config.plugin_config.tokens_per_block); None for the
+    Python engines, or when the build does not say."""
+    if info.backend != "tensorrtllm":
+        return None
+    plugin = (engine_config(model_path).get("build_config") or {}).get("plugin_config") or {}
+    value = plugin.get("tokens_per_block")
+    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 def context_logits_unsupported(info: PackInfo) -> str | None:

@@ -95,7 +95,7 @@ def _patch(module: Any) -> None:
         module.OpenAIServing._start = _on_exit(module.OpenAIServing._start, "first text")  # before issue 36
     elif name in ("trtllm_service.api.generation", "trtllm_service.api.openai.completions.serving"):
         module.start_choices = _on_exit(module.start_choices, "first text")  # where it is called
-    elif name == "trtllm_service.relay.runtime":
+    elif name in ("trtllm_service.runtime", "trtllm_service.relay.runtime"):  # relay/ before issue 37
         for method in ("prepare_chat", "prepare_prompts"):
             setattr(module.Runtime, method, _on_exit(getattr(module.Runtime, method), "prepared"))
     elif name == "trtllm_service.relay.grpc_http2":
@@ -139,7 +139,8 @@ def _patch_client(module: Any) -> None:
         return stream
 
     module.TritonRelay.start = started
-    for cls in (module.EngineStream, module.TextEngineStream):
+    # one stream class since issue 37; the LLM API flavour's had its own before
+    for cls in {module.EngineStream, getattr(module, "TextEngineStream", module.EngineStream)}:
         on_message = cls.on_message
 
         def first(self: Any, data: bytes, _on_message: Any = on_message) -> None:
@@ -158,6 +159,7 @@ _WANTED = frozenset(
         "trtllm_service.api.openai.serving",
         "trtllm_service.api.generation",
         "trtllm_service.api.openai.completions.serving",
+        "trtllm_service.runtime",
         "trtllm_service.relay.runtime",
         "trtllm_service.relay.grpc_http2",
         "trtllm_service.relay.client",

@@ -82,7 +82,7 @@ def test_bentoml_build_packages_model_code_and_templates(
     assert "service.py" in sources
     assert (bento / "src" / "service.py").read_bytes() == (REPO_ROOT / "service.py").read_bytes()
     for package in (
-        "trtllm_service/relay/runtime.py",
+        "trtllm_service/runtime.py",
         "trtllm_service/relay/client.py",
         "trtllm_service/relay/grpc_http2.py",
         "trtllm_service/triton/process.py",

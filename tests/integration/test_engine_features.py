@@ -20,11 +20,11 @@ import torch
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
-from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
 from tests.support import Streamer, TritonServer, engine_inputs, load_tokenizer
 from trtllm_service.errors import APIError
 from trtllm_service.relay import client
 from trtllm_service.relay.client import TritonRelay
+from trtllm_service.relay.flavors import EnsembleFlavor, LLMAPIFlavor
 from trtllm_service.relay.request import EngineLimits, SamplingParams, settle
 from trtllm_service.relay.response_shape import ResponseShape
 
@@ -91,9 +91,10 @@ def _limits(tokenizer: Any, hf: Any) -> EngineLimits:
 async def _relay_run(server: TritonServer, tokenizer: Any, request: Any, beams: bool = False) -> Any:
     """Sends one settled request through the relay: (text, tokens, finish, stream) or the beams."""
     host, port = server.grpc_url.rsplit(":", 1)
-    relay = TritonRelay(lambda: (host, int(port)), flavor=server.flavor)
+    flavor = EnsembleFlavor(tokenizer) if server.flavor == "ensemble" else LLMAPIFlavor()
+    relay = TritonRelay(lambda: (host, int(port)), flavor)
     try:
-        stream = await relay.start(request, IncrementalDetokenizer(tokenizer))
+        stream = await relay.start(request)
         try:
             if beams:
                 return await stream.beams(), stream

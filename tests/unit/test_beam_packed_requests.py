@@ -5,26 +5,22 @@ be served that way; log-prob counts beyond the PyTorch backend's limits are 400s
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from trtllm_service.errors import APIError
-from trtllm_service.relay.request import EngineLimits, SamplingParams
-from trtllm_service.relay.runtime import Runtime
+from trtllm_service.relay.flavors import EnsembleFlavor, Flavor, LLMAPIFlavor
+from trtllm_service.relay.request import SamplingParams
 
 pytestmark = pytest.mark.unit
 
 
-def _runtime(width: int, exact: bool = True, vocab: int = 100) -> Any:
-    runtime = object.__new__(Runtime)
-    runtime.beam_limit = (width, exact)
-    runtime.flavor = "llmapi" if exact else "ensemble"
-    runtime.limits = EngineLimits(max_seq_len=64, max_input_len=64, vocab_size=vocab)
-    runtime.no_top_logprobs = None
-    runtime.no_prompt_logprobs = None
-    runtime.no_top_logprobs = None
-    return runtime
+def _flavor(width: int, exact: bool = True, vocab: int = 100) -> Flavor:
+    """An LLM API model packed with max_beam_width `width` (exact), else a C++ engine's limit."""
+    kind = LLMAPIFlavor if exact else EnsembleFlavor
+    return kind(max_beam_width=width, vocab_size=vocab)
 
 
 def _refused(call: Any, *args: Any, **kwargs: Any) -> APIError:
@@ -35,47 +31,45 @@ def _refused(call: Any, *args: Any, **kwargs: Any) -> APIError:
 
 
 def test_every_request_to_a_beam_packed_model_is_a_beam_search() -> None:
-    runtime = _runtime(4)
-    assert runtime.beam_packed == 4
-    filled = runtime.fill_beam_search(SamplingParams(max_tokens=8, temperature=1.0, top_k=0))
+    flavor = _flavor(4)
+    assert flavor.beam_packed == 4
+    filled = flavor.fill_beam_search(SamplingParams(max_tokens=8, temperature=1.0, top_k=0))
     assert (filled.beam_width, filled.temperature, filled.top_p, filled.top_k) == (4, None, None, None)
-    runtime.check_engine_features(filled, stream=True, n=1)  # one beam streams (as one chunk)
-    runtime.check_engine_features(filled, n=4)  # up to `width` choices: the best beams
-    assert _refused(runtime.check_engine_features, filled, n=5).param == "n"
-    assert _refused(runtime.check_engine_features, filled, stream=True, n=2).param == "stream"
+    flavor.check_engine_features(filled, stream=True, n=1)  # one beam streams (as one chunk)
+    flavor.check_engine_features(filled, n=4)  # up to `width` choices: the best beams
+    assert _refused(flavor.check_engine_features, filled, n=5).param == "n"
+    assert _refused(flavor.check_engine_features, filled, stream=True, n=2).param == "stream"
     for name, value in (("temperature", 0.7), ("top_p", 0.9), ("top_k", 40)):
-        error = _refused(runtime.fill_beam_search, SamplingParams(**{name: value}))
+        error = _refused(flavor.fill_beam_search, SamplingParams(**{name: value}))
         assert error.param == name and "--max-beam-width 4" in error.message
     explicit = SamplingParams(beam_width=4)
-    assert runtime.fill_beam_search(explicit) is explicit
+    assert flavor.fill_beam_search(explicit) is explicit
 
 
 def test_log_probs_with_beams_are_refused_naming_the_field() -> None:
-    runtime = _runtime(4)
-    many = runtime.fill_beam_search(SamplingParams(logprobs=2))
-    error = _refused(runtime.check_engine_features, many, logprobs_param="top_logprobs")
+    flavor = _flavor(4)
+    many = flavor.fill_beam_search(SamplingParams(logprobs=2))
+    error = _refused(flavor.check_engine_features, many, logprobs_param="top_logprobs")
     assert error.param == "top_logprobs" and "Beam search does not support multiple logprobs" in error.message
-    one = runtime.fill_beam_search(SamplingParams(logprobs=0))
-    assert _refused(runtime.check_engine_features, one).param == "logprobs"
-    guided = runtime.fill_beam_search(SamplingParams(guide=("regex", "a+")))
-    assert _refused(runtime.check_engine_features, guided).param == "response_format"
+    one = flavor.fill_beam_search(SamplingParams(logprobs=0))
+    assert _refused(flavor.check_engine_features, one).param == "logprobs"
+    guided = flavor.fill_beam_search(SamplingParams(guide=("regex", "a+")))
+    assert _refused(flavor.check_engine_features, guided).param == "response_format"
 
 
 def test_other_models_keep_their_requests() -> None:
-    for runtime in (_runtime(1), _runtime(4, exact=False)):  # llmapi without beams; a C++ engine's limit
+    for flavor in (_flavor(1), _flavor(4, exact=False)):  # llmapi without beams; a C++ engine's limit
         params = SamplingParams(temperature=0.7)
-        assert runtime.beam_packed is None and runtime.fill_beam_search(params) is params
-        runtime.check_engine_features(params, stream=True)
+        assert flavor.beam_packed is None and flavor.fill_beam_search(params) is params
+        flavor.check_engine_features(params, stream=True)
 
 
 def test_top_logprobs_beyond_the_vocabulary_are_refused_before_the_engine() -> None:
-    runtime = _runtime(1, vocab=10)
-    runtime.check_logprobs(SamplingParams(logprobs=10), "top_logprobs")
-    error = _refused(runtime.check_logprobs, SamplingParams(logprobs=11), "top_logprobs")
+    flavor = _flavor(1, vocab=10)
+    flavor.check_logprobs(SamplingParams(logprobs=10), "top_logprobs")
+    error = _refused(flavor.check_logprobs, SamplingParams(logprobs=11), "top_logprobs")
     assert error.param == "top_logprobs" and "the vocabulary has 10" in error.message
-    assert (
-        _refused(runtime.check_logprobs, SamplingParams(prompt_logprobs=11), "logprobs").param == "logprobs"
-    )
+    assert _refused(flavor.check_logprobs, SamplingParams(prompt_logprobs=11), "logprobs").param == "logprobs"
 
 
 def test_the_doctor_probes_a_beam_packed_model_as_the_service_serves_it() -> None:
@@ -83,7 +77,7 @@ def test_the_doctor_probes_a_beam_packed_model_as_the_service_serves_it() -> Non
 
     from trtllm_service.doctor import BEAM_PACKED, UNSUPPORTED, FeatureProbe
 
-    probe = FeatureProbe(_runtime(4))
+    probe = FeatureProbe(SimpleNamespace(flavor=_flavor(4)))
     (check,) = asyncio.run(_run(probe, [("logprobs", probe.logprobs)]))
     assert check.status == UNSUPPORTED and "Beam search does not support multiple logprobs" in check.detail
     line = BEAM_PACKED.format(width=4)

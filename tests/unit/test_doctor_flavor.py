@@ -10,25 +10,25 @@ import pytest
 
 from tensorrtllm_backend import pinned
 from trtllm_service import doctor
+from trtllm_service.relay.flavors import FLAVORS, EnsembleFlavor, LLMAPIFlavor
 
 pytestmark = pytest.mark.unit
 
 
 def test_the_ensemble_flavour_is_one_warning() -> None:
-    checks = doctor.flavor_checks(SimpleNamespace(flavor="ensemble"))
+    checks = doctor.flavor_checks(EnsembleFlavor())
     assert checks == [doctor.Check("flavor", doctor.WARNING, pinned.ENSEMBLE_LEGACY_WARNING)]
-    assert doctor.flavor_checks(SimpleNamespace(flavor="llmapi")) == []
+    assert doctor.flavor_checks(LLMAPIFlavor()) == []
 
 
 class FakeRuntime:
     """What diagnose() touches of a Runtime, for a packed model of `flavor`."""
 
-    flavor = "ensemble"
+    kind = "ensemble"  # the pack's flavour
 
     def __init__(self, path: Path, name: str, settings: Any) -> None:
-        self.info = SimpleNamespace(
-            flavor=self.flavor, world_size=1, tp_size=1, pp_size=1, backend="python", versions={}
-        )
+        self.info = SimpleNamespace(world_size=1, tp_size=1, pp_size=1, backend="python", versions={})
+        self.flavor = FLAVORS[self.kind]()
         self.engine = "reference"
         self.triton = SimpleNamespace(http_url="http://127.0.0.1:1")
 
@@ -48,13 +48,13 @@ def test_the_report_has_one_warning_line_for_the_legacy_flavour(
 ) -> None:
     import importlib
 
-    from trtllm_service.relay import runtime
+    from trtllm_service import runtime
 
     model = SimpleNamespace(path=str(tmp_path), tag=SimpleNamespace(name="m"))
     # bentoml.models is a lazy loader: patch the module it loads
     monkeypatch.setattr(importlib.import_module("bentoml.models"), "get", lambda tag: model)
     monkeypatch.setattr(runtime, "default_model_tag", lambda tag: tag)
-    monkeypatch.setattr(runtime, "Runtime", type("Runtime", (FakeRuntime,), {"flavor": flavor}))
+    monkeypatch.setattr(runtime, "Runtime", type("Runtime", (FakeRuntime,), {"kind": flavor}))
     monkeypatch.setattr(doctor, "triton_version", lambda url: "2.71.0")
     monkeypatch.setattr(doctor, "installed_tensorrt_llm", lambda: None)
     monkeypatch.setattr(doctor, "gpus_seen", lambda: 0)

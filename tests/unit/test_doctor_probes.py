@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from trtllm_service import doctor
+from trtllm_service.relay.flavors import EnsembleFlavor
 from trtllm_service.relay.request import SamplingParams
 
 pytestmark = pytest.mark.unit
@@ -52,11 +53,8 @@ class FakeStream:
 class FakeRuntime:
     """A chat model on an engine: `answers(request)` decides what comes back for each request."""
 
-    no_top_logprobs = None
-    no_guides = "was packed without guided decoding"
+    flavor = EnsembleFlavor(no_guides="was packed without guided decoding")
     adapters: dict[str, Any] = {}  # noqa: RUF012
-    beam_limit = (1, False)
-    beam_packed = None
 
     def __init__(self, answers: Any) -> None:
         self.answers = answers

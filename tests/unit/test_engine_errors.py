@@ -13,6 +13,7 @@ from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
 from tests.support import engine_response, load_tokenizer
 from trtllm_service.errors import APIError
 from trtllm_service.relay.client import EngineStream
+from trtllm_service.relay.readers import TextReader, TokenIdReader
 from trtllm_service.relay.request import GenerationRequest
 
 
@@ -22,11 +23,9 @@ def tokenizer(demo_model_dir: Path) -> Any:
 
 
 def _error_of(tokenizer: Any, message: str) -> APIError:
+    request = GenerationRequest(prompt_ids=array("i", [1]), max_tokens=10)
     stream = EngineStream(
-        GenerationRequest(prompt_ids=array("i", [1]), max_tokens=10),
-        IncrementalDetokenizer(tokenizer),
-        "id",
-        lambda _: None,
+        request, TokenIdReader(request, IncrementalDetokenizer(tokenizer)), "id", lambda _: None
     )
     stream.on_message(engine_response(error=message))
     with pytest.raises(APIError) as caught:
@@ -62,11 +61,8 @@ def test_a_refused_request_is_a_400_and_other_engine_errors_500s(tokenizer: Any)
 
 
 def _llmapi_error_of(message: str) -> APIError:
-    from trtllm_service.relay.client import TextEngineStream
-
-    stream = TextEngineStream(
-        GenerationRequest(prompt_ids=array("i", [1]), max_tokens=10), None, "id", lambda _: None
-    )
+    request = GenerationRequest(prompt_ids=array("i", [1]), max_tokens=10)
+    stream = EngineStream(request, TextReader(request), "id", lambda _: None)
     stream.on_message(engine_response(error=message))
     with pytest.raises(APIError) as caught:
         stream.poll()

@@ -1,7 +1,9 @@
-"""The package layout by phase, and imports that point one way: api -> relay -> triton; packing apart.
+"""The package layout by phase, and imports that point one way: api -> runtime -> relay -> triton;
+packing apart.
 
 Shared modules (the top-level ones and `chat/`) import no phase; a phase imports only itself, the
-shared modules and the phases below it. `tensorrtllm_backend` (the Triton side) is below them all.
+shared modules and the phases below it. `runtime` (the assembly of one serving runtime) sits between
+the HTTP layer and the phases it puts together. `tensorrtllm_backend` (the Triton side) is below them all.
 """
 
 from __future__ import annotations
@@ -20,8 +22,11 @@ ALLOWED: dict[str, set[str]] = {
     "packing": {"shared", "packing"},
     "triton": {"shared", "triton"},
     "relay": {"shared", "triton", "relay"},
-    "api": {"shared", "triton", "relay", "api"},
+    "runtime": {"shared", "triton", "relay", "runtime"},
+    "api": {"shared", "triton", "relay", "runtime", "api"},
 }
+ASSEMBLY = "runtime"
+"""The top-level module that assembles the phases into the service's runtime."""
 TOOLS = {"doctor"}
 """Top-level tools over the phases (not imported by any of them)."""
 
@@ -29,7 +34,7 @@ TOOLS = {"doctor"}
 def phase_of(module: str) -> str:
     """The phase of `trtllm_service.<...>`: its first package below trtllm_service, else shared."""
     parts = module.split(".")
-    if len(parts) > 1 and parts[1] in PHASES:
+    if len(parts) > 1 and parts[1] in (*PHASES, ASSEMBLY):
         return parts[1]
     return "tool" if len(parts) > 1 and parts[1] in TOOLS else "shared"
 

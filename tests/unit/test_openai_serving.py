@@ -25,8 +25,11 @@ from trtllm_service.chat.reasoning import style_of
 from trtllm_service.chat.template import PromptFormatter
 from trtllm_service.errors import APIError
 from trtllm_service.relay.client import EngineStream
+from trtllm_service.relay.flavors import LLMAPIFlavor
 from trtllm_service.relay.prompting import RequestPreparer
+from trtllm_service.relay.readers import TokenIdReader
 from trtllm_service.relay.request import EngineLimits, GenerationRequest, SamplingParams
+from trtllm_service.runtime import Runtime
 
 
 class WordDecoder:
@@ -112,6 +115,8 @@ class FakeRuntime:
             self.formatter,
             EngineLimits(max_seq_len=context, max_input_len=context, end_ids=(9,), vocab_size=100),
         )
+        self.flavor = LLMAPIFlavor()  # returns what is asked
+        self.adapters: dict[str, Any] = {}
         self.requests: list[GenerationRequest] = []
         self.open = 0
         self.closed_early = 0
@@ -127,8 +132,7 @@ class FakeRuntime:
     ) -> GenerationRequest:
         return self.preparer.chat(messages, params, tools=tools, reasoning_effort=reasoning_effort)
 
-    def check_logprobs(self, params: SamplingParams, param: str) -> None:
-        pass  # this engine returns what is asked
+    adapter = Runtime.adapter  # the served model's name, or a 404
 
     async def prepare_prompts(self, prompts: list[str], params: SamplingParams) -> list[GenerationRequest]:
         return self.preparer.prompts(prompts, params)
@@ -139,7 +143,7 @@ class FakeRuntime:
         self.requests.append(request)
         tag = f"s{request.seed}" if request.seed is not None else ""  # sampled text shows its seed
         decoder = WordDecoder(tag) if self.script is None else ScriptDecoder(self.script)
-        stream = EngineStream(request, decoder, "id", self._cancelled.add)  # type: ignore[arg-type]
+        stream = EngineStream(request, TokenIdReader(request, decoder), "id", self._cancelled.add)  # type: ignore[arg-type]
         stream.stream_id = self._next
         self._next += 1
         asyncio.get_running_loop().create_task(self._engine(stream, request))

@@ -800,13 +800,10 @@ _INFO: dict[str, Any] = {
 )
 def test_guided_request_refused_when_packed_without(path: str, body: dict[str, Any], param: str) -> None:
     from tests.unit.test_openai_serving import FakeRuntime, post
-    from trtllm_service.relay.runtime import Runtime
+    from trtllm_service.relay.flavors import EnsembleFlavor
 
-    class Unguided(FakeRuntime):
-        no_guides = guided_decoding_unsupported(PackInfo(**_INFO))
-        check_guide = Runtime.check_guide
-
-    runtime = Unguided()
+    runtime = FakeRuntime()
+    runtime.flavor = EnsembleFlavor(no_guides=guided_decoding_unsupported(PackInfo(**_INFO)))
     base = (
         {"messages": [{"role": "user", "content": "hi"}]} if path == "/chat/completions" else {"prompt": "hi"}
     )

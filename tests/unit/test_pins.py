@@ -21,7 +21,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from tensorrtllm_backend import pinned
-from trtllm_service.relay.runtime import Runtime, check_tensorrt_llm
+from trtllm_service.runtime import Runtime, check_tensorrt_llm
 from trtllm_service.triton.process import TritonStartupError
 
 pytestmark = pytest.mark.unit

@@ -15,6 +15,7 @@ from trtllm_service.api.metrics import RequestMetrics
 from trtllm_service.api.streaming import SERVER_SEND, PushBody, TextFraming
 from trtllm_service.errors import APIError
 from trtllm_service.relay.client import EngineStream
+from trtllm_service.relay.readers import TokenIdReader
 from trtllm_service.relay.request import GenerationRequest
 
 
@@ -52,9 +53,12 @@ class RecordingFraming(TextFraming):
         super().done(status)
 
 
-def _stream(recorded: Recorded) -> EngineStream:
+def _stream(recorded: Recorded, interval_s: float = 0.0, reading: Any = None) -> EngineStream:
     request = GenerationRequest(prompt_ids=array("i", [1]), max_tokens=100)
-    stream = EngineStream(request, Words(), "id", recorded.cancelled.append)  # type: ignore[arg-type]
+    reader = TokenIdReader(request, Words())  # type: ignore[arg-type]
+    stream = EngineStream(
+        request, reader, "id", recorded.cancelled.append, reading=reading, interval_s=interval_s
+    )
     stream.stream_id = 7
     return stream
 
@@ -243,8 +247,7 @@ def test_held_text_goes_out_when_its_interval_has_passed() -> None:
         recorded.written.append(message["body"])
 
     async def scenario() -> float:
-        stream = _stream(recorded)
-        stream._interval = 0.2
+        stream = _stream(recorded, interval_s=0.2)
         serving = _serve(recorded, stream, server_send)
         await asyncio.sleep(0.01)
         started = asyncio.get_running_loop().time()
@@ -267,8 +270,7 @@ def test_the_last_response_releases_held_text_at_once() -> None:
     recorded = Recorded()
 
     async def scenario() -> None:
-        stream = _stream(recorded)
-        stream._interval = 30.0
+        stream = _stream(recorded, interval_s=30.0)
         serving = _serve(recorded, stream)
         await asyncio.sleep(0.01)
         stream.on_message(engine_response([0]))
@@ -300,11 +302,10 @@ def test_responses_that_arrive_in_one_socket_read_go_out_as_one_chunk() -> None:
     async def scenario() -> None:
         connection = GrpcConnection("triton:8001")
         connection.connection_made(Socket())  # type: ignore[arg-type]
-        stream = _stream(recorded)
+        stream = _stream(recorded, reading=connection)
         stream.stream_id = connection.start_call(
             "/inference.GRPCInferenceService/ModelStreamInfer", b"", stream
         )
-        stream._reading = connection
         serving = _serve(recorded, stream)
         await asyncio.sleep(0.01)
         connection.data_received(read_of(engine_response([0])))

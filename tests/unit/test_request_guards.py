@@ -292,6 +292,7 @@ def test_a_stop_string_ends_the_token_count_where_it_completes() -> None:
 
     from tests.support import engine_response
     from trtllm_service.relay.client import EngineStream
+    from trtllm_service.relay.readers import TokenIdReader
     from trtllm_service.relay.request import GenerationRequest
 
     class Words:
@@ -301,7 +302,7 @@ def test_a_stop_string_ends_the_token_count_where_it_completes() -> None:
     async def scenario() -> None:
         cancelled: list[int] = []
         request = GenerationRequest(prompt_ids=array("i", [1]), max_tokens=10, stop=("w1 w",))
-        stream = EngineStream(request, Words(), "id", cancelled.append)  # type: ignore[arg-type]
+        stream = EngineStream(request, TokenIdReader(request, Words()), "id", cancelled.append)  # type: ignore[arg-type]
         stream.stream_id = 7
         stream.on_message(engine_response([0, 1, 2, 3, 4]))
         assert await stream.read() == " w0 "

@@ -14,6 +14,7 @@ from tritonclient.grpc import service_pb2
 from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
 from tests.support import load_tokenizer
 from trtllm_service.relay import client
+from trtllm_service.relay.readers import TokenIdReader
 from trtllm_service.relay.request import GenerationRequest
 from trtllm_service.relay.response_shape import ResponseShape
 
@@ -153,7 +154,9 @@ def test_a_stream_reads_every_token_whatever_its_responses_shapes(
     protobuf = client._parse_response
     monkeypatch.setattr(client, "_parse_response", lambda data: parsed.append(data) or protobuf(data))
     request = GenerationRequest(prompt_ids=array("i", [1]), max_tokens=100)
-    stream = client.EngineStream(request, IncrementalDetokenizer(tokenizer), "id", lambda _: None)
+    stream = client.EngineStream(
+        request, TokenIdReader(request, IncrementalDetokenizer(tokenizer)), "id", lambda _: None
+    )
     for batch in batches:
         count = len(batch)
         stream.on_message(response([ids(*batch), ids(count)], request_id="id", dims=(1, 1, count)))

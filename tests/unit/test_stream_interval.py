@@ -16,6 +16,7 @@ from tritonclient.grpc import service_pb2
 from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
 from tests.support import engine_response, load_tokenizer
 from trtllm_service.relay.client import EngineStream
+from trtllm_service.relay.readers import TokenIdReader
 from trtllm_service.relay.request import GenerationRequest
 from trtllm_service.settings import Settings, SettingsError
 
@@ -27,8 +28,8 @@ def tokenizer(demo_model_dir: Path) -> Any:
 
 def _stream(tokenizer: Any, interval_s: float) -> EngineStream:
     request = GenerationRequest(prompt_ids=array("i", [1]), max_tokens=100)
-    stream = EngineStream(request, IncrementalDetokenizer(tokenizer), "id", lambda _: None)
-    stream._interval = interval_s
+    reader = TokenIdReader(request, IncrementalDetokenizer(tokenizer))
+    stream = EngineStream(request, reader, "id", lambda _: None, interval_s=interval_s)
     return stream
 
 

@@ -30,7 +30,7 @@ from trtllm_service.relay.request import GenerationRequest, SamplingParams
 from trtllm_service.request_ids import engine_request_id
 
 if TYPE_CHECKING:
-    from trtllm_service.relay.runtime import Runtime
+    from trtllm_service.runtime import Runtime
 
 logger = logging.getLogger("trtllm_service.api")
 
@@ -72,7 +72,7 @@ async def start_choices(
 ) -> list[Choice]:
     """Starts every engine request and waits for each first text; on any failure closes them all."""
     if any(request.beam_width for request in prepared) and not (
-        n == 1 and getattr(runtime, "beam_packed", None)
+        n == 1 and runtime.flavor.beam_packed
     ):  # one beam of a beam-packed model reads as an ordinary (one-chunk) stream
         return await _start_beams(runtime, prepared, n)
     streams: list[tuple[int, EngineStream]] = []
@@ -100,7 +100,7 @@ async def _start_beams(runtime: Runtime, prepared: Sequence[GenerationRequest], 
         for p, request in enumerate(prepared):
             engine = replace(request, num_return=n, request_id=engine_request_id(p, len(prepared)))
             streams.append(await runtime.generate(engine))
-        found = await asyncio.gather(*(stream.beams() for stream in streams))  # type: ignore[attr-defined]
+        found = await asyncio.gather(*(stream.beams() for stream in streams))
     except BaseException as exc:
         for stream in streams:
             stream.close()
@@ -136,15 +136,6 @@ class Beam:
     def close(self) -> None:
         if self.stream is not None:
             self.stream.close()
-
-
-def check_engine_features(
-    runtime: Any, params: SamplingParams, request: Any, logprobs_param: str = "logprobs"
-) -> None:
-    """The runtime's 400s for what its engine cannot serve (prompt log probs, beam search)."""
-    check = getattr(runtime, "check_engine_features", None)
-    if check is not None:
-        check(params, stream=request.stream, n=request.samples_per_prompt, logprobs_param=logprobs_param)
 
 
 def cached_tokens(choices: Sequence[Choice], n: int) -> int:

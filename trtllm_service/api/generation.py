@@ -19,7 +19,6 @@ from trtllm_service.api.choices import (
     Choice,
     Result,
     cached_tokens,
-    check_engine_features,
     collect_all,
     finish_label,
     keep_best,
@@ -33,7 +32,7 @@ from trtllm_service.errors import APIError
 from trtllm_service.relay.request import GenerationRequest, SamplingParams
 
 if TYPE_CHECKING:
-    from trtllm_service.relay.runtime import Runtime
+    from trtllm_service.runtime import Runtime
 
 
 class ChatRequest(Protocol):
@@ -67,19 +66,17 @@ class GenerationServing:
         self.reasoning: ReasoningStyle | None = getattr(runtime, "reasoning", None)  # the model's, if any
         self._created = int(time.time())
 
-    def check_model(self, model: str | None) -> str | None:
-        """The LoRA adapter ``model`` names (None: the served model, or omitted); 404 for another."""
-        if model is None or model == self.model_name:
-            return None
-        if model in getattr(self.runtime, "adapters", {}):
-            return model
-        raise APIError.model_not_found(model)
-
-    def label(self, model: str | None) -> str:
-        """The model id a request's metrics and response name: an adapter, else the served model."""
-        return (
-            model if model is not None and model in getattr(self.runtime, "adapters", {}) else self.model_name
-        )
+    def begin(self, model: str | None, route: str) -> tuple[str | None, str, RequestMetrics]:
+        """The LoRA adapter a request's ``model`` names (None: the served model), the model id its
+        answer and metrics name, and its metrics. An unknown name raises the 404, counted under the
+        served model."""
+        try:
+            adapter = self.runtime.adapter(model)
+        except APIError as exc:
+            RequestMetrics(self.model_name, route).done(exc.status)
+            raise
+        served = adapter or self.model_name
+        return adapter, served, RequestMetrics(served, route)
 
     async def start_chat(
         self, request: ChatRequest, route: str, effort_param: str
@@ -87,10 +84,12 @@ class GenerationServing:
         """A chat request's prompt, rendered and started as its engine requests (each has produced
         its first text): the model id it answers as, its metrics, its engine request and choices;
         or the error response. `effort_param`: the field that set `reasoning_effort`, for its 400."""
-        served = self.label(request.model)
-        metrics = RequestMetrics(served, route)
         try:
-            params = self.params(request, "top_logprobs")  # type: ignore[arg-type]
+            adapter, served, metrics = self.begin(request.model, route)
+        except APIError as exc:
+            return error_response(exc)
+        try:
+            params = self.params(request, adapter, "top_logprobs")  # type: ignore[arg-type]
             effort = request.reasoning_effort
             if effort is not None and not self.runtime.formatter.takes_reasoning_effort:
                 raise APIError.bad_request(
@@ -110,17 +109,18 @@ class GenerationServing:
         metrics.first_token()
         return served, metrics, prepared, choices
 
-    def params(self, request: SamplingFields, logprobs_param: str) -> SamplingParams:
+    def params(self, request: SamplingFields, adapter: str | None, logprobs_param: str) -> SamplingParams:
         """A request's sampling parameters (with its LoRA adapter), once it is known that the engine
         can serve them: 400s naming the field otherwise."""
-        params = replace(request.sampling_params(), lora=self.check_model(request.model))
-        fill = getattr(self.runtime, "fill_beam_search", None)  # a beam-packed model: every request
-        if fill is not None:
-            params = fill(params)
-        self.runtime.check_logprobs(params, logprobs_param)
-        check_engine_features(self.runtime, params, request, logprobs_param)
+        flavor = self.runtime.flavor
+        # a beam-packed model: every request searches beams
+        params = flavor.fill_beam_search(replace(request.sampling_params(), lora=adapter))
+        flavor.check_logprobs(params, logprobs_param)
+        flavor.check_engine_features(
+            params, stream=request.stream, n=request.samples_per_prompt, logprobs_param=logprobs_param
+        )
         if params.guide is not None:
-            self.runtime.check_guide(request.guide_param)
+            flavor.check_guide(request.guide_param)
         return params
 
     async def respond(

@@ -27,7 +27,7 @@ STARTING_RETRY_S = 1.0
 
 
 class Startable(Protocol):
-    """What the start-up needs of the runtime (`relay.runtime.Runtime`)."""
+    """What the start-up needs of the runtime (`runtime.Runtime`)."""
 
     @property
     def ready(self) -> bool: ...

@@ -76,7 +76,7 @@ async def serve_messages(
 async def count_message_tokens(serving: GenerationServing, request: CountTokensRequest) -> dict[str, Any]:
     """``POST /v1/messages/count_tokens``: the prompt tokens a create call with the same system,
     messages and tools reports as its input (the same chat template, the same tokenizer)."""
-    serving.check_model(request.model)
+    serving.runtime.adapter(request.model)
     runtime = serving.runtime
     effort = request.reasoning_effort if runtime.formatter.takes_reasoning_effort else None
     count = await runtime.count_chat_tokens(

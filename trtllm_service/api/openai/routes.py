@@ -50,7 +50,7 @@ from trtllm_service.errors import APIError
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from trtllm_service.relay.runtime import Runtime
+    from trtllm_service.runtime import Runtime
 
 _Body = TypeVar("_Body", bound="BaseModel")
 
@@ -134,7 +134,7 @@ async def retrieve_model(model: str, request: Request) -> Response:
     """The card of the served model or one of its LoRA adapters, or a 404 for any other name."""
     try:
         serving = bound_serving(request)
-        serving.check_model(model)
+        serving.runtime.adapter(model)
         card = next(card for card in serving.list_models().data if card.id == model)
         return JSONResponse(card.model_dump(mode="json"))
     except APIError as exc:

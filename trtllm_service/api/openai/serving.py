@@ -43,7 +43,7 @@ class OpenAIServing(GenerationServing):
             created=self._created,
             max_model_len=self.runtime.max_seq_len,
             engine=getattr(self.runtime, "engine", None),
-            flavor=getattr(self.runtime, "flavor", None),
+            flavor=self.runtime.flavor.name,
         )
 
     def list_models(self) -> ModelList:
@@ -78,7 +78,7 @@ class OpenAIServing(GenerationServing):
         """The token ids of a prompt, or of chat messages rendered with the chat template: by
         default exactly the ids the engine gets for the same prompt (`add_special_tokens` false:
         none added)."""
-        self.check_model(request.model)
+        self.runtime.adapter(request.model)
         formatter = self.runtime.formatter
         if isinstance(request, TokenizeChatRequest):
             try:
@@ -100,6 +100,6 @@ class OpenAIServing(GenerationServing):
 
     def detokenize(self, request: DetokenizeRequest) -> dict[str, Any]:
         """The text of token ids (special tokens included), as a token-id prompt is echoed."""
-        self.check_model(request.model)
+        self.runtime.adapter(request.model)
         self.runtime.preparer.check_token_ids(request.tokens, "tokens")
         return {"prompt": self.runtime.formatter.decode(request.tokens)}

@@ -10,7 +10,6 @@ from starlette.responses import Response
 
 from trtllm_service.api.choices import Choice, Result, start_choices
 from trtllm_service.api.generation import error_response
-from trtllm_service.api.metrics import RequestMetrics
 from trtllm_service.api.openai.completions.protocol import (
     CompletionChoice,
     CompletionRequest,
@@ -33,10 +32,12 @@ async def serve_completions(
     serving: GenerationServing, request: CompletionRequest, http_request: Request | None = None
 ) -> Response:
     """Answers a text completion request: no chat template; each prompt gets ``n`` choices."""
-    served = serving.label(request.model)
-    metrics = RequestMetrics(served, COMPLETIONS_ROUTE)
     try:
-        params = serving.params(request, "logprobs")
+        adapter, served, metrics = serving.begin(request.model, COMPLETIONS_ROUTE)
+    except APIError as exc:
+        return error_response(exc)
+    try:
+        params = serving.params(request, adapter, "logprobs")
         prompts = request.prompts()
         prepared = await serving.runtime.prepare_prompts(prompts, params)
         choices = await start_choices(serving.runtime, prepared, params, request.samples_per_prompt)

@@ -1,4 +1,5 @@
-"""The service's engine room: the packed model, its tokenizer, the one Triton, and the relay to it.
+"""The service's runtime, assembled once per worker: the packed model, its tokenizer, its flavour
+(relay/flavors.py: inputs, readers, LoRA policy, capabilities), the one Triton, and the relay to it.
 
 Both the plain `generate` API and the OpenAI routes go through `Runtime`: prompts are templated,
 tokenized and settled into a `GenerationRequest` here (in a worker thread when they are long, so one
@@ -16,29 +17,17 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from tensorrtllm_backend import pinned
 from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
-from tensorrtllm_backend.lora import ROWS_CONFIG, ROWS_WEIGHTS
 from trtllm_service.chat.reasoning import style_of
 from trtllm_service.chat.template import PromptFormatter
 from trtllm_service.errors import APIError
-from trtllm_service.packed_model import (
-    LORA_DIR,
-    beam_width_limit,
-    context_logits_unsupported,
-    end_ids,
-    guided_decoding_unsupported,
-    layout_runtime_repository,
-    read_pack_info,
-    tokens_per_block,
-    top_logprobs_unsupported,
-    vocab_size,
-)
+from trtllm_service.packed_model import end_ids, layout_runtime_repository, read_pack_info, vocab_size
 from trtllm_service.relay.client import EngineStream, TritonRelay
+from trtllm_service.relay.flavors import Flavor, flavor_of
 from trtllm_service.relay.logprobs import TokenTexts
 from trtllm_service.relay.prompting import RequestPreparer
 from trtllm_service.relay.request import EngineLimits, GenerationRequest, SamplingParams
@@ -55,9 +44,6 @@ logger = logging.getLogger("trtllm_service")
 INLINE_PROMPT_CHARS = 2048
 """Prompts up to this many characters are templated and tokenized on the event loop (well under a
 millisecond); longer ones in a worker thread."""
-
-REQUIRED_MODELS = {"llmapi": ("tensorrt_llm",), "ensemble": ("tensorrt_llm", "ensemble")}
-"""The models that must be ready before the service is, by repository flavour."""
 
 
 def run_dir(settings: Settings) -> Path:
@@ -101,26 +87,21 @@ class Runtime:
             vocab_size=vocab_size(self.model_path) or len(self.tokenizer),
         )
         self.preparer = RequestPreparer(self.formatter, self.limits)
-        self.no_top_logprobs = top_logprobs_unsupported(self.model_path, self.info)
-        self.no_guides = guided_decoding_unsupported(self.info)
-        self.no_prompt_logprobs = context_logits_unsupported(self.info)
-        self.beam_limit = beam_width_limit(self.model_path, self.info)  # (most beams, exactly that many)
+        self.flavor: Flavor = flavor_of(
+            self.model_path, self.info, vocab_size=self.limits.vocab_size, tokenizer=self.tokenizer
+        )
         self.adapters: dict[str, dict[str, Any]] = dict(self.info.loras)  # LoRA name -> id, rank, ...
-        self._lora_rows: dict[str, tuple[Any, Any]] = {}
-        self._lora_sent: set[int] = set()  # task ids whose weights this worker sent to this Triton
         self._token_texts: TokenTexts | None = None
         self._run_dir_owned = settings.run_dir is None
         self.run_dir = run_dir(settings)
         self.triton = SharedTriton(self.run_dir, self._make_supervisor, on_change=self._on_change)
-        self.flavor = self.info.flavor
         self.engine: str | None = None  # learned from Triton once it is ready
         self._tasks: set[asyncio.Task[None]] = set()
         self.relay = TritonRelay(
             self.triton.grpc_address,
+            self.flavor,
             stream_timeout_s=settings.stream_timeout_s,
             idle_timeout_s=settings.stream_idle_timeout_s,
-            flavor=self.flavor,
-            tokens_per_block=tokens_per_block(self.model_path, self.info),
             stream_interval_s=settings.stream_interval_ms / 1000.0,
         )
 
@@ -130,101 +111,6 @@ class Runtime:
         if self._token_texts is None:
             self._token_texts = TokenTexts(self.tokenizer)
         return self._token_texts
-
-    def check_logprobs(self, params: SamplingParams, param: str) -> None:
-        """A 400 when the request asks for top log probs this engine cannot return: a C++ engine
-        built without generation logits, or more than the vocabulary has (TensorRT-LLM 1.2.1's
-        PyTorch backend takes the top N with torch.topk, which fails beyond it: its only limit)."""
-        if params.logprobs and self.no_top_logprobs:
-            raise APIError.bad_request(self.no_top_logprobs, param=param)
-        vocab = self.limits.vocab_size
-        for count in (params.logprobs, params.prompt_logprobs):
-            if vocab and count is not None and count > vocab:
-                raise APIError.bad_request(
-                    f"'{param}' asks for {count} top log probs per token; the vocabulary has {vocab}.",
-                    param=param,
-                )
-
-    @property
-    def beam_packed(self) -> int | None:
-        """The beam width of a beam-packed LLM API model (None: not one). TensorRT-LLM 1.2.1's PyTorch
-        executor refuses every request whose beam width is not the model's max_beam_width, width 1
-        included, so such a model runs every request as a beam search over that width."""
-        limit, exact = self.beam_limit
-        return limit if exact and limit > 1 else None
-
-    def fill_beam_search(self, params: SamplingParams) -> SamplingParams:
-        """On a beam-packed model (`beam_packed`), a request that did not ask for beam search becomes
-        one over the packed width (its `n` best beams are its choices); a sampling field that
-        cannot apply to it is a 400 naming the field. Any other model: `params` as they are."""
-        width = self.beam_packed
-        if width is None or params.beam_width:
-            return params
-        for name, neutral in (("temperature", (None, 0, 1)), ("top_p", (None, 1)), ("top_k", (None, 0, -1))):
-            if getattr(params, name) not in neutral:
-                raise APIError.bad_request(
-                    f"'{name}' does not apply: this model runs every request as a beam search over "
-                    f"{width} beams (packed with --max-beam-width {width}), which scores the model's own "
-                    "log probabilities; leave it unset.",
-                    param=name,
-                )
-        return replace(params, beam_width=width, temperature=None, top_p=None, top_k=None)
-
-    def check_engine_features(
-        self, params: SamplingParams, *, stream: bool = False, n: int = 1, logprobs_param: str = "logprobs"
-    ) -> None:
-        """400s for what this engine cannot do with these parameters: prompt log probs without the
-        context logits, beam search beyond the engine's beams, or with what beam search is not
-        served with here (streaming several beams, log probs, a guide, prompt log probs; NVIDIA's
-        executor itself refuses a guide with beams, its PyTorch sampler more than one log prob).
-        One beam of a beam-packed model streams, as one chunk."""
-        if params.prompt_logprobs is not None and self.no_prompt_logprobs:
-            raise APIError.bad_request(self.no_prompt_logprobs, param="echo")
-        width = params.beam_width or 1
-        if width <= 1:
-            return
-        limit, exact = self.beam_limit
-        if width > limit or (exact and width != limit):
-            if limit < 2:
-                how = "was packed without beam search (max_beam_width 1)"
-            elif exact:
-                how = f"searches exactly {limit} beams (the LLM API's max_beam_width)"
-            else:
-                how = f"searches at most {limit} beams (the engine's max_beam_width)"
-            raise APIError.bad_request(
-                f"beam search over {width} beams: this model {how}; pack it with the beam width you "
-                "need (pack_model.py --max-beam-width)",
-                param="use_beam_search",
-            )
-        if n > width:
-            raise APIError.bad_request(f"n ({n}) cannot exceed the beam width ({width})", param="n")
-        if params.logprobs is not None and params.logprobs > 1:
-            raise APIError.bad_request(
-                f"beam search is not served with {params.logprobs} top log probs per token (TensorRT-LLM's "
-                'PyTorch sampler: "Beam search does not support multiple logprobs")',
-                param=logprobs_param,
-            )
-        for used, param, what in (
-            (stream and not (n == 1 and self.beam_packed), "stream", "streaming of several beams"),
-            (params.logprobs is not None, "logprobs", "log probabilities"),
-            (params.prompt_logprobs is not None, "echo", "prompt log probabilities"),
-            (params.guide is not None, "response_format", "structured output"),
-        ):
-            if used:
-                raise APIError.bad_request(f"beam search is not served with {what}", param=param)
-        if self.flavor != "llmapi" and params.early_stopping not in (None, True):
-            # NVIDIA's backend declares early_stopping BOOL and reads it as int32 (nvidia_backend.
-            # MISREAD_INPUTS): only the executor's default (early_stopping true) is sure to hold.
-            raise APIError.bad_request(
-                "early_stopping other than true is not available with NVIDIA's C++ backend (it misreads "
-                "the input); this engine stops a beam search once the beams have finished",
-                param="early_stopping",
-            )
-
-    def check_guide(self, param: str) -> None:
-        """A 400 naming `param` (the field that asked for a guide) when the model cannot guide."""
-        if self.no_guides:
-            raise APIError.bad_request(f"'{param}' {self.no_guides}", param=param)
 
     @property
     def max_seq_len(self) -> int:
@@ -243,14 +129,14 @@ class Runtime:
         repository = layout_runtime_repository(self.model_path, self.run_dir / "repository")
         return TritonSupervisor(
             repository,
-            models=REQUIRED_MODELS[self.info.flavor],
+            models=self.flavor.models,
             run_dir=self.run_dir,
             ports=TritonPorts(
                 settings.triton_grpc_port, settings.triton_http_port, settings.triton_metrics_port
             ),
             host=settings.triton_host,
             world_size=int(self.info.world_size),
-            llmapi=self.info.flavor == "llmapi",
+            llmapi=self.flavor.llmapi_launch,
             startup_timeout_s=settings.triton_startup_timeout_s,
             max_restarts=settings.triton_max_restarts,
             restart_backoff_s=settings.triton_restart_backoff_s,
@@ -283,7 +169,7 @@ class Runtime:
     def _on_change(self, ready: bool) -> None:
         if not ready:
             return
-        self._lora_sent.clear()  # a new Triton holds no adapter
+        self.flavor.triton_restarted()  # a new Triton holds no adapter
         with contextlib.suppress(RuntimeError):  # no running loop: nothing to reset
             loop = asyncio.get_running_loop()
             for work in (self.relay.reset(), self.learn_engine()):  # a new Triton: reconnect, ask
@@ -300,14 +186,16 @@ class Runtime:
         if engine is None or engine == self.engine:
             return
         self.engine = engine
-        if self.flavor == "llmapi" and engine == "reference":
+        if self.flavor.reference_means_missing and engine == "reference":
             logger.warning(
                 "%s is served by the reference engine (PyTorch): tensorrt_llm cannot be imported where "
                 "Triton runs. Set TRTLLM_REQUIRE_TENSORRT_LLM=1 to make that a start-up error.",
                 self.model_name,
             )
         else:
-            logger.info("%s is served by the %s engine (%s flavour)", self.model_name, engine, self.flavor)
+            logger.info(
+                "%s is served by the %s engine (%s flavour)", self.model_name, engine, self.flavor.name
+            )
 
     async def stop(self) -> None:
         owner = self.triton.owner
@@ -365,42 +253,22 @@ class Runtime:
             return fn(*args)
         return await asyncio.to_thread(fn, *args)
 
-    def resolve_model(self, model: str | None) -> str | None:
-        """The LoRA adapter a request's `model` names (None: the base model); 404 for another name."""
-        if model is None or model == self.model_name:
+    def adapter(self, name: str | None, param: str = "model") -> str | None:
+        """The LoRA adapter a request names (None: the served model, or no name): the one lookup of
+        /generate's `lora`, every /v1 route's and /v1/messages' `model`. Another name is OpenAI's 404
+        model_not_found for a `model`, a 400 naming /generate's `lora` field."""
+        if name is None or (name == self.model_name and param == "model"):
             return None
-        if model in self.adapters:
-            return model
-        raise APIError.model_not_found(model)
-
-    def _lora_weights(self, name: str) -> tuple[Any, Any]:
-        """An adapter's TensorRT-LLM rows (lora_weights, lora_config), read once."""
-        rows = self._lora_rows.get(name)
-        if rows is None:
-            import numpy as np
-
-            where = self.model_path / LORA_DIR / name
-            rows = (np.load(where / ROWS_WEIGHTS), np.load(where / ROWS_CONFIG))
-            self._lora_rows[name] = rows
-        return rows
+        if name in self.adapters:
+            return name
+        if param == "model":
+            raise APIError.model_not_found(name)
+        known = ", ".join(self.adapters) or "none packed"
+        raise APIError.bad_request(f"unknown LoRA adapter {name!r} ({known})", param=param)
 
     async def generate(self, request: GenerationRequest) -> EngineStream:
         """Starts `request`; read the stream, and close it when done (that cancels an unfinished one).
-
-        A LoRA request on the C++ contract carries the adapter's task id, and its weights the first
-        time this worker uses it with this Triton; when the engine no longer holds it (restarted,
-        evicted), the relay sends it again with the weights.
-        """
-        # The llmapi flavour's model detokenizes in Triton; the ensemble's engine sends token ids.
-        decoder = None if self.flavor == "llmapi" else IncrementalDetokenizer(self.tokenizer)
-        with_weights = None
-        if request.lora_name is not None and self.flavor != "llmapi":
-            task_id = int(self.adapters[request.lora_name]["id"])
-            weights, config = self._lora_weights(request.lora_name)
-            with_weights = replace(request, lora_task_id=task_id, lora_weights=weights, lora_config=config)
-            if task_id in self._lora_sent:
-                request = replace(request, lora_task_id=task_id)
-            else:
-                request, with_weights = with_weights, None
-                self._lora_sent.add(task_id)
-        return await self.relay.start(request, decoder, with_weights)  # type: ignore[arg-type]
+        The flavour decides how its LoRA adapter travels (by name, or as a task id with its weights
+        the first time and whenever the engine no longer holds it)."""
+        request, with_weights = self.flavor.with_adapter(request)
+        return await self.relay.start(request, with_weights)
