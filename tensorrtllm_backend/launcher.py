@@ -491,7 +491,13 @@ def build_command(
     # <prefix>/lib first on every rank's PATH and LD_LIBRARY_PATH, so the Python backend's stub
     # would find the system's python3 and libpython instead of the launcher's.
     cmd = [mpirun or shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "--noprefix"]
-    wrapper = [python or sys.executable, str(LAUNCHER), RANK_MODE, f"{_kill_grace(args):g}", "--"]
+    wrapper = [
+        python or sys.executable,
+        str(LAUNCHER),
+        RANK_MODE,
+        f"{kill_grace(args.exit_timeout_secs):g}",
+        "--",
+    ]
     for rank in range(args.world_size):
         if rank:
             cmd.append(":")
@@ -499,9 +505,9 @@ def build_command(
     return cmd
 
 
-def _kill_grace(args: argparse.Namespace) -> float:
+def kill_grace(exit_timeout_secs: float) -> float:
     """How long a stopping tritonserver gets before SIGKILL: its exit timeout and a margin."""
-    return max(MIN_KILL_GRACE_SECS, args.exit_timeout_secs + 5.0)
+    return max(MIN_KILL_GRACE_SECS, exit_timeout_secs + 5.0)
 
 
 # --------------------------------------------------------------------------- supervision
@@ -833,7 +839,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return supervise(
                 cmd,
                 ready.child_env(),
-                kill_grace_secs=_kill_grace(args),
+                kill_grace_secs=kill_grace(args.exit_timeout_secs),
                 ranks=args.world_size > 1,
                 watch_server=args.trtllm_llmapi_launch and args.world_size == 1,
             )

@@ -220,7 +220,7 @@ def triton_command(
     # same process, tritonserver or mpirun, once exec'd. One trtllm-llmapi-launch tree gets the
     # launcher's supervising mode instead (SIGTERM blocked as well), which stays its parent.
     if llmapi_launch and world_size == 1:
-        grace = f"{max(launcher.MIN_KILL_GRACE_SECS, exit_timeout_s + 5.0):g}"
+        grace = f"{launcher.kill_grace(exit_timeout_s):g}"
         hold = [sys.executable, str(LAUNCHER), launcher.SUPERVISE_HOLDING_SIGTERM_MODE, grace, "--"]
     else:
         hold = [sys.executable, str(LAUNCHER), launcher.HOLD_SIGTERM_MODE, "--"]
