@@ -327,6 +327,7 @@ class LLMEngine:
             if result is not None and not result.finished:
                 result.abort()  # cancelled, or failed on our side: the engine must not run on
             del self._live[id(live)]
+            self._count_tokens()  # its tokens are counted before its end is
             self.counters.finished(outcome)
             with self._lock:
                 self.in_flight -= 1
