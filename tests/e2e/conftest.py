@@ -66,6 +66,26 @@ def pack_demo(home: Path, flavor: str, *options: str, demo: str = "tiny") -> Pat
     return home
 
 
+SPAWNED: list[BentoService] = []
+"""Every service a test started, so that a failing test's report carries the logs they wrote."""
+LOG_TAIL = 6000
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """A failing e2e test's report ends with the log of each service that wrote to its log while
+    the test ran: a flaky failure is understood from its first occurrence (CI keeps nothing else)."""
+    report = yield
+    if report.when == "call" and report.failed:
+        for server in SPAWNED:
+            path = server.log_path
+            if path.exists() and path.stat().st_mtime >= call.start:
+                report.sections.append(
+                    (f"bentoml serve on {server.url}, its log's end", server.log()[-LOG_TAIL:])
+                )
+    return report
+
+
 class BentoService:
     """`bentoml serve .` on free ports (service and Triton), stopped like a user stops it."""
 
@@ -106,6 +126,7 @@ class BentoService:
 
     def spawn(self) -> BentoService:
         """Starts `bentoml serve .` without waiting for readiness (for services meant to fail)."""
+        SPAWNED.append(self)
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 [
