@@ -103,3 +103,45 @@ def _refused(request: Request, error: APIError, route: str) -> Response:
     serving = _bound[0] if _bound else None
     count_rejected(serving.model_name if serving is not None else "", route, error.status)
     return error_response(error)
+
+
+def event_stream_ok(description: str, model: type[BaseModel] | None = None) -> dict[str, Any]:
+    """The documented 200 of a route that answers JSON, or an event stream with `stream: true`."""
+    ok: dict[str, Any] = {
+        "description": description,
+        "content": {"application/json": {}, "text/event-stream": {"schema": {"type": "string"}}},
+    }
+    if model is not None:
+        ok["model"] = model
+    return ok
+
+
+def add_body_route(
+    router: Any,
+    path: str,
+    model: type[_Body],
+    route: str,
+    serve: Callable[[Any, _Body, Request], Awaitable[Response]],
+    *,
+    name: str,
+    summary: str,
+    description: str,
+    example: dict[str, Any],
+    responses: dict[int | str, dict[str, Any]],
+) -> None:
+    """A POST route whose body is `model`, served by `serve` (`serve_body`), documented with the
+    model's schema and `example`: each generation route of every API is one call of this."""
+
+    async def endpoint(request: Request) -> Response:
+        return await serve_body(request, model, route, serve)
+
+    router.add_api_route(
+        path,
+        endpoint,
+        name=name,
+        methods=["POST"],
+        summary=summary,
+        description=description,
+        openapi_extra=body_doc(model, example),
+        responses=responses,
+    )

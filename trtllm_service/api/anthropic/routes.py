@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 
 from trtllm_service.api.anthropic.protocol import MESSAGES_ROUTE, CountTokensRequest, MessagesRequest
 from trtllm_service.api.anthropic.serving import count_message_tokens, serve_messages
-from trtllm_service.api.bodies import body_doc, bound_serving, serve_body
+from trtllm_service.api.bodies import add_body_route, body_doc, bound_serving, event_stream_ok
 from trtllm_service.api.generation import error_response
 from trtllm_service.api.openai.protocol import parse_request
 from trtllm_service.errors import APIError
@@ -58,23 +58,24 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 router = APIRouter()
 
 
-@router.post(
+add_body_route(
+    router,
     "/messages",
+    MessagesRequest,
+    MESSAGES_ROUTE,
+    serve_messages,
+    name="create_message",
     summary="Create a message (Anthropic's Messages API)",
-    openapi_extra=body_doc(MessagesRequest, MESSAGES_EXAMPLE),
+    description="`system` and `messages` through the model's chat template; the answer as content blocks "
+    "(a reasoning model's thinking, text, tool_use). `tools` and `tool_choice` as Anthropic's.",
+    example=MESSAGES_EXAMPLE,
     responses={
-        200: {
-            "description": "The message; with `stream: true` Anthropic's event stream, from "
-            "`message_start` to `message_stop`",
-            "content": {"application/json": {}, "text/event-stream": {"schema": {"type": "string"}}},
-        },
+        200: event_stream_ok(
+            "The message; with `stream: true` Anthropic's event stream, from `message_start` to `message_stop`"
+        ),
         **_ERRORS,
     },
 )
-async def create_message(request: Request) -> Response:
-    """`system` and `messages` through the model's chat template; the answer as content blocks (a
-    reasoning model's thinking, text, tool_use). `tools` and `tool_choice` as Anthropic's."""
-    return await serve_body(request, MessagesRequest, MESSAGES_ROUTE, serve_messages)  # type: ignore[arg-type]
 
 
 @router.post(

@@ -20,7 +20,14 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trtllm_service.api.anthropic import routes as anthropic_routes
-from trtllm_service.api.bodies import bind_serving, body_doc, bound_serving, inline_schema, serve_body
+from trtllm_service.api.bodies import (
+    add_body_route,
+    bind_serving,
+    body_doc,
+    bound_serving,
+    event_stream_ok,
+    inline_schema,
+)
 from trtllm_service.api.generation import error_response
 from trtllm_service.api.openai.chat.protocol import (
     ChatCompletionChunk,
@@ -89,15 +96,9 @@ _RESPONSES_EXAMPLE = {
 }
 
 
-def _responses(ok: type[BaseModel], chunk: type[BaseModel] | None = None) -> dict[int | str, dict[str, Any]]:
-    success: dict[str, Any] = {"model": ok, "description": "The completion"}
-    if chunk is not None:
-        success["description"] = (
-            f"The completion; with `stream: true` an event stream of `data: <{chunk.__name__}>` events "
-            "ending in `data: [DONE]`"
-        )
-        success["content"] = {"text/event-stream": {"schema": {"type": "string"}}}
-    return {200: success, **ERROR_RESPONSES}
+def _responses(ok: type[BaseModel], chunk: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
+    streamed = f"an event stream of `data: <{chunk.__name__}>` events ending in `data: [DONE]`"
+    return {200: event_stream_ok(f"The completion; with `stream: true` {streamed}", ok), **ERROR_RESPONSES}
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -141,45 +142,49 @@ async def retrieve_model(model: str, request: Request) -> Response:
         return error_response(exc)
 
 
-@app.post(
+add_body_route(
+    app,
     "/chat/completions",
+    ChatCompletionRequest,
+    CHAT_ROUTE,
+    OpenAIServing.chat,
+    name="chat_completions",
     summary="Create a chat completion",
-    openapi_extra=body_doc(ChatCompletionRequest, _CHAT_EXAMPLE),
+    description="Formats the messages with the model's chat template and generates the assistant's reply.",
+    example=_CHAT_EXAMPLE,
     responses=_responses(ChatCompletionResponse, ChatCompletionChunk),
 )
-async def chat_completions(request: Request) -> Response:
-    """Formats the messages with the model's chat template and generates the assistant's reply."""
-    return await serve_body(request, ChatCompletionRequest, CHAT_ROUTE, OpenAIServing.chat)
-
-
-@app.post(
+add_body_route(
+    app,
     "/completions",
+    CompletionRequest,
+    COMPLETIONS_ROUTE,
+    OpenAIServing.completions,
+    name="completions",
     summary="Create a text completion",
-    openapi_extra=body_doc(CompletionRequest, _COMPLETION_EXAMPLE),
+    description="Continues the prompt(s) as plain text (no chat template).",
+    example=_COMPLETION_EXAMPLE,
     responses=_responses(CompletionResponse, CompletionChunk),
 )
-async def completions(request: Request) -> Response:
-    """Continues the prompt(s) as plain text (no chat template)."""
-    return await serve_body(request, CompletionRequest, COMPLETIONS_ROUTE, OpenAIServing.completions)
-
-
-@app.post(
+add_body_route(
+    app,
     "/responses",
+    ResponsesRequest,
+    RESPONSES_ROUTE,
+    OpenAIServing.responses,
+    name="responses",
     summary="Create a response",
-    openapi_extra=body_doc(ResponsesRequest, _RESPONSES_EXAMPLE),
+    description="OpenAI's Responses API: `instructions` and `input` through the chat template, the answer "
+    "as output items (a message, function calls, a reasoning model's reasoning). Nothing is stored.",
+    example=_RESPONSES_EXAMPLE,
     responses={
-        200: {
-            "description": "The response object; with `stream: true` an event stream of "
-            "`event: <type>` / `data: <event>` pairs from `response.created` to `response.completed`",
-            "content": {"application/json": {}, "text/event-stream": {"schema": {"type": "string"}}},
-        },
+        200: event_stream_ok(
+            "The response object; with `stream: true` an event stream of `event: <type>` / "
+            "`data: <event>` pairs from `response.created` to `response.completed`"
+        ),
         **ERROR_RESPONSES,
     },
 )
-async def responses(request: Request) -> Response:
-    """OpenAI's Responses API: `instructions` and `input` through the chat template, the answer as
-    output items (a message, function calls, a reasoning model's reasoning). Nothing is stored."""
-    return await serve_body(request, ResponsesRequest, RESPONSES_ROUTE, OpenAIServing.responses)
 
 
 app.include_router(anthropic_routes.router)  # Anthropic's Messages API, beside OpenAI's
