@@ -234,7 +234,9 @@ def test_streamed_calls_are_the_non_streamed_ones() -> None:
     calls = [("get_time", '{"zone": "Europe/Paris"}'), ("get_time", '{"zone": "UTC \\u00e9"}')]
     asked = request(stream=True, tools=[TIME])
     builder = MessageBuilder(asked, "m", PROMPT_TOKENS)
-    sse = builder.opening() + builder.whole("Two zones.", None, calls, "stop", 30, cached_tokens=16)
+    sse = builder.opening() + builder.whole(
+        builder.message("Two zones.", None, calls, "stop", 30, cached_tokens=16)
+    )
     kinds, streamed = sdk_stream(sse)
     assert "input_json" in kinds
     assert [(b.type, getattr(b, "name", None), getattr(b, "input", None)) for b in streamed.content] == [
@@ -259,7 +261,9 @@ def test_calls_win_over_a_spent_max_tokens() -> None:
 
 def test_a_whole_text_answer_streams_as_the_non_streamed_one() -> None:
     builder = MessageBuilder(request(stream=True, tools=[TIME]), "m", PROMPT_TOKENS)
-    _, streamed = sdk_stream(builder.opening() + builder.whole(None, "No call needed.", None, "length", 64))
+    _, streamed = sdk_stream(
+        builder.opening() + builder.whole(builder.message(None, "No call needed.", None, "length", 64))
+    )
     whole = MessageBuilder(request(tools=[TIME]), "m", PROMPT_TOKENS).message(
         None, "No call needed.", None, "length", 64
     )

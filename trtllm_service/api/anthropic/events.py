@@ -241,31 +241,23 @@ class MessageBuilder:
     ) -> str:
         """The end of a streamed text answer: the open block closed, message_delta, message_stop."""
         reason, sequence = stop_reason(finish_reason, False, stop_sequence)
-        return self._close() + self._ending(reason, sequence, output_tokens, cached_tokens)
+        counts = usage(self.prompt_tokens, output_tokens, cached_tokens)
+        return self._close() + self._ending(reason, sequence, counts)
 
-    def _ending(self, reason: str, sequence: str | None, output_tokens: int, cached_tokens: int) -> str:
+    @staticmethod
+    def _ending(reason: str | None, sequence: str | None, counts: dict[str, int]) -> str:
         delta = {
             "type": "message_delta",
             "delta": {"stop_reason": reason, "stop_sequence": sequence},
-            "usage": usage(self.prompt_tokens, output_tokens, cached_tokens),
+            "usage": counts,
         }
         return _event("message_delta", delta) + MESSAGE_STOP
 
-    def whole(
-        self,
-        thought: str | None,
-        text: str | None,
-        calls: list[Call] | None,
-        finish_reason: str,
-        output_tokens: int,
-        *,
-        cached_tokens: int = 0,
-        stop_sequence: str | None = None,
-    ) -> str:
+    def whole(self, message: dict[str, Any]) -> str:
         """The events of an answer sent when complete (one that may be calls), after `opening`:
-        the blocks `message` would hold, each started, given whole and stopped, then the end."""
+        the blocks of its `message` body, each started, given whole and stopped, then the end."""
         frames = [self._close()]
-        for block in self.blocks(thought, text, calls):
+        for block in message["content"]:
             index = self._index
             self._index += 1
             kind = block["type"]
@@ -297,8 +289,7 @@ class MessageBuilder:
                     )
                 )
             frames.append(_event("content_block_stop", {"type": "content_block_stop", "index": index}))
-        reason, sequence = stop_reason(finish_reason, bool(calls), stop_sequence)
-        frames.append(self._ending(reason, sequence, output_tokens, cached_tokens))
+        frames.append(self._ending(message["stop_reason"], message["stop_sequence"], message["usage"]))
         return "".join(frames)
 
     def ping(self) -> str:

@@ -150,11 +150,4 @@ class MessageAnswer:
 
     def whole(self, results: list[Result]) -> str:
         """The events of a complete answer (after `opening`)."""
-        result = results[0]
-        return self.builder.whole(
-            *self._parts(result),
-            result.finish_reason,
-            result.completion_tokens,
-            cached_tokens=cached_tokens(self.choices, 1),
-            stop_sequence=result.stop_string,
-        )
+        return self.builder.whole(self.build(results, cached_tokens(self.choices, 1)))
