@@ -441,6 +441,8 @@ class StandInLLM:
             dtype=standin.dtype or args.dtype,
             slots=int(args.max_batch_size or 0),
             max_seq_len=int(args.max_seq_len or 0),
+            block_reuse=bool(getattr(args.kv_cache_config, "enable_block_reuse", False)),
+            tokens_per_block=int(getattr(args.kv_cache_config, "tokens_per_block", 0) or 0),
         )
         if args.max_seq_len is None:
             args.max_seq_len = own_limit
@@ -453,6 +455,7 @@ class StandInLLM:
             config = Path(model_dir) / "config.json"
             self._base_config = json.loads(config.read_text()) if config.is_file() else {}
         self._next_id = 0
+        self._last_spec: dict[str, int] = {}  # the speculative counts get_stats last saw
         kv_tokens = getattr(args.kv_cache_config, "max_tokens", None)
         self._kv_capacity = int(kv_tokens) if kv_tokens else None  # None: room for every request
         self._kv_used = 0
@@ -679,6 +682,20 @@ class StandInLLM:
         return self._loras.get(
             lora.lora_int_id, lambda: prepare(read_peft(lora.lora_path, self._base_config).factors)
         )
+
+    def get_stats(self, timeout: float | None = 2) -> list[dict[str, Any]]:
+        """LLM.get_stats: the iteration stats since the last call, here one snapshot of the engine
+        (engine_stats.snapshot); none without `enable_iter_perf_stats`, as upstream."""
+        if not getattr(self.args, "enable_iter_perf_stats", False):
+            return []
+        from engine_stats import snapshot
+
+        return [snapshot(self._engine, self.source, self._last_spec)]
+
+    async def get_stats_async(self, timeout: float | None = 2) -> Any:
+        """LLM.get_stats_async: the same, as an async iterable."""
+        for stats in self.get_stats(timeout):
+            yield stats
 
     def shutdown(self) -> None:
         self._engine.shutdown()
