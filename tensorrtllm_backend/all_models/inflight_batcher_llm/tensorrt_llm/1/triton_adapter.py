@@ -147,6 +147,7 @@ class StatsPublisher:
         self.llmapi = LlmApiStats()
         self.families: dict[str, Any] = {}  # families must outlive their metrics: keep both
         self.metrics: dict[tuple[str, str], Any] = {}
+        self._warned = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-stats", daemon=True)
         self._thread.start()
@@ -199,8 +200,10 @@ class StatsPublisher:
                     json.loads(item) if isinstance(item, (str, bytes)) else item for item in polled or []
                 ]
                 self.publish([item for item in iterations if isinstance(item, dict)])
-            except Exception as exc:  # a failed poll must not end the thread
-                pb_utils.Logger.log_warn(f"{self.model_name}: engine stats unavailable: {exc}")
+            except Exception as exc:  # a failed poll must not end the thread; said once
+                if not self._warned:
+                    self._warned = True
+                    pb_utils.Logger.log_warn(f"{self.model_name}: engine stats unavailable: {exc}")
 
     def stop(self) -> None:
         self._stop.set()
