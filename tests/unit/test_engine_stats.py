@@ -5,14 +5,17 @@ the metric values each flavour publishes from them (trtllm-serve's names; the C+
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 import tensorrtllm_backend
+from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR
 from tensorrtllm_backend.repository import TEMPLATES_DIR
 
 sys.path.insert(0, str(TEMPLATES_DIR / "tensorrt_llm" / "1"))
@@ -203,3 +206,59 @@ def test_cpp_backend_metrics_fill_the_backends_families() -> None:
     # Every label value is one the backend's reporter declares for its family.
     for name, value_label in values:
         assert value_label in CPP_FAMILIES[name][2]
+
+
+def _standin_source(kind: str, model_dir: str, tokenizer_dir: str, **options: Any) -> tuple[Any, int, int]:
+    source = ReferenceSource(
+        model_dir,
+        options["device"],
+        options["dtype"],
+        slots=options["slots"] or 2,
+        max_len=options["max_seq_len"] or 512,
+        block_reuse=options["block_reuse"],
+        tokens_per_block=options["tokens_per_block"],
+    )
+    return source, source.vocab_size, source.max_len
+
+
+def test_standin_llm_get_stats_as_the_llm_api(demo_model_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    sys.path.insert(0, str(LLMAPI_TEMPLATES_DIR / "tensorrt_llm" / "1"))
+    import llm_standin
+
+    tokenizer = AutoTokenizer.from_pretrained(str(demo_model_dir))
+    api = llm_standin.StandIn("reference", tokenizer, _standin_source, log=lambda _: None)
+
+    def make(**extra: Any) -> Any:
+        return api.LLM(**api.update_llm_args_with_extra_dict({}, {"model": str(demo_model_dir), **extra}))
+
+    async def generate(llm: Any, ids: list[int]) -> None:
+        async for _ in llm.generate_async(ids, sampling_params=llm_standin.SamplingParams(max_tokens=3)):
+            pass
+
+    async def stats_async(llm: Any) -> list[dict[str, Any]]:
+        return [stats async for stats in llm.get_stats_async(timeout=1)]
+
+    quiet = make(kv_cache_config={"enable_block_reuse": True})
+    try:
+        assert quiet.get_stats(timeout=1) == []  # upstream's default: no iteration stats
+    finally:
+        quiet.shutdown()
+    llm = make(
+        enable_iter_perf_stats=True, kv_cache_config={"enable_block_reuse": True, "tokens_per_block": 16}
+    )
+    try:
+        prompt = list(range(5, 45))  # two whole blocks of 16, and then some
+        loop = asyncio.new_event_loop()  # the stand-in serves one event loop, as the model's
+        try:
+            loop.run_until_complete(generate(llm, prompt))
+            loop.run_until_complete(generate(llm, prompt))
+        finally:
+            loop.close()
+        (stats,) = llm.get_stats(timeout=1)
+        assert stats["kvCacheStats"]["tokensPerBlock"] == 16
+        assert stats["kvCacheStats"]["reusedBlocks"] == 2 and stats["kvCacheStats"]["missedBlocks"] == 3 + 1
+        assert asyncio.run(stats_async(llm))[0]["kvCacheStats"]["reusedBlocks"] == 2
+    finally:
+        llm.shutdown()
