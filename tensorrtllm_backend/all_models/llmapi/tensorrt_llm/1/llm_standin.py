@@ -16,7 +16,9 @@ Beam search (`use_beam_search`, `best_of` beams, `n` returned: `outputs` holds t
 decoded whole), `prompt_logprobs` (the top N of each context position, as 1.2's compute_logprobs
 makes them: without the prompt's own tokens), `return_context_logits` (`RequestOutput.context_logits`,
 [prompt, vocab]), `embedding_bias` and `return_perf_metrics` (`request_perf_metrics`: KV cache blocks
-and times; no block is ever reused, see engine.py) are modelled. What the real LLM API serves and our
+and times; blocks of a repeated prompt prefix are reused with kv_cache_config.enable_block_reuse,
+see prefix_cache.py) and `get_stats` / `get_stats_async` (the iteration stats of 1.2.1, with
+enable_iter_perf_stats: engine_stats.py) are modelled. What the real LLM API serves and our
 engines cannot (several sampled sequences, generation logits, ...) is refused as ours
 (contract.RequestError), never ignored. Differences that
 remain: stop strings are matched on the decoded text (TensorRT-LLM matches their token ids, so a
