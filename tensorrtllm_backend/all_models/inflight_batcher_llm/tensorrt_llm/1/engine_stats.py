@@ -28,8 +28,11 @@ import time
 from typing import Any
 
 SPEC_KEYS = ("numDraftTokens", "numAcceptedTokens", "numRequestsWithDraftTokens")
-"""The speculative-decoding counts a token source may keep (cumulative, from `spec_decoding_counts()`);
-a snapshot turns them into this iteration's, as TensorRT-LLM's specDecodingStats are."""
+"""The speculative-decoding counts a speculating engine keeps, cumulative since it started, and
+returns from a `spec_decoding_counts()` method of its token source or engine loop: draft tokens
+proposed, draft tokens accepted, and drafts (one per request per step that had draft tokens, vLLM's
+`num_drafts`). A snapshot turns them into the counts since the last one, as TensorRT-LLM's
+per-iteration specDecodingStats are; an engine without the method reports no specDecodingStats."""
 
 GAUGE, COUNTER = "gauge", "counter"
 
@@ -100,7 +103,7 @@ def snapshot(loop: Any, source: Any, last_spec: dict[str, int]) -> dict[str, Any
     kv = getattr(source, "kv_cache_stats", None)
     if kv is not None:
         stats["kvCacheStats"] = kv()
-    spec = getattr(source, "spec_decoding_counts", None)
+    spec = getattr(source, "spec_decoding_counts", None) or getattr(loop, "spec_decoding_counts", None)
     counts = spec() if spec is not None else None
     if counts:
         step = {key: int(counts.get(key, 0)) - last_spec.get(key, 0) for key in SPEC_KEYS}
