@@ -98,20 +98,21 @@ def test_reference_engine_reuses_a_repeated_prompt_and_counts_it(reusing: Refere
 
 
 class Speculating:
-    """A source with the speculative counts a speculating engine keeps (cumulative)."""
+    """A source with the counters a speculating reference engine keeps (cumulative since start)."""
 
     capacity = 4
 
     def __init__(self) -> None:
-        self.counts = {"numDraftTokens": 0, "numAcceptedTokens": 0, "numRequestsWithDraftTokens": 0}
+        self.counts = {"draft_tokens": 0, "accepted_draft_tokens": 0, "verify_passes": 0, "decode_steps": 0}
 
-    def spec_decoding_counts(self) -> dict[str, int]:
+    def speculative_counters(self) -> dict[str, int]:
         return dict(self.counts)
 
 
 def test_snapshot_turns_cumulative_speculative_counts_into_each_iterations() -> None:
     source, last = Speculating(), {}
-    source.counts.update(numDraftTokens=12, numAcceptedTokens=6, numRequestsWithDraftTokens=3)
+    assert "specDecodingStats" not in snapshot(object(), source, last)  # nothing drafted yet
+    source.counts.update(draft_tokens=12, accepted_draft_tokens=6, verify_passes=3, decode_steps=9)
     first = snapshot(object(), source, last)["specDecodingStats"]
     assert first == {
         "numDraftTokens": 12,
@@ -119,7 +120,7 @@ def test_snapshot_turns_cumulative_speculative_counts_into_each_iterations() -> 
         "numRequestsWithDraftTokens": 3,
         "acceptanceLength": 3.0,
     }
-    source.counts.update(numDraftTokens=16, numAcceptedTokens=6, numRequestsWithDraftTokens=4)
+    source.counts.update(draft_tokens=16, accepted_draft_tokens=6, verify_passes=4, decode_steps=10)
     second = snapshot(object(), source, last)["specDecodingStats"]
     assert second["numDraftTokens"] == 4 and second["numAcceptedTokens"] == 0
     assert second["acceptanceLength"] == 1.0

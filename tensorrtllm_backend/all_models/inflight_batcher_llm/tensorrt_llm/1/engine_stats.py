@@ -27,12 +27,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-SPEC_KEYS = ("numDraftTokens", "numAcceptedTokens", "numRequestsWithDraftTokens")
-"""The speculative-decoding counts a speculating engine keeps, cumulative since it started, and
-returns from a `spec_decoding_counts()` method of its token source or engine loop: draft tokens
-proposed, draft tokens accepted, and drafts (one per request per step that had draft tokens, vLLM's
-`num_drafts`). A snapshot turns them into the counts since the last one, as TensorRT-LLM's
-per-iteration specDecodingStats are; an engine without the method reports no specDecodingStats."""
+SPEC_COUNTERS = {
+    "draft_tokens": "numDraftTokens",
+    "accepted_draft_tokens": "numAcceptedTokens",
+    "verify_passes": "numRequestsWithDraftTokens",
+}
+"""A speculating engine's counters (its token source's `speculative_counters()`, cumulative since it
+started: draft tokens proposed, of them accepted, and verification passes, one per sequence with
+drafts per step, vLLM's `num_drafts`) -> the specDecodingStats key. A snapshot turns them into the
+counts since the last one, as TensorRT-LLM's per-iteration specDecodingStats are; an engine without
+them (or without drafts yet) reports no specDecodingStats."""
 
 GAUGE, COUNTER = "gauge", "counter"
 
@@ -89,9 +93,9 @@ CPP_FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
 
 def snapshot(loop: Any, source: Any, last_spec: dict[str, int]) -> dict[str, Any]:
     """One iteration-stats dict of a stand-in engine: the loop's counts (`iterations`, `num_active`,
-    `num_waiting`, `capacity`, `iteration_s`), the source's `kv_cache_stats()` and the speculative
-    counts since the last snapshot (from the source's cumulative `spec_decoding_counts()`, where it
-    has one; `last_spec` keeps the previous counts). A source without them leaves the keys out."""
+    `num_waiting`, `iteration_s`), the source's `capacity` and `kv_cache_stats()`, and the
+    speculative counts since the last snapshot (SPEC_COUNTERS; `last_spec` keeps the previous
+    ones). What the source does not have is left out."""
     stats: dict[str, Any] = {
         "iter": int(getattr(loop, "iterations", 0)),
         "iterLatencyMS": float(getattr(loop, "iteration_s", 0.0)) * 1000.0,
@@ -103,11 +107,12 @@ def snapshot(loop: Any, source: Any, last_spec: dict[str, int]) -> dict[str, Any
     kv = getattr(source, "kv_cache_stats", None)
     if kv is not None:
         stats["kvCacheStats"] = kv()
-    spec = getattr(source, "spec_decoding_counts", None) or getattr(loop, "spec_decoding_counts", None)
+    spec = getattr(source, "speculative_counters", None)
     counts = spec() if spec is not None else None
-    if counts:
-        step = {key: int(counts.get(key, 0)) - last_spec.get(key, 0) for key in SPEC_KEYS}
-        last_spec.update({key: int(counts.get(key, 0)) for key in SPEC_KEYS})
+    if counts and counts.get("draft_tokens"):
+        now = {key: int(counts.get(name, 0)) for name, key in SPEC_COUNTERS.items()}
+        step = {key: value - last_spec.get(key, 0) for key, value in now.items()}
+        last_spec.update(now)
         drafts = step["numRequestsWithDraftTokens"]
         step["acceptanceLength"] = 1.0 + step["numAcceptedTokens"] / drafts if drafts else 0.0
         stats["specDecodingStats"] = step
