@@ -175,11 +175,11 @@ class ReferenceSource:
         self.tokenizer_dir = tokenizer_dir or model_dir
         self._guide_tokenizer: Any = None  # llguidance's view of the tokenizer, made on first use
         self._guide_ends: frozenset[int] = frozenset()  # the ids it takes as the end of text
-        self.cache: SlotCache | None = None
-        self.capacity: int | None = None
         self.slots = slots
         self.prefixes = PrefixStore(tokens_per_block, entries=slots, enabled=block_reuse)
         self._states: set[_State] = set()  # the admitted sequences' states (their KV blocks)
+        self.cache: SlotCache | None = None
+        self.capacity: int | None = None
         # Every projection is hooked once, here (hooking later could race a forward on the engine
         # thread); with no adapter in the batch a hook returns at once.
         self._lora_groups: list[tuple[Any, Any]] = []
@@ -316,12 +316,10 @@ class ReferenceSource:
         return allowed[: self.vocab_size]
 
     def release(self, seq: Sequence) -> None:
+        self._release_blocks(seq)
         state: _State | None = seq.state
-        if state is not None:
-            self._states.discard(state)
-            self._count_generated(seq, state)
-            if state.slot is not None:
-                self._free.append(state.slot)
+        if state is not None and state.slot is not None:
+            self._free.append(state.slot)
         seq.state = None
 
     def step(self, seqs: list[Sequence]) -> list[tuple[int, float] | BaseException]:
@@ -377,8 +375,12 @@ class ReferenceSource:
         if not request.return_context_logits and request.lora is None:
             self.prefixes.keep(request.input_ids, _layers(prefilled))
 
-    def _count_generated(self, seq: Sequence, state: _State) -> None:
-        """The blocks a finished sequence allocated past its prompt."""
+    def _release_blocks(self, seq: Sequence) -> None:
+        """A finished sequence's blocks are free again; counts those it allocated past its prompt."""
+        state: _State | None = seq.state
+        if state is None:
+            return
+        self._states.discard(state)
         size, prompt = self.prefixes.tokens_per_block, len(seq.request.input_ids)
         if state.length > prompt:
             self.prefixes.count_generated(blocks(state.length, size) - blocks(prompt, size))
