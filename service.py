@@ -121,7 +121,9 @@ class TRTLLM:
     async def __metrics__(self, text: str) -> str:
         """BentoML's metrics (ours among them) followed by Triton's, so one scrape covers both."""
         runtime = self.startup.runtime
-        return text if runtime is None else await append_triton_metrics(text, runtime.triton.metrics_url)
+        if runtime is None:
+            return text
+        return await append_triton_metrics(text, runtime.triton.metrics_url, model_name=runtime.model_name)
 
     @bentoml.api
     async def generate(

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import re
+import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import bentoml
 import httpx
 import openai
+import pytest
 
-from tests.e2e.conftest import BentoService
+from tests.e2e.conftest import BentoService, pack_demo, serving
 
 
 def scrape(url: str) -> str:
@@ -103,3 +105,52 @@ def test_metrics_include_triton_and_engine_counters(service: BentoService) -> No
     assert "bentoml_service_request_total" in metrics  # BentoML's own
     assert "nv_inference_request_success" in metrics  # Triton's, per model
     assert sample(metrics, "trtllm_reference_requests_total", model="tensorrt_llm", outcome="completed") >= 1
+
+
+@pytest.fixture(scope="module")
+def reusing_service(flavor: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BentoService]:
+    """The demo model packed with --enable-kv-cache-reuse, served."""
+    home = pack_demo(
+        tmp_path_factory.mktemp(f"bentoml_home_reuse_{flavor}"), flavor, "--enable-kv-cache-reuse"
+    )
+    with serving(home, tmp_path_factory.mktemp("serve_reuse")) as server:
+        yield server
+
+
+def wait_for(url: str, name: str, above: float | None = None, timeout_s: float = 20.0) -> str:
+    """A scrape that has `name` (above `above`, if given): the engine's stats are polled every second."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = scrape(url)
+        present = re.search(rf"^{re.escape(name)}\{{", text, re.MULTILINE) is not None
+        if (present and (above is None or sample(text, name) > above)) or time.monotonic() > deadline:
+            return text
+        time.sleep(0.5)
+
+
+def test_a_repeated_prompt_shows_as_prefix_cache_hits(flavor: str, reusing_service: BentoService) -> None:
+    url = reusing_service.url
+    prompt = "The quick brown fox jumps over the lazy dog while the cat sleeps. " * 10  # several blocks
+    body = {"prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    first = httpx.post(f"{url}/generate", json=body, timeout=120)
+    assert first.status_code == 200, first.text
+    text = wait_for(url, "trtllm:kv_cache_usage_perc")
+    assert "trtllm:kv_cache_usage_perc{" in text, (
+        "the engine's KV cache usage is not on /metrics\n"
+        + "\n".join(line for line in text.splitlines() if "kv_cache" in line)
+    )
+    hits_before = sample(text, "trtllm:prefix_cache_hits_total")
+    assert hits_before == 0  # nothing to reuse the first time
+    second = httpx.post(f"{url}/generate", json=body, timeout=120)
+    assert second.status_code == 200, second.text
+    assert second.text == first.text
+    text = wait_for(url, "trtllm:prefix_cache_hits_total", hits_before)
+    hits = sample(text, "trtllm:prefix_cache_hits_total")
+    assert hits >= 64, "the second identical prompt reused no KV blocks"  # whole 32-token blocks
+    assert 0.0 <= sample(text, "trtllm:kv_cache_usage_perc") <= 1.0
+    if flavor == "llmapi":  # trtllm-serve's names count misses too: hits are part of the queries
+        assert sample(text, "trtllm:prefix_cache_queries_total") > hits
+        assert sample(text, "trtllm_kv_cache_reused_blocks_total") == hits / 32
+    else:  # the C++ backend's families, as its reporter names them
+        assert sample(text, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="reused") == hits / 32
+        assert sample(text, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="tokens_per") == 32

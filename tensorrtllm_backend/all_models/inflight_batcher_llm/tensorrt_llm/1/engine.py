@@ -140,6 +140,11 @@ class EngineLoop:
         self._stops: dict[str, float] = {}  # request id -> when its `stop` arrived
         self._stops_lock = threading.Lock()
         self._admitted = 0
+        # Read by engine_stats.snapshot from other threads: rounds run, the last round's requests
+        # (running, waiting for a slot) and its time.
+        self.iterations = 0
+        self.num_active = self.num_waiting = 0
+        self.iteration_s = 0.0
         self._lanes: list[queue.SimpleQueue[tuple[Sink, Any, bool] | None]] = [
             queue.SimpleQueue() for _ in range(max(1, sender_lanes))
         ]
@@ -214,7 +219,9 @@ class EngineLoop:
                     finished.add(id(seq))
                 else:
                     live.append(seq)
+            started = time.monotonic()
             results = self.source.step(live) if live else []
+            took_s = time.monotonic() - started
             tokens = 0
             for seq, result in zip(live, results, strict=True):
                 if result is BEAM_STEP:
@@ -240,8 +247,15 @@ class EngineLoop:
                     if id(seq) in finished:
                         self.source.release(seq)
                 active = [seq for seq in active if id(seq) not in finished]
+            self._count_round(bool(live), len(active), len(waiting), took_s)
             if self.step_delay_s and active:
                 time.sleep(self.step_delay_s)
+
+    def _count_round(self, ran: bool, active: int, waiting: int, took_s: float) -> None:
+        if ran:
+            self.iterations += 1
+            self.iteration_s = took_s
+        self.num_active, self.num_waiting = active, waiting
 
     def _admit(self, seq: Sequence) -> bool:
         seq.lane = self._admitted % len(self._lanes)
@@ -353,14 +367,13 @@ class EngineLoop:
         self.counters.finished("completed")
 
     def _perf(self, seq: Sequence, generated: int) -> PerfMetrics | None:
-        """The final response's perf metrics (with return_perf_metrics). KV cache reuse is 0: our
-        engines keep no blocks across requests (every prompt is prefilled whole, its cache freed with
-        the request), so every block is new and none is reused."""
+        """The final response's perf metrics (with return_perf_metrics). Reused blocks are those the
+        source set (the reference engine's prefix reuse, prefix_cache.py); every other block is new."""
         perf = seq.perf
         if perf is not None:
             blocks = -(-(len(seq.request.input_ids) + generated) // TOKENS_PER_BLOCK)
-            perf.kv_cache_alloc_new_blocks = perf.kv_cache_alloc_total_blocks = blocks
-            perf.kv_cache_reused_blocks = 0
+            perf.kv_cache_alloc_total_blocks = blocks
+            perf.kv_cache_alloc_new_blocks = blocks - perf.kv_cache_reused_blocks
             perf.last_token_time_ns = perf.last_token_time_ns or time.time_ns()
             perf.first_token_time_ns = perf.first_token_time_ns or perf.last_token_time_ns
         return perf

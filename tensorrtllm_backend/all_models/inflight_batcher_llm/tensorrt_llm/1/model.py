@@ -31,6 +31,7 @@ from contract import (
     parse_request,
 )
 from engine import EngineLoop
+from engine_stats import snapshot
 from lora import CACHE_MISS, LoraCache, LoraError, from_rows
 from triton_adapter import (
     Collector,
@@ -38,6 +39,7 @@ from triton_adapter import (
     EngineInfo,
     Responder,
     Sender,
+    StatsPublisher,
     make_source,
     mpi_rank,
     param,
@@ -104,6 +106,7 @@ class TritonPythonModel:
             dtype=param(config, "reference_dtype", "auto"),
             slots=int(config.get("max_batch_size") or 0),
             max_seq_len=int(param(config, "max_seq_len", "0")),
+            block_reuse=param(config, "enable_kv_cache_reuse", "false").lower() in ("true", "1"),
         )
         max_seq_len = int(param(config, "max_seq_len", "0")) or own_limit
         self.source = source
@@ -135,6 +138,10 @@ class TritonPythonModel:
             step_delay_s=float(param(config, "synthetic_step_delay_ms", "0")) / 1000.0,
             name=kind,
             logits_dtype=logits_dtype,
+        )
+        last_spec: dict[str, int] = {}
+        self.stats = StatsPublisher(
+            model_name, kind, "ensemble", lambda: [snapshot(self.engine, source, last_spec)]
         )
         pb_utils.Logger.log_info(f"{model_name}: {source.describe()}, max_seq_len {max_seq_len}")
 
@@ -189,5 +196,7 @@ class TritonPythonModel:
         sink.send(None if self.decoupled else pb_utils.InferenceResponse(output_tensors=[]), True)
 
     def finalize(self) -> None:
+        if getattr(self, "stats", None) is not None:
+            self.stats.stop()
         if self.engine is not None:
             self.engine.shutdown()

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 from engine import BEAM_STEP, BeamResult, Sequence
+from prefix_cache import DEFAULT_TOKENS_PER_BLOCK, PrefixStore, blocks
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface, AutoModelForCausalLM, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -147,6 +148,8 @@ class ReferenceSource:
         slots: int = DEFAULT_SLOTS,
         max_len: int = 0,
         tokenizer_dir: str = "",
+        block_reuse: bool = False,
+        tokens_per_block: int = DEFAULT_TOKENS_PER_BLOCK,
     ) -> None:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -172,6 +175,9 @@ class ReferenceSource:
         self.tokenizer_dir = tokenizer_dir or model_dir
         self._guide_tokenizer: Any = None  # llguidance's view of the tokenizer, made on first use
         self._guide_ends: frozenset[int] = frozenset()  # the ids it takes as the end of text
+        self.slots = slots
+        self.prefixes = PrefixStore(tokens_per_block, entries=slots, enabled=block_reuse)
+        self._states: set[_State] = set()  # the admitted sequences' states (their KV blocks)
         self.cache: SlotCache | None = None
         self.capacity: int | None = None
         # Every projection is hooked once, here (hooking later could race a forward on the engine
@@ -274,6 +280,7 @@ class ReferenceSource:
                 raise RuntimeError("no free batch slot (the engine loop admitted too many requests)")
             state.slot = self._free.pop()
         seq.state = state
+        self._states.add(state)
 
     @staticmethod
     def _end_ids(request: Any) -> list[int]:
@@ -309,6 +316,7 @@ class ReferenceSource:
         return allowed[: self.vocab_size]
 
     def release(self, seq: Sequence) -> None:
+        self._release_blocks(seq)
         state: _State | None = seq.state
         if state is not None and state.slot is not None:
             self._free.append(state.slot)
@@ -345,6 +353,66 @@ class ReferenceSource:
                     results[i] = exc
         return results  # type: ignore[return-value]
 
+    # ---- KV blocks: prefix reuse (prefix_cache.py) and TensorRT-LLM's KvCacheStats --------------
+
+    def _reuse_prefix(self, request: Any) -> tuple[Any, int]:
+        """A prompt's prefill cache, holding the keys and values of its longest stored prefix (if
+        block reuse is on), and how many tokens that is. Requests that want every position's logits
+        or run an adapter compute the whole prompt."""
+        cache = DynamicCache(config=self.model.config)
+        if request.return_context_logits or request.lora is not None:
+            return cache, 0
+        reused, layers = self.prefixes.lookup(request.input_ids)
+        for layer, (keys, values) in enumerate(layers or ()):
+            cache.update(keys[:, :, :reused], values[:, :, :reused], layer)
+        return cache, reused
+
+    def _keep_prefix(self, seq: Sequence, reused: int, prefilled: Any) -> None:
+        request = seq.request
+        self.prefixes.count_prompt(len(request.input_ids), reused)
+        if seq.perf is not None:  # the request's own kv_cache_reused_blocks
+            seq.perf.kv_cache_reused_blocks = reused // self.prefixes.tokens_per_block
+        if not request.return_context_logits and request.lora is None:
+            self.prefixes.keep(request.input_ids, _layers(prefilled))
+
+    def _release_blocks(self, seq: Sequence) -> None:
+        """A finished sequence's blocks are free again; counts those it allocated past its prompt."""
+        state: _State | None = seq.state
+        if state is None:
+            return
+        self._states.discard(state)
+        size, prompt = self.prefixes.tokens_per_block, len(seq.request.input_ids)
+        if state.length > prompt:
+            self.prefixes.count_generated(blocks(state.length, size) - blocks(prompt, size))
+
+    def kv_cache_stats(self) -> dict[str, Any]:
+        """TensorRT-LLM's KvCacheStats (the iteration stats' `kvCacheStats`) of this engine: its
+        batch slots' positions as blocks, those the admitted sequences hold, and the reuse counts
+        (cumulative, as the block manager's). Called from any thread: a snapshot, not a lock."""
+        size = self.prefixes.tokens_per_block
+        total = self.slots * blocks(self.max_len, size)
+        for _ in range(3):  # the worker thread may admit or release meanwhile: take it again
+            try:
+                used = sum(blocks(state.length, size) for state in list(self._states))
+                break
+            except RuntimeError:
+                continue
+        else:
+            used = 0
+        used = min(used, total)
+        store = self.prefixes
+        return {
+            "maxNumBlocks": total,
+            "freeNumBlocks": total - used,
+            "usedNumBlocks": used,
+            "tokensPerBlock": size,
+            "allocTotalBlocks": store.alloc_total,
+            "allocNewBlocks": store.alloc_new,
+            "reusedBlocks": store.reused,
+            "missedBlocks": store.missed,
+            "cacheHitRate": store.hit_rate,
+        }
+
     @torch.inference_mode()
     def _prefill(self, seq: Sequence) -> torch.Tensor:
         """Runs the prompt alone; its keys and values go to the sequence's slot (or stay its own)."""
@@ -354,12 +422,13 @@ class ReferenceSource:
         prompt_counts = torch.bincount(ids[0], minlength=self.vocab_size)[: self.vocab_size]
         state.counts = torch.zeros(self.vocab_size, dtype=torch.int64, device=self.device)
         state.prompt_mask = prompt_counts > 0
-        cache = DynamicCache(config=self.model.config)
+        cache, reused = self._reuse_prefix(request)
         self._lora_groups = self._lora_rows([seq], batched=False)
         try:
-            out = self.model(input_ids=ids, past_key_values=cache, use_cache=True)
+            out = self.model(input_ids=ids[:, reused:], past_key_values=cache, use_cache=True)
         finally:
             self._lora_groups = []
+        self._keep_prefix(seq, reused, out.past_key_values)
         if self.cache is not None:
             self.cache.store(state.slot, out.past_key_values)
         else:

@@ -132,6 +132,84 @@ class EngineInfo:
         self.metric.set(1)
 
 
+class StatsPublisher:
+    """Polls the engine's iteration stats on a thread of its own and publishes them as Triton custom
+    metrics (engine_stats.py says which): `flavor` "llmapi" under trtllm-serve's names, "ensemble"
+    under the C++ backend's `nv_trt_llm_*` families. `poll()` returns the iteration-stats dicts since
+    the last call (the LLM API's `get_stats`). A family is made the first time it has a value, so
+    what the engine does not report (speculation, the synthetic engine's KV cache) never shows."""
+
+    def __init__(self, model_name: str, engine: str, flavor: str, poll: Any, period_s: float = 1.0) -> None:
+        from engine_stats import LlmApiStats
+
+        self.model_name, self.engine, self.flavor = model_name, engine, flavor
+        self.poll, self.period_s = poll, period_s
+        self.llmapi = LlmApiStats()
+        self.families: dict[str, Any] = {}  # families must outlive their metrics: keep both
+        self.metrics: dict[tuple[str, str], Any] = {}
+        self._warned = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-stats", daemon=True)
+        self._thread.start()
+
+    def _metric(self, name: str, kind: str, description: str, label: tuple[str, str] | None = None) -> Any:
+        key = (name, label[1] if label else "")
+        metric = self.metrics.get(key)
+        if metric is None:
+            family = self.families.get(name)
+            if family is None:
+                family = self.families[name] = pb_utils.MetricFamily(
+                    name=name,
+                    description=description,
+                    kind=pb_utils.MetricFamily.COUNTER if kind == "counter" else pb_utils.MetricFamily.GAUGE,
+                )
+            if self.flavor == "ensemble":  # the C++ backend's labels
+                labels = {"model": self.model_name, "version": "1"}
+            else:
+                labels = {"model": self.model_name, "engine": self.engine}
+            if label is not None:
+                labels[label[0]] = label[1]
+            metric = self.metrics[key] = family.Metric(labels=labels)
+        return metric
+
+    def publish(self, iterations: list[dict[str, Any]]) -> None:
+        from engine_stats import CPP_FAMILIES, LLMAPI_FAMILIES, cpp_backend_metrics
+
+        if not iterations:
+            return
+        if self.flavor == "ensemble":
+            for (name, value_label), value in cpp_backend_metrics(iterations[-1]).items():
+                description, label, _ = CPP_FAMILIES[name]
+                self._metric(name, "gauge", description, (label, value_label)).set(value)
+            return
+        gauges, counters = self.llmapi.values(iterations)
+        for name, value in gauges.items():
+            self._metric(name, "gauge", LLMAPI_FAMILIES[name][1]).set(value)
+        for name, value in counters.items():
+            metric = self._metric(name, "counter", LLMAPI_FAMILIES[name][1])
+            if value > 0:
+                metric.increment(value)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                polled = self.poll()
+                if isinstance(polled, (str, bytes)):
+                    polled = json.loads(polled)
+                iterations = [
+                    json.loads(item) if isinstance(item, (str, bytes)) else item for item in polled or []
+                ]
+                self.publish([item for item in iterations if isinstance(item, dict)])
+            except Exception as exc:  # a failed poll must not end the thread; said once
+                if not self._warned:
+                    self._warned = True
+                    pb_utils.Logger.log_warn(f"{self.model_name}: engine stats unavailable: {exc}")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
 def make_source(
     kind: str,
     model_dir: str,
@@ -141,16 +219,20 @@ def make_source(
     dtype: str = "auto",
     slots: int = 0,
     max_seq_len: int = 0,
+    block_reuse: bool = False,
+    tokens_per_block: int = 0,
 ) -> tuple[Any, int, int]:
     """The stand-in token source `kind`, its vocabulary size and its sequence-length limit.
 
     `slots` (the reference engine's batch, 0 for its default) and `max_seq_len` (0: the model's
-    own) size the reference engine's KV cache."""
+    own) size the reference engine's KV cache; `block_reuse` lets prompts reuse the KV blocks of
+    earlier prompts' prefixes, in blocks of `tokens_per_block` (0: TensorRT-LLM's default)."""
     if kind not in ENGINES:
         raise pb_utils.TritonModelException(
             f"tensorrt_llm: the stand-in engine must be one of {', '.join(ENGINES)}, got {kind!r}"
         )
     if kind == "reference":
+        from prefix_cache import DEFAULT_TOKENS_PER_BLOCK
         from reference import DEFAULT_SLOTS, ReferenceSource
 
         source = ReferenceSource(
@@ -160,6 +242,8 @@ def make_source(
             slots=slots or DEFAULT_SLOTS,
             max_len=max_seq_len,
             tokenizer_dir=tokenizer_dir,
+            block_reuse=block_reuse,
+            tokens_per_block=tokens_per_block or DEFAULT_TOKENS_PER_BLOCK,
         )
         return source, source.vocab_size, source.max_len
     from synthetic import SyntheticSource, printable_tokens

@@ -16,7 +16,9 @@ Beam search (`use_beam_search`, `best_of` beams, `n` returned: `outputs` holds t
 decoded whole), `prompt_logprobs` (the top N of each context position, as 1.2's compute_logprobs
 makes them: without the prompt's own tokens), `return_context_logits` (`RequestOutput.context_logits`,
 [prompt, vocab]), `embedding_bias` and `return_perf_metrics` (`request_perf_metrics`: KV cache blocks
-and times; no block is ever reused, see engine.py) are modelled. What the real LLM API serves and our
+and times; blocks of a repeated prompt prefix are reused with kv_cache_config.enable_block_reuse,
+see prefix_cache.py) and `get_stats` / `get_stats_async` (the iteration stats of 1.2.1, with
+enable_iter_perf_stats: engine_stats.py) are modelled. What the real LLM API serves and our
 engines cannot (several sampled sequences, generation logits, ...) is refused as ours
 (contract.RequestError), never ignored. Differences that
 remain: stop strings are matched on the decoded text (TensorRT-LLM matches their token ids, so a
@@ -441,6 +443,8 @@ class StandInLLM:
             dtype=standin.dtype or args.dtype,
             slots=int(args.max_batch_size or 0),
             max_seq_len=int(args.max_seq_len or 0),
+            block_reuse=bool(getattr(args.kv_cache_config, "enable_block_reuse", False)),
+            tokens_per_block=int(getattr(args.kv_cache_config, "tokens_per_block", 0) or 0),
         )
         if args.max_seq_len is None:
             args.max_seq_len = own_limit
@@ -453,6 +457,7 @@ class StandInLLM:
             config = Path(model_dir) / "config.json"
             self._base_config = json.loads(config.read_text()) if config.is_file() else {}
         self._next_id = 0
+        self._last_spec: dict[str, int] = {}  # the speculative counts get_stats last saw
         kv_tokens = getattr(args.kv_cache_config, "max_tokens", None)
         self._kv_capacity = int(kv_tokens) if kv_tokens else None  # None: room for every request
         self._kv_used = 0
@@ -679,6 +684,20 @@ class StandInLLM:
         return self._loras.get(
             lora.lora_int_id, lambda: prepare(read_peft(lora.lora_path, self._base_config).factors)
         )
+
+    def get_stats(self, timeout: float | None = 2) -> list[dict[str, Any]]:
+        """LLM.get_stats: the iteration stats since the last call, here one snapshot of the engine
+        (engine_stats.snapshot); none without `enable_iter_perf_stats`, as upstream."""
+        if not getattr(self.args, "enable_iter_perf_stats", False):
+            return []
+        from engine_stats import snapshot
+
+        return [snapshot(self._engine, self.source, self._last_spec)]
+
+    async def get_stats_async(self, timeout: float | None = 2) -> Any:
+        """LLM.get_stats_async: the same, as an async iterable."""
+        for stats in self.get_stats(timeout):
+            yield stats
 
     def shutdown(self) -> None:
         self._engine.shutdown()

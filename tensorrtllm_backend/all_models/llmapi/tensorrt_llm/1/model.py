@@ -38,6 +38,7 @@ from triton_adapter import (
     EngineInfo,
     Responder,
     Sender,
+    StatsPublisher,
     make_source,
     mpi_rank,
     take_sigterm,
@@ -132,7 +133,16 @@ class TritonPythonModel:
             streaming_allowed=self.decoupled,
             end_ids=_end_ids(str(triton_config.get("end_ids", ""))),
         )
+        self.stats = self._publish_stats(kind)
         pb_utils.Logger.log_info(f"{self.model_name}: {self.engine.describe()}, max_seq_len {max_seq_len}")
+
+    def _publish_stats(self, kind: str) -> StatsPublisher | None:
+        """The LLM's iteration stats (`get_stats`, with enable_iter_perf_stats in model.yaml) as
+        trtllm-serve's metrics (engine_stats.py), polled every second."""
+        llm = self.engine.llm
+        if not getattr(llm.args, "enable_iter_perf_stats", False) or not hasattr(llm, "get_stats"):
+            return None
+        return StatsPublisher(self.model_name, kind, "llmapi", lambda: llm.get_stats(timeout=0.5))
 
     def _api(self, kind: str, triton_config: dict[str, Any]) -> Any:
         """TensorRT-LLM's LLM API, or the stand-in over the `kind` (or fallback) engine."""
@@ -248,5 +258,7 @@ class TritonPythonModel:
         return [sink.response for sink in collectors]
 
     def finalize(self) -> None:
+        if getattr(self, "stats", None) is not None:
+            self.stats.stop()
         if self.engine is not None:
             self.engine.shutdown()
