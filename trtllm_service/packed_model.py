@@ -155,10 +155,10 @@ def _capabilities_of_older(data: Mapping[str, Any]) -> dict[str, bool]:
 
 
 def flatten_options(options: Mapping[str, Any], prefix: str = "") -> list[str]:
-    """`dotted.key=value` for every leaf of nested `options`, in order (values as JSON writes them,
-    strings bare)."""
+    """`dotted.key=value` for every leaf of nested `options`, keys sorted (as pack.json keeps them),
+    values as JSON writes them, strings bare."""
     out = []
-    for key, value in options.items():
+    for key, value in sorted(options.items(), key=lambda item: str(item[0])):
         if isinstance(value, Mapping) and value:
             out += flatten_options(value, f"{prefix}{key}.")
         else:

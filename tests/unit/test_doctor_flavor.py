@@ -118,8 +118,8 @@ def test_llm_options_say_what_a_stand_in_ignores() -> None:
         doctor.Check(
             "llm options",
             doctor.UNSUPPORTED,
-            "the reference engine ignores kv_cache_config.free_gpu_memory_fraction, "
-            "cuda_graph_config.enable_padding (validated; they take effect with TensorRT-LLM on a GPU)",
+            "the reference engine ignores cuda_graph_config.enable_padding, "
+            "kv_cache_config.free_gpu_memory_fraction (validated; they take effect with TensorRT-LLM on a GPU)",
         )
     ]
     synthetic = doctor.llm_options_checks(info, "synthetic")[0].detail
