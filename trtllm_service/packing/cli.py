@@ -1,6 +1,7 @@
 """The `pack_model.py` command line: arguments -> `packer.pack`, and one-line errors.
 
-Bad input is reported as one line on stderr (exit status 1; bad arguments 2), and nothing is saved.
+Bad input is reported as one line on stderr (exit status 1; bad arguments 2, and so are bad LLM API
+options: --config FILE.yaml / --set KEY=VALUE, trtllm_service.packing.llm_options), and nothing is saved.
 A model packed in the legacy ensemble flavour (a TensorRT engine) is saved with one warning line on
 stderr, pinned.ENSEMBLE_LEGACY_WARNING; llmapi, the default wherever it serves the source, gets none.
 The output ends with the served model (`settle_served`: packing changes it only when told to, with
