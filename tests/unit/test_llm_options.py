@@ -278,6 +278,12 @@ def test_flag_fields_replace_the_flags() -> None:
             "--config {path}: backend 'tensorrt': the llmapi flavour serves the PyTorch backend (pytorch)",
         ),
         ("- a\n- b\n", [], "--config {path}: holds a list, not a mapping of LLM API arguments"),
+        (
+            "",
+            ["guided_decoding_backend="],
+            "--set guided_decoding_backend=: guided_decoding_backend null turns grammar-guided decoding off, "
+            "which a packed llmapi model always serves (response_format, tools): use llguidance or xgrammar",
+        ),
         ("", ["nokey"], "--set takes KEY=VALUE (KEY dotted: kv_cache_config.dtype=fp8), got 'nokey'"),
         (
             "kv_cache_config: 0.5\n",

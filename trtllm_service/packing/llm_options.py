@@ -12,6 +12,8 @@ The keys the service owns:
 - `model`, `tokenizer`, `skip_tokenizer_init`, `_mpi_session`: the packed checkpoint and tokenizer,
   the Triton model's own session; refused.
 - `backend`: the llmapi flavour serves TensorRT-LLM's PyTorch backend; anything but `pytorch` refused.
+- `guided_decoding_backend`: llguidance (packed) or xgrammar; `null` (no guides) refused, as the
+  service offers guided output for every llmapi model.
 - `lora_config`, `enable_lora`: adapters are packed with --lora NAME=DIR (--lora-cache-adapters is
   max_loras); refused.
 - `triton_config`: Triton's settings and ours in model.yaml, set by pack_model.py's flags; refused.
@@ -202,6 +204,12 @@ def load_llm_options(config_file: Path | str | None, sets: Sequence[str] = ()) -
     for key, reason in OWNED.items():
         if key in options:
             raise loaded.fail(key, reason)
+    if "guided_decoding_backend" in options and options["guided_decoding_backend"] is None:
+        raise loaded.fail(
+            "guided_decoding_backend",
+            "guided_decoding_backend null turns grammar-guided decoding off, which a packed llmapi model "
+            "always serves (response_format, tools): use llguidance or xgrammar",
+        )
     backend = options.get("backend")
     if backend is not None and backend != "pytorch":
         raise loaded.fail(
