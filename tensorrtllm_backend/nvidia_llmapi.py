@@ -9,8 +9,11 @@ is a TypeError) with its refusals, `GuidedDecodingParams`, the output objects (`
 name and type (a unit test holds them together), the stand-in LLM API (llm_standin.py) is built from
 these tables and refuses with these messages, and packing's model.yaml is checked against them.
 
-Sources (NVIDIA/TensorRT-LLM; no file at the v1.2.1 tag, 376f7e1b, is in the index we can read, so
-each fact comes from stored versions on either side of it, and says so):
+Sources (NVIDIA/TensorRT-LLM; no source file at the v1.2.1 tag, 376f7e1b, is in the index we can read,
+so most facts come from stored versions on either side of it, and say so. The documentation NVIDIA
+publishes for the tag is stored (gh-pages 58fb435e, 1.2.1/), and its _modules/ pages render the
+tag's own source of tensorrt_llm/llmapi/llm_args.py, llm.py, sampling_params.py, executor/result.py
+and executor/request.py: the first place to read a 1.2.1 fact):
   triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt   c8c6df08 (1.1/1.2 era; the 2026 version
       0a710573 adds image_url and lora_* inputs, after 1.2.1)
   triton_backend/all_models/llmapi/tensorrt_llm/1/model.py     b35ac1b6 (= 1.2.0rc2) and 044a90d2
