@@ -9,8 +9,11 @@ is a TypeError) with its refusals, `GuidedDecodingParams`, the output objects (`
 name and type (a unit test holds them together), the stand-in LLM API (llm_standin.py) is built from
 these tables and refuses with these messages, and packing's model.yaml is checked against them.
 
-Sources (NVIDIA/TensorRT-LLM; no file at the v1.2.1 tag, 376f7e1b, is in the index we can read, so
-each fact comes from stored versions on either side of it, and says so):
+Sources (NVIDIA/TensorRT-LLM; no source file at the v1.2.1 tag, 376f7e1b, is in the index we can read,
+so most facts come from stored versions on either side of it, and say so. The documentation NVIDIA
+publishes for the tag is stored (gh-pages 58fb435e, 1.2.1/), and its _modules/ pages render the
+tag's own source of tensorrt_llm/llmapi/llm_args.py, llm.py, sampling_params.py, executor/result.py
+and executor/request.py: the first place to read a 1.2.1 fact):
   triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt   c8c6df08 (1.1/1.2 era; the 2026 version
       0a710573 adds image_url and lora_* inputs, after 1.2.1)
   triton_backend/all_models/llmapi/tensorrt_llm/1/model.py     b35ac1b6 (= 1.2.0rc2) and 044a90d2
@@ -19,7 +22,11 @@ each fact comes from stored versions on either side of it, and says so):
       version on the 1.2 line)
   tensorrt_llm/llmapi/llm_args.py                              6cbd8328 (main, 2025-10, before the
       release/1.2 split) and a main version of 2026-02/03 (stored as file 7019226376): a field in
-      both is taken as 1.2.1's (`certain`); a field in one of them only is marked estimated
+      both is taken as 1.2.1's (`certain`); a field in one of them only is marked estimated.
+      The tag itself, as NVIDIA's 1.2.1 documentation renders it (gh-pages 58fb435e,
+      1.2.1/_modules/tensorrt_llm/llmapi/llm_args.html), for MoeConfig, AttentionDpConfig, the
+      speculative configs (DecodingBaseConfig.from_dict's decoding types) and
+      update_llm_args_with_extra_dict (kv_cache_config deep-merged, key by key, into the base)
   tensorrt_llm/lora_helper.py                                  LoraConfig: same fields in every version
   tensorrt_llm/executor/result.py                              CompletionOutput, Logprob (1.2.0rc era)
 
@@ -233,8 +240,10 @@ class Field:
     """One field of an LLM API pydantic model.
 
     `kind` is a small type vocabulary (see `_annotation`): int, float, bool, str, path, any, list[int],
-    list[str], dict[str,str], or `a|b|c` for a Literal; `optional` admits None; `nested` names the
-    table of a nested strict model; `certain`: in both stored versions around 1.2.1 (else estimated).
+    list[str], set[int], dict[str,str], dict[int,int], or `a|b|c` for a Literal; `optional` admits
+    None; `nested` names the table of a nested strict model (NESTED; `speculative_config`'s is chosen
+    by its decoding_type: SPECULATIVE_CONFIGS); `certain`: read at the tag itself or in both stored
+    versions around it (else estimated); `aliases`: other names pydantic takes for it.
     """
 
     name: str
@@ -246,6 +255,7 @@ class Field:
     ge: float | None = None
     le: float | None = None
     alias: str | None = None
+    aliases: tuple[str, ...] = ()
 
 
 def _f(name: str, kind: str, default: Any = None, **more: Any) -> Field:
@@ -293,6 +303,132 @@ is not: a pydantic BaseModel (unknown keys IGNORED) in late 2025, a StrictBaseMo
 main. Which one 1.2.1 ships is unconfirmed; we refuse unknown keys either way (a key that would be
 ignored is a mistake in what we wrote)."""
 
+CUDA_GRAPH_CONFIG: tuple[Field, ...] = (
+    _f("batch_sizes", "list[int]"),
+    _f("max_batch_size", "int", 0, optional=False, ge=0),
+    _f("enable_padding", "bool", False, optional=False),
+)
+"""CudaGraphConfig (StrictBaseModel). Its validator derives max_batch_size from batch_sizes (they must
+agree when both are given) or batch_sizes from max_batch_size (0: 128). `cuda_graph_config: null`
+turns CUDA graphs off (NULL_IS_A_VALUE)."""
+
+DYNAMIC_BATCH_CONFIG: tuple[Field, ...] = (
+    # 2025-10 declares the three without defaults, 2026 with these: the defaults are estimated
+    _f("enable_batch_size_tuning", "bool", True, optional=False),
+    _f("enable_max_num_tokens_tuning", "bool", False, optional=False),
+    _f("dynamic_batch_moving_average_window", "int", 128, optional=False),
+)
+"""DynamicBatchConfig (scheduler_config.dynamic_batch_config; the TensorRT backend's only, says 2026)."""
+
+SCHEDULER_CONFIG: tuple[Field, ...] = (
+    _f(
+        "capacity_scheduler_policy",
+        "MAX_UTILIZATION|GUARANTEED_NO_EVICT|STATIC_BATCH",
+        "GUARANTEED_NO_EVICT",
+        optional=False,
+    ),
+    _f("context_chunking_policy", "FIRST_COME_FIRST_SERVED|EQUAL_PROGRESS"),
+    _f("dynamic_batch_config", "any", nested="dynamic_batch_config"),
+    _f("waiting_queue_policy", "str", "FCFS", optional=False, certain=False),  # 2026 only
+)
+"""SchedulerConfig (StrictBaseModel mirroring the C++ class; the policies are StrEnums: their names)."""
+
+ATTENTION_DP_CONFIG: tuple[Field, ...] = (
+    _f("enable_balance", "bool", False, optional=False),
+    _f("timeout_iters", "int", 50, optional=False),
+    _f("batching_wait_iters", "int", 10, optional=False),
+)
+"""AttentionDpConfig (StrictBaseModel; read at the tag)."""
+
+MOE_CONFIG: tuple[Field, ...] = (
+    # 1.2.1's Literal, default CUTLASS (2026 main adds AUTO, its new default)
+    _f("backend", "CUTLASS|CUTEDSL|WIDEEP|TRTLLM|DEEPGEMM|VANILLA|TRITON", "CUTLASS", optional=False),
+    _f("max_num_tokens", "int"),
+    _f("load_balancer", "any"),  # a MoeLoadBalancerConfig mapping or a YAML file's path
+    _f("disable_finalize_fusion", "bool", False, optional=False),
+    _f("use_low_precision_moe_combine", "bool", False, optional=False),
+)
+"""MoeConfig (StrictBaseModel; read at the tag)."""
+
+# ---- speculative_config: DecodingBaseConfig.from_dict picks the class by decoding_type -------------------
+
+SPECULATIVE = "speculative_config"
+
+DECODING_BASE: tuple[Field, ...] = (
+    _f("max_draft_len", "int"),
+    _f("max_total_draft_tokens", "int"),
+    # 1.2.1: speculative_model, validation_alias AliasChoices(speculative_model, speculative_model_dir)
+    _f("speculative_model", "path", aliases=("speculative_model_dir",)),
+    _f("max_concurrency", "int"),
+    _f("draft_len_schedule", "dict[int,int]"),
+    _f("load_format", "str"),
+    _f("acceptance_window", "int", ge=0),
+    _f("acceptance_length_threshold", "float", ge=0.0),
+    _f("allow_advanced_sampling", "bool", False, optional=False),
+)
+"""DecodingBaseConfig's fields (StrictBaseModel), every decoding type's."""
+
+NGRAM_DECODING_CONFIG: tuple[Field, ...] = (
+    _f("max_matching_ngram_size", "int", 0, optional=False),
+    _f("is_keep_all", "bool", True, optional=False),
+    _f("is_use_oldest", "bool", True, optional=False),
+    _f("is_public_pool", "bool", True, optional=False),
+)
+EAGLE_DECODING_CONFIG: tuple[Field, ...] = (
+    _f("eagle_choices", "any"),  # list[list[int]], or its text ("[[0], [1]]")
+    _f("greedy_sampling", "bool", True),
+    _f("posterior_threshold", "float"),
+    _f("use_dynamic_tree", "bool", False),
+    _f("dynamic_tree_max_topK", "int"),
+    _f("num_eagle_layers", "int"),
+    _f("max_non_leaves_per_layer", "int"),
+    _f("eagle3_one_model", "bool", True),
+    _f("eagle3_layers_to_capture", "set[int]"),
+    _f("eagle3_model_arch", "str", "llama3", optional=False),  # llama3 | mistral_large3
+)
+MTP_DECODING_CONFIG: tuple[Field, ...] = (
+    _f("num_nextn_predict_layers", "int", 1, optional=False),
+    _f("use_relaxed_acceptance_for_thinking", "bool", False, optional=False),
+    _f("relaxed_topk", "int", 1, optional=False),
+    _f("relaxed_delta", "float", 0.0, optional=False),
+    _f("use_mtp_vanilla", "bool", False, optional=False),
+    _f("mtp_eagle_one_model", "bool", True, optional=False),
+    _f("num_nextn_predict_layers_from_model_config", "int", 1, optional=False),
+    _f("begin_thinking_phase_token", "int", 128798, optional=False),
+    _f("end_thinking_phase_token", "int", 128799, optional=False),
+)
+
+SPECULATIVE_CONFIGS: dict[str, tuple[str, tuple[Field, ...]]] = {
+    "NGram": ("NGramDecodingConfig", NGRAM_DECODING_CONFIG),
+    "Eagle": ("EagleDecodingConfig", EAGLE_DECODING_CONFIG),
+    "MTP": ("MTPDecodingConfig", MTP_DECODING_CONFIG),
+    "DraftTarget": ("DraftTargetDecodingConfig", ()),
+    "AUTO": ("AutoDecodingConfig", ()),
+}
+"""speculative_config's `decoding_type` -> the class DecodingBaseConfig.from_dict builds (1.2.1's
+spellings, read at the tag: `Eagle` serves EAGLE-3 drafts too, eagle3_one_model picks one or two
+models; `Eagle3` and `Draft_Target` as decoding types are 2026 main's, after 1.2.1). from_dict pops
+decoding_type and builds the class with the rest, so decoding_type is required ("Invalid decoding
+type: None"). The instance keeps decoding_type as an attribute (upstream: a ClassVar)."""
+
+SPECULATIVE_REFUSED: dict[str, str] = {
+    "Medusa": "Medusa runs on the TensorRT engine backend only, not the PyTorch backend",
+    "Lookahead": "Lookahead runs on the TensorRT engine backend only, not the PyTorch backend",
+    "SaveState": "SaveState records hidden states for training drafters; it does not serve",
+    "UserProvided": "UserProvided takes a Python drafter object, which a YAML file cannot hold",
+}
+"""1.2.1's other decoding types, which a packed llmapi model cannot use."""
+
+SPECULATIVE_CHECKS: dict[str, str] = {
+    "NGram": "max_draft_len > 0 and max_matching_ngram_size > 0 are required for NGram",
+    "Eagle": "max_draft_len is required for Eagle",
+    "DraftTarget": "max_draft_len > 0 is required for DraftTarget",
+}
+"""What 1.2.1 asserts of each decoding type (EagleDecodingConfig's validator: "max_draft_len is required
+for Eagle"; TorchLlmArgs.validate_speculative_config asserts the NGram and DraftTarget conditions,
+read in 2025-10's source); the draft model (speculative_model) is required for Eagle ("Draft model
+must be provided for EAGLE") and DraftTarget ("Path to draft model must be specified.")."""
+
 TORCH_LLM_ARGS: tuple[Field, ...] = (
     _f("model", "path", optional=False),
     _f("tokenizer", "any"),
@@ -326,10 +462,10 @@ TORCH_LLM_ARGS: tuple[Field, ...] = (
     _f("iter_stats_max_iterations", "int"),
     _f("request_stats_max_iterations", "int"),
     _f("peft_cache_config", "any"),
-    _f("scheduler_config", "any"),
+    _f("scheduler_config", "any", nested="scheduler_config"),
     _f("cache_transceiver_config", "any"),
     _f("sparse_attention_config", "any"),
-    _f("speculative_config", "any"),
+    _f("speculative_config", "any", nested=SPECULATIVE),
     # 2025-10: None (BuildConfig then says 2048 / 1024 / 1); 2026: the numbers themselves.
     _f("max_batch_size", "int"),
     _f("max_input_len", "int"),
@@ -351,10 +487,10 @@ TORCH_LLM_ARGS: tuple[Field, ...] = (
     _f("env_overrides", "dict[str,str]", certain=False),
     # TorchLlmArgs' own
     _f("garbage_collection_gen0_threshold", "int", 20000, optional=False),
-    _f("cuda_graph_config", "any"),
-    _f("attention_dp_config", "any"),
+    _f("cuda_graph_config", "any", nested="cuda_graph_config"),
+    _f("attention_dp_config", "any", nested="attention_dp_config"),
     _f("disable_overlap_scheduler", "bool", False, optional=False),
-    _f("moe_config", "any"),
+    _f("moe_config", "any", nested="moe_config"),
     _f("nvfp4_gemm_config", "any", certain=False),
     _f("attn_backend", "str", "TRTLLM", optional=False),
     _f("sampler_type", "any", "auto", optional=False),
@@ -385,13 +521,21 @@ TORCH_LLM_ARGS: tuple[Field, ...] = (
     _f("max_stats_len", "int", 1000, optional=False, certain=False),
     _f("layer_wise_benchmarks_config", "any", certain=False),
 )
-"""TorchLlmArgs = BaseLlmArgs + the PyTorch backend's fields (`tensorrt_llm.LLM`'s arguments). Nested
-configs we never fill (cuda_graph_config, scheduler_config, ...) are typed `any` here: their own
-fields are not written down, so a wrong key inside them is not caught before the real image."""
+"""TorchLlmArgs = BaseLlmArgs + the PyTorch backend's fields (`tensorrt_llm.LLM`'s arguments). The
+nested configs users set most (kv_cache_config, lora_config, cuda_graph_config, scheduler_config,
+attention_dp_config, moe_config, speculative_config) have their fields written down (NESTED), so a
+wrong key inside them fails here as it fails in TensorRT-LLM; the others (cache_transceiver_config,
+sparse_attention_config, torch_compile_config, ...) are typed `any`: a wrong key inside them is not
+caught before the real image."""
 
 NESTED: dict[str, tuple[str, tuple[Field, ...]]] = {
     "kv_cache_config": ("KvCacheConfig", KV_CACHE_CONFIG),
     "lora_config": ("LoraConfig", LORA_CONFIG),
+    "cuda_graph_config": ("CudaGraphConfig", CUDA_GRAPH_CONFIG),
+    "scheduler_config": ("SchedulerConfig", SCHEDULER_CONFIG),
+    "dynamic_batch_config": ("DynamicBatchConfig", DYNAMIC_BATCH_CONFIG),
+    "attention_dp_config": ("AttentionDpConfig", ATTENTION_DP_CONFIG),
+    "moe_config": ("MoeConfig", MOE_CONFIG),
 }
 
 REFUSED_LLM_ARGS: dict[str, str] = {
@@ -411,14 +555,23 @@ EXTRA_DICT_CLASSES: dict[str, str] = {
     "speculative_config": "DecodingBaseConfig",
     "lora_config": "LoraConfig",
     "moe_config": "MoeConfig",
+    "nvfp4_gemm_config": "Nvfp4GemmConfig",
     "attention_dp_config": "AttentionDpConfig",
     "sparse_attention_config": "BaseSparseAttentionConfig",
+    "kv_cache_config": "KvCacheConfig",
 }
-"""`update_llm_args_with_extra_dict`'s key -> class table (2025-10): each value given is built with
-`Cls(**value)` (speculative/build/sparse with `from_dict`), so a non-mapping fails there; the merged
-dict then goes to `LLM(**args)`. 2026 main also maps kv_cache_config (deep merge) and
-nvfp4_gemm_config, and drops speculative/sparse; 1.2.1's table is one of the two (estimated). It
-checks no keys itself: pydantic does, in LLM()."""
+"""`update_llm_args_with_extra_dict`'s key -> class table at 1.2.1 (read at the tag): each value given
+is built with `Cls(**value)` (speculative_config and sparse_attention_config with `from_dict`), so a
+non-mapping fails there; the merged dict then goes to `LLM(**args)`. Before that, a kv_cache_config
+given in both is deep-merged: the base's keys, the extra dict's over them (KV_CACHE_DEEP_MERGE); every
+other key is replaced whole (`llm_args | llm_args_dict`). It checks no keys itself: pydantic does,
+in LLM()."""
+
+KV_CACHE_DEEP_MERGE = True
+"""1.2.1 merges kv_cache_config key by key (PR #9262, 2025-11, read at the tag): a YAML that sets
+kv_cache_config.dtype keeps the base's free_gpu_memory_fraction. Upstream's Triton model merges into
+an empty base, so there it changes nothing; pack_model.py --config merges into the base its flags
+filled, as trtllm-serve merges --config into the one its flags built."""
 
 UPDATE_LLM_ARGS = (
     ("tensorrt_llm.llmapi.llm_utils", "update_llm_args_with_extra_dict"),  # upstream model.py's import
@@ -432,7 +585,10 @@ EXTRA_FORBIDDEN = "Extra inputs are not permitted"
 
 
 def fields_of(table: tuple[Field, ...]) -> dict[str, Field]:
-    return {f.alias or f.name: f for f in table}
+    """Field by every name a mapping may give it (its own or alias, and its other aliases)."""
+    out = {f.alias or f.name: f for f in table}
+    out.update({alias: f for f in table for alias in f.aliases})
+    return out
 
 
 NULL_IS_A_VALUE = frozenset({"cuda_graph_config"})
@@ -467,42 +623,91 @@ def _annotation(field: Field) -> Any:
         "any": Any,
         "list[int]": list[int],
         "list[str]": list[str],
+        "set[int]": set[int],
         "dict[str,str]": dict[str, str],
+        "dict[int,int]": dict[int, int],
     }
     literal = Literal[tuple(field.kind.split("|"))]  # type: ignore[valid-type]
     kind = simple.get(field.kind, literal)
     return Optional[kind] if field.optional and kind is not Any else kind  # noqa: UP045
 
 
+def _speculative_check(decoding_type: str) -> Any:
+    """The after-validator of one decoding type's model: 1.2.1's assertions (SPECULATIVE_CHECKS)."""
+    from pydantic import model_validator
+
+    def check(self: Any) -> Any:
+        draft = self.max_draft_len
+        if decoding_type == "NGram" and not (draft and draft > 0 and self.max_matching_ngram_size > 0):
+            raise ValueError(SPECULATIVE_CHECKS["NGram"])
+        if decoding_type == "Eagle" and draft is None:
+            raise ValueError(SPECULATIVE_CHECKS["Eagle"])
+        if decoding_type == "DraftTarget" and not (draft and draft > 0):
+            raise ValueError(SPECULATIVE_CHECKS["DraftTarget"])
+        if decoding_type in ("Eagle", "DraftTarget") and self.speculative_model is None:
+            raise ValueError(
+                "Draft model must be provided for EAGLE"
+                if decoding_type == "Eagle"
+                else "Path to draft model must be specified."
+            )
+        return self
+
+    return model_validator(mode="after")(check)
+
+
 @functools.lru_cache(maxsize=1)
 def llm_args_model() -> Any:
-    """TorchLlmArgs as a strict pydantic model built from these tables (its errors are pydantic's)."""
-    from pydantic import ConfigDict, create_model
+    """TorchLlmArgs as a strict pydantic model built from these tables (its errors are pydantic's).
+    speculative_config is a union of the decoding types' models told apart by `decoding_type`."""
+    from typing import Annotated, Literal, Union
+
+    from pydantic import AliasChoices, ConfigDict, create_model
     from pydantic import Field as PydanticField
 
     strict = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
 
-    def build(name: str, table: tuple[Field, ...]) -> Any:
-        fields: dict[str, Any] = {}
+    def field_default(field: Field) -> Any:
+        if field.default == ():  # an empty list or dict, made per instance
+            return PydanticField(default_factory=dict if field.kind.startswith("dict") else list)
+        return PydanticField(
+            default=... if field.name == "model" else field.default,
+            alias=field.alias,
+            validation_alias=AliasChoices(field.name, *field.aliases) if field.aliases else None,
+            ge=field.ge,
+            le=field.le,
+        )
+
+    def speculative() -> Any:
+        models = []
+        for decoding_type, (name, table) in SPECULATIVE_CONFIGS.items():
+            extra: dict[str, Any] = {"decoding_type": (Literal[decoding_type], ...)}  # type: ignore[valid-type]
+            validators = {}
+            if decoding_type in SPECULATIVE_CHECKS or decoding_type == "Eagle":
+                validators["check_" + decoding_type.lower()] = _speculative_check(decoding_type)
+            models.append(build(name, DECODING_BASE + table, extra, validators))
+        return Annotated[Union[tuple(models)], PydanticField(discriminator="decoding_type")]  # noqa: UP007
+
+    def build(
+        name: str,
+        table: tuple[Field, ...],
+        extra: dict[str, Any] | None = None,
+        validators: dict[str, Any] | None = None,
+    ) -> Any:
+        fields: dict[str, Any] = dict(extra or {})
         for field in table:
             annotation = _annotation(field)
+            if field.nested == SPECULATIVE:
+                fields[field.name] = (speculative() | None, None)
+                continue
             if field.nested is not None:
                 nested_name, nested_table = NESTED[field.nested]
                 model = build(nested_name, nested_table)
                 annotation = model | None if field.optional else model
                 default: Any = None if field.optional else PydanticField(default_factory=model)
-            elif field.default == ():  # an empty list or dict, made per instance
-                factory = dict if field.kind.startswith("dict") else list
-                default = PydanticField(default_factory=factory)
             else:
-                default = PydanticField(
-                    default=... if field.name == "model" else field.default,
-                    alias=field.alias,
-                    ge=field.ge,
-                    le=field.le,
-                )
+                default = field_default(field)
             fields[field.name] = (annotation, default)
-        return create_model(name, __config__=strict, **fields)
+        return create_model(name, __config__=strict, __validators__=validators or None, **fields)
 
     return build("TorchLlmArgs", TORCH_LLM_ARGS)
 
@@ -510,27 +715,117 @@ def llm_args_model() -> Any:
 def validate_llm_args(args: Mapping[str, Any]) -> Any:
     """The LLM arguments as TorchLlmArgs would validate them: the model instance, or pydantic's
     ValidationError (unknown key: "Extra inputs are not permitted", naming the key), or ValueError
-    for a key TorchLlmArgs does not take at all (REFUSED_LLM_ARGS)."""
+    for a key TorchLlmArgs does not take at all (REFUSED_LLM_ARGS). Nested configs come back as
+    pydantic objects with attributes, as TensorRT-LLM's do: `speculative_config` is the object of its
+    decoding type (`.decoding_type`, `.max_draft_len`, `.max_matching_ngram_size`, ...), or None."""
     for key, message in REFUSED_LLM_ARGS.items():
         if key in args:
             raise ValueError(message)
     return llm_args_model()(**args)
 
 
+def _nested_table(field: Field, value: Any) -> tuple[str, dict[str, Field]] | None:
+    """The fields a mapping given for `field` may hold (and the class's name), if it is a mapping and
+    its table is written down (for speculative_config: of a known decoding_type)."""
+    if field.nested is None or not isinstance(value, Mapping):
+        return None
+    if field.nested == SPECULATIVE:
+        kind = SPECULATIVE_CONFIGS.get(str(value.get("decoding_type")))
+        if kind is None:
+            return None
+        return kind[0], {"decoding_type": _f("decoding_type", "str"), **fields_of(DECODING_BASE + kind[1])}
+    name, table = NESTED[field.nested]
+    return name, fields_of(table)
+
+
+def _walk(config: Mapping[str, Any], table: dict[str, Field], prefix: str = "") -> Any:
+    """(dotted key, the field or None, its table) for every key of `config`, nested ones too."""
+    for key, value in config.items():
+        field = table.get(str(key))
+        yield f"{prefix}{key}", field, table
+        nested = _nested_table(field, value) if field is not None else None
+        if nested is not None:
+            yield from _walk(value, nested[1], f"{prefix}{key}.")
+
+
 def unknown_keys(config: Mapping[str, Any]) -> list[str]:
     """Keys of a model.yaml LLM-argument block (triton_config stripped) that 1.2.1 does not take for
     certain, dotted for nested ones: what a packer must never write."""
-    top = fields_of(TORCH_LLM_ARGS)
-    out = []
-    for key, value in config.items():
-        field = top.get(key)
-        if field is None or not field.certain or key in REFUSED_LLM_ARGS:
-            out.append(key)
+    return [
+        key
+        for key, field, _ in _walk(config, fields_of(TORCH_LLM_ARGS))
+        if field is None or not field.certain or key in REFUSED_LLM_ARGS
+    ]
+
+
+def estimated_keys(config: Mapping[str, Any]) -> list[str]:
+    """Keys of `config` that exist in only one of the stored versions around 1.2.1 (estimated)."""
+    return [
+        key
+        for key, field, _ in _walk(config, fields_of(TORCH_LLM_ARGS))
+        if field is not None and not field.certain
+    ]
+
+
+def key_errors(config: Mapping[str, Any]) -> list[str]:
+    """What 1.2.1 refuses in the keys of LLM arguments `config`, one line each, dotted keys at any
+    depth, with the nearest valid key (difflib) where one is near: an unknown or misspelt key, a
+    missing or unknown speculative decoding_type, a key TorchLlmArgs refuses outright. Values are
+    pydantic's to check (validate_llm_args; describe_validation_error)."""
+    import difflib
+
+    problems = []
+    for key, field, table in _walk(config, fields_of(TORCH_LLM_ARGS)):
+        if key in REFUSED_LLM_ARGS:
+            problems.append(f"{key}: {REFUSED_LLM_ARGS[key]}")
             continue
-        if field.nested is not None and isinstance(value, Mapping):
-            nested = fields_of(NESTED[field.nested][1])
-            out += [f"{key}.{k}" for k in value if k not in nested or not nested[k].certain]
-    return out
+        if field is None:
+            prefix, _, name = key.rpartition(".")
+            near = difflib.get_close_matches(name, list(table), n=1, cutoff=0.6)
+            hint = f"; did you mean {prefix + '.' if prefix else ''}{near[0]}?" if near else ""
+            problems.append(f"{key} is not an LLM API argument at TensorRT-LLM {TAG[1:]}{hint}")
+            continue
+        if field.nested == SPECULATIVE:
+            problems += _decoding_type_errors(key, config, field)
+    return problems
+
+
+def _decoding_type_errors(key: str, config: Mapping[str, Any], field: Field) -> list[str]:
+    import difflib
+
+    value: Any = config
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else None
+    if not isinstance(value, Mapping):
+        return []
+    kind = value.get("decoding_type")
+    known = ", ".join(SPECULATIVE_CONFIGS)
+    if kind is None:
+        return [f"{key}.decoding_type is missing (one of {known}: DecodingBaseConfig.from_dict needs it)"]
+    if str(kind) in SPECULATIVE_REFUSED:
+        return [f"{key}.decoding_type {kind}: {SPECULATIVE_REFUSED[str(kind)]}"]
+    if str(kind) not in SPECULATIVE_CONFIGS:
+        near = difflib.get_close_matches(str(kind), list(SPECULATIVE_CONFIGS), n=1, cutoff=0.5)
+        hint = f"; did you mean {near[0]}?" if near else ""
+        return [
+            f"{key}.decoding_type {kind} is not a decoding type of TensorRT-LLM {TAG[1:]} ({known}){hint}"
+        ]
+    return []
+
+
+def describe_validation_error(error: Any) -> str:
+    """One line for pydantic's ValidationError of validate_llm_args: its first error, the dotted key
+    (without the decoding type a union adds), pydantic's message and the value given."""
+    first = error.errors()[0]
+    loc = [str(part) for part in first.get("loc", ())]
+    if len(loc) > 1 and loc[0] == SPECULATIVE and loc[1] in SPECULATIVE_CONFIGS:
+        del loc[1]
+    where = ".".join(loc) or "the LLM arguments"
+    message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+    given = first.get("input")
+    shown = "" if isinstance(given, Mapping) or given is None else f" (got {given!r})"
+    more = len(error.errors()) - 1
+    return f"{where}: {message}{shown}" + (f"; and {more} more" if more else "")
 
 
 # ---- SamplingParams, GuidedDecodingParams (sampling_params.py b35ac1b6) ----------------------------------

@@ -204,14 +204,77 @@ def _fill_version_file(path: Path, values: Mapping[str, str]) -> str:
     return fill_text(text, {key: values[key] for key in placeholders(text)}, source=str(path))
 
 
+LLM_OPTIONS_HEADER = (
+    "# LLM API options from pack_model.py --config / --set, merged over the values above as\n"
+    "# trtllm-serve 1.2.1 merges its --config YAML (update_llm_args_with_extra_dict): kv_cache_config\n"
+    "# key by key, every other key replaced whole.\n"
+)
+
+
+def merge_llm_options(text: str, options: Mapping[str, object]) -> str:
+    """A filled model.yaml with LLM API `options` merged in, as update_llm_args_with_extra_dict merges
+    a YAML into the base at 1.2.1: kv_cache_config deep-merged (its keys over the base's), every other
+    key replacing the base's. A replaced key's lines (and the comment right above it) leave their
+    place; the merged keys are written in one block before triton_config. `options` must not hold
+    triton_config (the packer refuses it)."""
+    import yaml
+
+    from tensorrtllm_backend import nvidia_llmapi as nv
+
+    if not options:
+        return text
+    base = yaml.safe_load(text) or {}
+    merged: dict[str, object] = {}
+    for key, value in options.items():
+        old = base.get(key)
+        if (
+            key == "kv_cache_config"
+            and nv.KV_CACHE_DEEP_MERGE
+            and isinstance(old, Mapping)
+            and isinstance(value, Mapping)
+        ):
+            value = {**old, **value}
+        merged[key] = value
+    lines = text.split("\n")
+    kept: list[str] = []
+    skipping = False
+    for line in lines:
+        top = line[:1] not in ("", " ", "\t", "#")
+        if top:
+            skipping = line.split(":", 1)[0].strip() in merged
+            if skipping:
+                while kept and kept[-1].startswith("#"):
+                    kept.pop()
+        elif skipping and line.startswith("#"):
+            skipping = False
+        if not skipping:
+            kept.append(line)
+    at = next((i for i, line in enumerate(kept) if line.startswith("triton_config:")), len(kept))
+    while at > 0 and kept[at - 1].startswith("#"):
+        at -= 1
+    block = LLM_OPTIONS_HEADER + yaml.safe_dump(merged, sort_keys=False, default_flow_style=False)
+    kept[at:at] = [*block.rstrip("\n").split("\n"), ""]
+    return "\n".join(kept)
+
+
+def filled_model_yaml(values: Mapping[str, str], llm_options: Mapping[str, object] | None = None) -> str:
+    """The llmapi flavour's model.yaml filled with `values`, `llm_options` merged in."""
+    text = _fill_version_file(LLMAPI_TEMPLATES_DIR / "tensorrt_llm" / "1" / "model.yaml", values)
+    return merge_llm_options(text, llm_options or {})
+
+
 def build_repository(
     dest: Path | str,
     values: Mapping[str, str],
     templates: Path | None = None,
     *,
     flavor: str = "ensemble",
+    llm_options: Mapping[str, object] | None = None,
 ) -> Path:
-    """Writes every model of `flavor` (filled config + version dir with its code) under `dest`."""
+    """Writes every model of `flavor` (filled config + version dir with its code) under `dest`;
+    `llm_options` (the llmapi flavour's only) are merged into model.yaml (merge_llm_options)."""
+    if llm_options and flavor != "llmapi":
+        raise RepositoryError("LLM API options go into the llmapi flavour's model.yaml only")
     if flavor not in FLAVORS:
         raise RepositoryError(f"unknown repository flavor {flavor!r} (choose from {', '.join(FLAVORS)})")
     default_templates, models = FLAVORS[flavor]
@@ -221,7 +284,9 @@ def build_repository(
     configs = {model: fill_model_config(model, values, templates) for model in models}
     extras = {
         model: {
-            path.name: _fill_version_file(path, values)
+            path.name: merge_llm_options(_fill_version_file(path, values), llm_options or {})
+            if path.name == "model.yaml"
+            else _fill_version_file(path, values)
             for path in sorted((templates / model / "1").iterdir())
             if path.is_file() and path.suffix in (".yaml", ".yml")
         }

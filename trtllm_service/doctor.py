@@ -11,7 +11,8 @@ is: "the engine:" (Triton, the engine or the relay did not do what was asked) or
 answer:" (the engine did, but the answer cannot show the feature; e.g. a greedy answer that ends at
 once, which the probes of engine features then ask for again with ignore_eos). A model of the
 legacy ensemble flavour gets one warning line (pinned.ENSEMBLE_LEGACY_WARNING); a warning does not
-fail. Exit status 1 when anything failed.
+fail. A model packed with --config / --set shows those LLM API options, and which of them a stand-in
+engine ignores (they need TensorRT-LLM on a GPU). Exit status 1 when anything failed.
 """
 
 from __future__ import annotations
@@ -85,6 +86,56 @@ BEAM_PACKED = (
     "one chunk; temperature/top_p/top_k, log probs, guides and several streamed beams are 400s"
 )
 """The doctor's one line on a beam-packed LLM API model (README: beam search)."""
+
+
+STAND_IN_HONOURS = (
+    "max_batch_size",
+    "max_seq_len",
+    "max_num_tokens",
+    "max_beam_width",
+    "enable_chunked_prefill",
+    "context_parallel_size",
+    "dtype",
+    "trust_remote_code",
+    "guided_decoding_backend",
+    "kv_cache_config.max_tokens",
+)
+"""LLM API options the stand-in engines act on (llm_standin.py: slots, limits, the KV cache's size, beams,
+guides); the reference engine also runs speculative_config's NGram drafting. Every other option is
+validated as TensorRT-LLM 1.2.1 validates it and then takes effect only with TensorRT-LLM (a GPU)."""
+
+
+def llm_options_checks(info: Any, engine: str | None) -> list[Check]:
+    """What the packed model's --config / --set options do here: all of them with TensorRT-LLM; with a
+    stand-in engine, the ones it ignores are named (they need TensorRT-LLM on a GPU)."""
+    options = getattr(info, "llm_options", None) or {}
+    if not options:
+        return []
+    from trtllm_service.packed_model import flatten_options
+
+    leaves = [item.split("=", 1)[0] for item in flatten_options(options)]
+    given = " and ".join(info.llm_options_from) or "--config"
+    if engine not in ("reference", "synthetic"):
+        return [Check("llm options", OK, f"{len(leaves)} from {given}, applied by TensorRT-LLM")]
+    spec = options.get("speculative_config") or {}
+    ngram = engine == "reference" and isinstance(spec, dict) and spec.get("decoding_type") == "NGram"
+
+    def honoured(key: str) -> bool:
+        if key.startswith("speculative_config."):
+            return ngram
+        return any(key == k or key.startswith(k + ".") for k in STAND_IN_HONOURS)
+
+    ignored = [key for key in leaves if not honoured(key)]
+    if not ignored:
+        return [Check("llm options", OK, f"{len(leaves)} from {given}, all acted on by the {engine} engine")]
+    return [
+        Check(
+            "llm options",
+            UNSUPPORTED,
+            f"the {engine} engine ignores {', '.join(ignored)} (validated; they take effect with "
+            "TensorRT-LLM on a GPU)",
+        )
+    ]
 
 
 def flavor_checks(flavor: Any) -> list[Check]:
@@ -350,6 +401,9 @@ async def diagnose(tag: str | None) -> tuple[dict[str, Any], list[Check]]:
         "image (pinned)": pinned.IMAGE,
         "tensorrt_llm (pinned)": pinned.TENSORRT_LLM_VERSION,
     }
+    options = runtime.info.llm_options_line()
+    if options:
+        facts["llm options"] = options
     try:
         await runtime.start()
         await runtime.learn_engine()
@@ -357,6 +411,7 @@ async def diagnose(tag: str | None) -> tuple[dict[str, Any], list[Check]]:
         facts["triton"] = triton_version(runtime.triton.http_url)
         checks = flavor_checks(runtime.flavor)
         checks += environment_checks(runtime.info, runtime.engine, installed_tensorrt_llm())
+        checks += llm_options_checks(runtime.info, runtime.engine)
         checks += await FeatureProbe(runtime).run()
     finally:
         await runtime.stop()

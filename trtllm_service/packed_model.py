@@ -77,6 +77,9 @@ class PackInfo:
             id), rank, alpha and target modules.
         reasoning_parser: How the model writes its thinking (``--reasoning-parser``: deepseek-r1 or
             qwen3; `trtllm_service.chat.reasoning`); None: it does not reason.
+        llm_options: The LLM API options given with ``--config FILE`` / ``--set KEY=VALUE`` (llmapi
+            flavour), as merged over the flags into model.yaml (`trtllm_service.packing.llm_options`).
+        llm_options_from: How they were given: ``--config FILE``, then each ``--set KEY=VALUE``.
         format: Layout version of pack.json.
     """
 
@@ -103,11 +106,21 @@ class PackInfo:
     flavor: str = "ensemble"
     loras: dict[str, dict[str, Any]] = field(default_factory=dict)  # adapter -> id, rank, alpha, modules
     reasoning_parser: str | None = None
+    llm_options: dict[str, Any] = field(default_factory=dict)
+    llm_options_from: list[str] = field(default_factory=list)
     format: int = PACK_FORMAT
 
     @property
     def launch_argv(self) -> list[str]:
         return shlex.split(self.launch_command)
+
+    def llm_options_line(self) -> str | None:
+        """One line for logs and the doctor: "LLM API options from --config x.yaml: a.b=1, ..."
+        (None: the model was packed without any)."""
+        if not self.llm_options:
+            return None
+        given = " and ".join(self.llm_options_from) or "--config"
+        return f"LLM API options from {given}: {', '.join(flatten_options(self.llm_options))}"
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True) + "\n"
@@ -139,6 +152,19 @@ def _capabilities_of_older(data: Mapping[str, Any]) -> dict[str, bool]:
             and bool(values.get("xgrammar_tokenizer_info_path"))
         ),
     }
+
+
+def flatten_options(options: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """`dotted.key=value` for every leaf of nested `options`, keys sorted (as pack.json keeps them),
+    values as JSON writes them, strings bare."""
+    out = []
+    for key, value in sorted(options.items(), key=lambda item: str(item[0])):
+        if isinstance(value, Mapping) and value:
+            out += flatten_options(value, f"{prefix}{key}.")
+        else:
+            shown = value if isinstance(value, str) else json.dumps(value, default=str)
+            out.append(f"{prefix}{key}={shown}")
+    return out
 
 
 def _required(f: dataclasses.Field[Any]) -> bool:

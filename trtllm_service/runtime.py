@@ -165,6 +165,9 @@ class Runtime:
                 triton or "(version unknown)",
                 tensorrt_llm or "not installed (stand-in engines serve)",
             )
+            options = self.info.llm_options_line()  # pack_model.py --config / --set
+            if options:
+                logger.info("%s: %s", self.model_name, options)
 
     def _on_change(self, ready: bool) -> None:
         if not ready:

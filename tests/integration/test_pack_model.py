@@ -20,6 +20,7 @@ from typing import Any
 
 import bentoml
 import pytest
+import yaml
 from bentoml._internal.models import ModelStore
 
 from tensorrtllm_backend.launcher import LauncherError, find_tritonserver
@@ -594,6 +595,82 @@ def test_packs_demo_into_its_own_dir(store: Store, flavor: str) -> None:
     assert store.temp_leftovers() == []
 
 
+TRTLLM_SERVE_YAML = """\
+# a trtllm-serve --config YAML, as NVIDIA's deployment guides write them
+kv_cache_free_gpu_memory_fraction: 0.8
+max_batch_size: 4
+enable_chunked_prefill: true
+kv_cache_config:
+  dtype: auto
+cuda_graph_config:
+  enable_padding: true
+speculative_config:
+  decoding_type: NGram
+  max_draft_len: 3
+  max_matching_ngram_size: 2
+"""
+
+
+def test_packs_a_trtllm_serve_yaml_with_set_over_it(store: Store, tmp_path: Path) -> None:
+    """--config FILE merged over the flags into model.yaml (kv_cache_config key by key), --set over the
+    file, kept in pack.json and the model's metadata, said on stdout."""
+    config = tmp_path / "serve.yaml"
+    config.write_text(TRTLLM_SERVE_YAML)
+    result = store.run(
+        "--demo", "tiny", "--flavor", "llmapi", "--quiet", "--enable-kv-cache-reuse",
+        "--config", config,
+        "--set", "kv_cache_config.free_gpu_memory_fraction=0.7",
+        "--set", "speculative_config.max_draft_len=4",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    model = store.only_model()
+    path = Path(model.path)
+    data = yaml.safe_load((path / "repository" / "tensorrt_llm" / "1" / "model.yaml").read_text())
+    assert data["kv_cache_config"] == {
+        "free_gpu_memory_fraction": 0.7,
+        "enable_block_reuse": True,
+        "dtype": "auto",
+    }
+    assert data["speculative_config"] == {
+        "decoding_type": "NGram",
+        "max_draft_len": 4,
+        "max_matching_ngram_size": 2,
+    }
+    assert data["cuda_graph_config"] == {"enable_padding": True}
+    assert data["enable_chunked_prefill"] is True and data["max_batch_size"] == 4
+    assert data["model"] == f"{path.resolve()}/engine" and data["triton_config"]["engine"] == "tensorrt_llm"
+    info = read_pack_info(path)
+    assert info.max_batch_size == 4  # the file's max_batch_size is --max-batch-size's: Triton's batch too
+    assert info.llm_options["speculative_config"]["max_draft_len"] == 4
+    assert info.llm_options_from == [
+        f"--config {config}",
+        "--set kv_cache_config.free_gpu_memory_fraction=0.7",
+        "--set speculative_config.max_draft_len=4",
+    ]
+    assert model.info.metadata["llm_options"]["options"] == info.llm_options
+    line = info.llm_options_line()
+    assert line is not None and "speculative_config.decoding_type=NGram" in line
+    assert line in result.stdout
+
+
+def test_a_misspelt_llm_option_is_one_line_exit_2_and_saves_nothing(store: Store, tmp_path: Path) -> None:
+    config = tmp_path / "serve.yaml"
+    config.write_text(TRTLLM_SERVE_YAML.replace("max_matching_ngram_size", "max_matching_ngram_sise"))
+    result = store.run("--demo", "tiny", "--quiet", "--config", config)
+    assert result.returncode == 2
+    assert one_error_line(result) == (
+        f"pack_model: error: --config {config}: speculative_config.max_matching_ngram_sise is not an LLM "
+        "API argument at TensorRT-LLM 1.2.1; did you mean speculative_config.max_matching_ngram_size?"
+    )
+    assert result.stdout == ""
+    store.assert_empty()
+    ensemble = store.run("--demo", "tiny", "--quiet", "--flavor", "ensemble", "--set", "max_num_tokens=64")
+    assert ensemble.returncode == 2
+    assert "are for the llmapi flavour" in one_error_line(ensemble)
+    store.assert_empty()
+
+
 def test_packs_hf_model_without_clutter(store: Store, demo_model_dir: Path, tmp_path: Path) -> None:
     model_dir = tmp_path / "My_Model"
     shutil.copytree(demo_model_dir, model_dir)
@@ -749,6 +826,9 @@ def test_help_mentions_every_knob(store: Store) -> None:
         "--no-guided-decoding",
         "--serve",
         "--set-served",
+        "--config",
+        "--extra_llm_api_options",
+        "--set",
     ):
         assert option in result.stdout, option
     text = " ".join(result.stdout.split())

@@ -27,7 +27,9 @@ class FakeRuntime:
     kind = "ensemble"  # the pack's flavour
 
     def __init__(self, path: Path, name: str, settings: Any) -> None:
-        self.info = SimpleNamespace(world_size=1, tp_size=1, pp_size=1, backend="python", versions={})
+        self.info = SimpleNamespace(
+            world_size=1, tp_size=1, pp_size=1, backend="python", versions={}, llm_options_line=lambda: None
+        )
         self.flavor = FLAVORS[self.kind]()
         self.engine = "reference"
         self.triton = SimpleNamespace(http_url="http://127.0.0.1:1")
@@ -75,3 +77,55 @@ def test_the_report_has_one_warning_line_for_the_legacy_flavour(
     else:
         assert warnings == []
     assert f"flavor: {flavor}" in out
+
+
+def _packed_with(options: dict[str, Any]) -> Any:
+    from trtllm_service.packed_model import PackInfo
+
+    return PackInfo(
+        tag="m:1",
+        mode="demo",
+        backend="python",
+        packed_root="/m",
+        world_size=1,
+        tp_size=1,
+        pp_size=1,
+        architecture="LlamaForCausalLM",
+        dtype="float32",
+        max_batch_size=8,
+        max_input_len=None,
+        max_seq_len=None,
+        max_beam_width=1,
+        llm_options=options,
+        llm_options_from=["--config x.yaml"],
+    )
+
+
+def test_llm_options_say_what_a_stand_in_ignores() -> None:
+    info = _packed_with(
+        {
+            "max_num_tokens": 512,
+            "kv_cache_config": {"free_gpu_memory_fraction": 0.7, "max_tokens": 4096},
+            "cuda_graph_config": {"enable_padding": True},
+            "speculative_config": {
+                "decoding_type": "NGram",
+                "max_draft_len": 4,
+                "max_matching_ngram_size": 2,
+            },
+        }
+    )
+    assert doctor.llm_options_checks(info, "reference") == [
+        doctor.Check(
+            "llm options",
+            doctor.UNSUPPORTED,
+            "the reference engine ignores cuda_graph_config.enable_padding, "
+            "kv_cache_config.free_gpu_memory_fraction (validated; they take effect with TensorRT-LLM on a GPU)",
+        )
+    ]
+    synthetic = doctor.llm_options_checks(info, "synthetic")[0].detail
+    assert "speculative_config.decoding_type" in synthetic  # NGram drafting is the reference engine's
+    assert doctor.llm_options_checks(info, "tensorrt_llm") == [
+        doctor.Check("llm options", doctor.OK, "7 from --config x.yaml, applied by TensorRT-LLM")
+    ]
+    assert doctor.llm_options_checks(_packed_with({}), "reference") == []
+    assert doctor.llm_options_checks(_packed_with({"max_batch_size": 4}), "reference")[0].status == doctor.OK

@@ -281,6 +281,27 @@ def llm(demo_model_dir: Path, tokenizer: Any) -> Iterator[Any]:
     llm.shutdown()
 
 
+def test_speculative_config_reaches_the_engine_as_its_decoding_types_object(
+    demo_model_dir: Path, tokenizer: Any
+) -> None:
+    """model.yaml's speculative_config mapping goes through the merge as a mapping and comes out of
+    LLM() as TensorRT-LLM's does: the object of its decoding type, read by attribute."""
+    api = _standin("synthetic", tokenizer)
+    spec = {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 2}
+    args = api.update_llm_args_with_extra_dict({}, {"model": str(demo_model_dir), "speculative_config": spec})
+    assert args["speculative_config"] == spec
+    llm = api.LLM(**args)
+    try:
+        got = llm.args.speculative_config
+        assert type(got).__name__ == "NGramDecodingConfig"
+        assert (got.decoding_type, got.max_draft_len, got.max_matching_ngram_size) == ("NGram", 4, 2)
+        assert got.is_keep_all and got.is_use_oldest and got.is_public_pool
+    finally:
+        llm.shutdown()
+    with pytest.raises(ValidationError, match="max_matching_ngram_size > 0"):
+        api.LLM(model=str(demo_model_dir), speculative_config={"decoding_type": "NGram", "max_draft_len": 4})
+
+
 async def _steps(result: Any) -> list[tuple[str, list[int], list[dict]]]:
     """(text_diff, token_ids_diff, logprobs_diff) of every step of a result."""
     steps = []

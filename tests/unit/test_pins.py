@@ -146,7 +146,19 @@ class FakeTriton:
         self.started = True
 
 
-def start_with_tensorrt_llm(monkeypatch: pytest.MonkeyPatch, installed: str | None) -> FakeTriton:
+class FakeInfo:
+    """The part of PackInfo that Runtime.start touches: the LLM API options line (--config / --set)."""
+
+    def __init__(self, line: str | None = None) -> None:
+        self.line = line
+
+    def llm_options_line(self) -> str | None:
+        return self.line
+
+
+def start_with_tensorrt_llm(
+    monkeypatch: pytest.MonkeyPatch, installed: str | None, info: FakeInfo | None = None
+) -> FakeTriton:
     """Runtime.start with `installed` as TensorRT-LLM's version (None: not installed)."""
     real_version = importlib.metadata.version
 
@@ -161,6 +173,7 @@ def start_with_tensorrt_llm(monkeypatch: pytest.MonkeyPatch, installed: str | No
     runtime = object.__new__(Runtime)
     runtime.triton = FakeTriton()
     runtime.model_name = "demo"
+    runtime.info = info or FakeInfo()
     asyncio.run(runtime.start())
     return runtime.triton
 
@@ -187,3 +200,19 @@ def test_a_supported_or_absent_tensorrt_llm_starts_and_is_logged(
         triton = start_with_tensorrt_llm(monkeypatch, installed)
     assert triton.started
     assert any(logged in record.getMessage() and "Triton" in record.getMessage() for record in caplog.records)
+
+
+def test_the_start_up_log_names_the_llm_api_options(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    line = "LLM API options from --config x.yaml: speculative_config.decoding_type=NGram"
+    with caplog.at_level(logging.INFO, logger="trtllm_service"):
+        start_with_tensorrt_llm(monkeypatch, None, FakeInfo(line))
+    messages = [record.getMessage() for record in caplog.records]
+    assert f"demo: {line}" in messages
+    ready = next(i for i, m in enumerate(messages) if "Triton is ready for demo" in m)
+    assert messages.index(f"demo: {line}") == ready + 1
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="trtllm_service"):
+        start_with_tensorrt_llm(monkeypatch, None)
+    assert not any("LLM API options" in record.getMessage() for record in caplog.records)

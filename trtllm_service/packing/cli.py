@@ -1,6 +1,7 @@
 """The `pack_model.py` command line: arguments -> `packer.pack`, and one-line errors.
 
-Bad input is reported as one line on stderr (exit status 1; bad arguments 2), and nothing is saved.
+Bad input is reported as one line on stderr (exit status 1; bad arguments 2, and so are bad LLM API
+options: --config FILE.yaml / --set KEY=VALUE, trtllm_service.packing.llm_options), and nothing is saved.
 A model packed in the legacy ensemble flavour (a TensorRT engine) is saved with one warning line on
 stderr, pinned.ENSEMBLE_LEGACY_WARNING; llmapi, the default wherever it serves the source, gets none.
 The output ends with the served model (`settle_served`: packing changes it only when told to, with
@@ -23,6 +24,13 @@ from tensorrtllm_backend import pinned
 from trtllm_service.chat.reasoning import REASONING_PARSERS
 from trtllm_service.packed_model import PackError
 from trtllm_service.packing import packer
+from trtllm_service.packing.llm_options import (
+    OPTION_FLAGS,
+    LlmOptions,
+    LlmOptionsError,
+    estimated,
+    load_llm_options,
+)
 from trtllm_service.packing.model_name import default_name, validate_name
 from trtllm_service.packing.options import (
     FLAVORS,
@@ -75,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_engine_arguments(parser)
     add_build_arguments(parser)
     add_llm_api_arguments(parser)
+    _add_llm_options_arguments(parser)
     add_runtime_arguments(parser)
     _add_lora_arguments(parser)
     _add_output_arguments(parser)
@@ -183,6 +192,34 @@ def _add_model_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_llm_options_arguments(parser: argparse.ArgumentParser) -> None:
+    """A trtllm-serve YAML of LLM API arguments, and single keys over it (trtllm_service.packing.llm_options)."""
+    group = parser.add_argument_group(
+        "LLM API options (llmapi flavour): a trtllm-serve --config YAML, packed unchanged into model.yaml"
+    )
+    group.add_argument(
+        *OPTION_FLAGS,
+        dest="config",
+        type=Path,
+        metavar="FILE.yaml",
+        help="tensorrt_llm.LLM arguments as trtllm-serve --config (--extra_llm_api_options) takes them: "
+        "kv_cache_config, cuda_graph_config, scheduler_config, speculative_config, enable_chunked_prefill, "
+        "max_num_tokens, ... Merged over this command's flags as trtllm-serve merges its YAML over its flags "
+        "(kv_cache_config key by key, other keys replaced), checked as strictly as TensorRT-LLM "
+        f"{pinned.TENSORRT_LLM_VERSION}'s TorchLlmArgs (an unknown key at any depth is an error, exit 2). "
+        "model, tokenizer, lora_config and triton_config are the packed model's and cannot be set",
+    )
+    group.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one LLM API argument over the --config file, KEY dotted, VALUE parsed as YAML: "
+        "--set kv_cache_config.free_gpu_memory_fraction=0.7 --set "
+        "speculative_config='{decoding_type: NGram, max_draft_len: 4, max_matching_ngram_size: 2}'. Repeatable",
+    )
+
+
 def _add_lora_arguments(parser: argparse.ArgumentParser) -> None:
     """--lora NAME=DIR (read by `run`, see `_lora_arg`) and the engine's adapter cache."""
     defaults = RuntimeOptions()
@@ -225,8 +262,21 @@ def _lora_arg(value: str) -> tuple[str, Path]:
     return name, Path(directory)
 
 
+def _llm_options(args: argparse.Namespace) -> LlmOptions:
+    """--config / --set, loaded and checked (LlmOptionsError), their estimated keys warned about."""
+    if args.config is None and not args.set:
+        return LlmOptions()
+    if args.build_engine or args.engine_dir is not None or args.flavor == "ensemble":
+        raise LlmOptionsError(packer.ENSEMBLE_REFUSAL)
+    loaded = load_llm_options(args.config, args.set)
+    for line in estimated(loaded):
+        print(f"{PROG}: warning: {line}", file=sys.stderr)
+    return loaded
+
+
 def run(args: argparse.Namespace) -> packer.PackResult:
     """Validates the arguments and packs; raises PackError for bad input."""
+    llm_options = _llm_options(args)
     options = _options(args)
     if args.name is not None:
         validate_name(args.name)
@@ -243,6 +293,7 @@ def run(args: argparse.Namespace) -> packer.PackResult:
             progress=not args.quiet,
             tokenizer_option=option,
             loras=loras,
+            llm_options=llm_options,
         )
 
     if args.build_engine:
@@ -377,6 +428,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return set_served(args.set_served)
     try:
         result = run(args)
+    except LlmOptionsError as exc:  # bad LLM API options, like bad arguments: exit 2
+        print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
     except PackError as exc:
         print(f"{PROG}: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 1
@@ -392,6 +446,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"flavor: {info.flavor}")
     print(f"backend: {info.backend} (world_size {info.world_size}, max_batch_size {info.max_batch_size})")
     print(f"launch_command: {info.launch_command}")
+    if info.llm_options_line():
+        print(info.llm_options_line())
     try:
         served, why, record = settle_served(result.tag, args.serve)
     except OSError as exc:  # the model is saved; only the record could not be written

@@ -35,7 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tensorrtllm_backend.repository import RepositoryError, build_repository, repository_values
+from tensorrtllm_backend.repository import (
+    RepositoryError,
+    build_repository,
+    filled_model_yaml,
+    repository_values,
+)
 from tensorrtllm_backend.repository import end_ids as repository_end_ids
 from trtllm_service.packed_model import (
     ENGINE_DIR,
@@ -51,6 +56,7 @@ from trtllm_service.packed_model import (
 from trtllm_service.packing.adapters import lora_values, read_loras, write_loras
 from trtllm_service.packing.copying import Progress, check_space, copy_files, directory_size, readable_size
 from trtllm_service.packing.guided_decoding import write_xgrammar_tokenizer_info, xgrammar_tokenizer_info
+from trtllm_service.packing.llm_options import LlmOptions, LlmOptionsError, check_model_yaml
 from trtllm_service.packing.model_name import default_name, validate_name
 from trtllm_service.packing.options import RuntimeOptions
 from trtllm_service.packing.sources import (
@@ -64,6 +70,10 @@ from trtllm_service.packing.sources import (
 from trtllm_service.versions import service_version
 
 PRODUCTION_TRITONSERVER = "/opt/tritonserver/bin/tritonserver"
+ENSEMBLE_REFUSAL = (
+    "--config and --set are for the llmapi flavour (LLM API arguments in model.yaml); the ensemble's "
+    "TensorRT engine is tuned with pack_model.py's flags and trtllm-build"
+)
 
 
 @dataclass(frozen=True)
@@ -207,8 +217,13 @@ def pack(
     progress: bool = True,
     tokenizer_option: str = "--tokenizer",
     loras: Sequence[tuple[str, Path | str]] = (),
+    llm_options: LlmOptions | None = None,
 ) -> PackResult:
     """Packs ``source`` and the tokenizer into one BentoML model; returns what was saved.
+
+    ``llm_options`` (--config / --set, the llmapi flavour's) are merged into model.yaml over the
+    values the options give; the ones packing also reads (tensor_parallel_size, max_batch_size, ...)
+    replace the options' fields first (`LlmOptions.flag_values`).
 
     Everything is validated before the model store is touched. Bad input raises PackError and saves
     nothing; any other failure propagates, and ``bentoml.models.create`` saves nothing either.
@@ -216,10 +231,17 @@ def pack(
     import bentoml
     from bentoml._internal.configuration.containers import BentoMLContainer
 
+    llm_options = llm_options or LlmOptions()
+    flavor = options.flavor_for(source)
+    if llm_options and flavor != "llmapi":
+        raise LlmOptionsError(ENSEMBLE_REFUSAL)
+    options = dataclasses.replace(options, **llm_options.flag_values())
     tokenizer_path = existing_dir(tokenizer_dir, tokenizer_option)
     tokenizer_names = tokenizer_files(tokenizer_path, option=tokenizer_option)
-    values = options.template_values(source)
-    flavor = options.flavor_for(source)
+    try:
+        values = options.template_values(source)
+    except PackError as exc:  # a limit the options set: say which key set the flag the message names
+        raise llm_options.flag_error(exc) or exc from exc
     source = apply_parallelism(source, options)
     name = validate_name(name) if name is not None else default_name(source)
     tokenizer = check_tokenizer(tokenizer_path, chat_template)
@@ -258,6 +280,9 @@ def pack(
         )
     except RepositoryError as exc:
         raise PackError(str(exc)) from exc
+    extra_llm_options = llm_options.model_yaml_options()
+    if llm_options:
+        check_model_yaml(filled_model_yaml(values, extra_llm_options), llm_options)
     versions = tool_versions(source)
     info = PackInfo(
         tag=str(tag),
@@ -285,9 +310,13 @@ def pack(
         loras={
             name: {"id": i, **adapter.describe()} for i, (name, adapter) in enumerate(adapters.items(), 1)
         },
+        llm_options=llm_options.recorded(),
+        llm_options_from=llm_options.sources,
     )
     metadata = _metadata(source, options, versions)
     metadata["launch_command"] = info.launch_command
+    if llm_options:
+        metadata["llm_options"] = {"from": llm_options.sources, "options": llm_options.recorded()}
 
     staging: Path | None = None
     bar = Progress(total, progress)
@@ -304,7 +333,9 @@ def pack(
                 if packed.chat_template != chat_template:
                     raise PackError("the packed tokenizer does not pick up --chat-template")
             try:
-                build_repository(staging / REPOSITORY_DIR, values, flavor=flavor)
+                build_repository(
+                    staging / REPOSITORY_DIR, values, flavor=flavor, llm_options=extra_llm_options or None
+                )
             except RepositoryError as exc:
                 raise PackError(str(exc)) from exc
             write_loras(staging, adapters, dict(loras), source.dtype)
