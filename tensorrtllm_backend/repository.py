@@ -12,21 +12,16 @@ import json
 import re
 import shutil
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR, TEMPLATES_DIR
 from tensorrtllm_backend.nvidia_backend import TEMPLATED_TYPES, config_io
+from tensorrtllm_backend.pinned import ENSEMBLE_LEGACY_WARNING
 from tensorrtllm_backend.tools.fill_template import fill_text, placeholders
 
 MODELS = ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls")
 LLMAPI_MODELS = ("tensorrt_llm",)
-FLAVORS: dict[str, tuple[Path, tuple[str, ...]]] = {
-    "llmapi": (LLMAPI_TEMPLATES_DIR, LLMAPI_MODELS),
-    "ensemble": (TEMPLATES_DIR, MODELS),
-}
-"""Repository flavours: the LLM API's one model (a checkpoint, no engine build), or the classic
-inflight_batcher_llm ensemble (C++ backend with a prebuilt engine, or a stand-in in its slot)."""
-
 _HERE = Path(__file__).resolve().parent
 _STAND_IN = TEMPLATES_DIR / "tensorrt_llm" / "1"
 # Modules a model's code imports that live elsewhere (one copy in this tree): copied beside model.py.
@@ -57,6 +52,74 @@ LLMAPI_SHARED_MODULES: dict[str, tuple[Path, ...]] = {
     )
 }
 BACKENDS = ("python", "tensorrtllm")
+
+
+@dataclass(frozen=True)
+class RepositoryFlavor:
+    """One repository flavour, as packing writes it: every pack-time difference between the two is
+    an attribute here (the serving side has its own object, trtllm_service.relay.flavors).
+
+    Attributes:
+        llm_api: One LLM API model configured by model.yaml (a Hugging Face checkpoint, no engine
+            build): it takes LLM arguments (--config / --set, --dtype, --max-num-tokens,
+            --trust-remote-code, model.yaml's max_beam_width) and always guides (llguidance, nothing
+            packed for it). Else the classic ensemble, whose C++ backend guides with xgrammar and a
+            tokenizer-info file packed beside the tokenizer, and whose slot takes a TensorRT engine.
+        default_engine: What serves the model unless --engine says otherwise.
+        engine_key: The template value that names what serves it.
+        legacy_warning: What packing and the doctor say about the flavour itself (None: nothing).
+    """
+
+    name: str
+    templates: Path
+    models: tuple[str, ...]
+    shared_modules: Mapping[str, tuple[Path, ...]]
+    llm_api: bool
+    default_engine: str
+    engine_key: str
+    legacy_warning: str | None = None
+
+    def engine_values(self, engine: str | None) -> dict[str, str]:
+        """Both flavours' engine template values: this one's as asked (else its default), the other's
+        default (each template reads only its own)."""
+        values = {flavor.engine_key: flavor.default_engine for flavor in FLAVORS.values()}
+        values[self.engine_key] = engine or self.default_engine
+        return values
+
+
+LLMAPI = RepositoryFlavor(
+    "llmapi",
+    LLMAPI_TEMPLATES_DIR,
+    LLMAPI_MODELS,
+    LLMAPI_SHARED_MODULES,
+    llm_api=True,
+    default_engine="tensorrt_llm",
+    engine_key="llmapi_engine",
+)
+ENSEMBLE = RepositoryFlavor(
+    "ensemble",
+    TEMPLATES_DIR,
+    MODELS,
+    SHARED_MODULES,
+    llm_api=False,
+    default_engine="reference",
+    engine_key="python_engine",
+    legacy_warning=ENSEMBLE_LEGACY_WARNING,
+)
+FLAVORS: dict[str, RepositoryFlavor] = {flavor.name: flavor for flavor in (LLMAPI, ENSEMBLE)}
+"""Repository flavours: the LLM API's one model (a checkpoint, no engine build), or the classic
+inflight_batcher_llm ensemble (C++ backend with a prebuilt engine, or a stand-in in its slot)."""
+
+
+def flavor_named(name: str) -> RepositoryFlavor:
+    """The flavour called `name`; RepositoryError naming the choices for any other."""
+    try:
+        return FLAVORS[name]
+    except KeyError:
+        raise RepositoryError(
+            f"unknown repository flavor {name!r} (choose from {', '.join(FLAVORS)})"
+        ) from None
+
 
 DEFAULTS: dict[str, str] = {
     "triton_max_batch_size": "8",
@@ -273,13 +336,11 @@ def build_repository(
 ) -> Path:
     """Writes every model of `flavor` (filled config + version dir with its code) under `dest`;
     `llm_options` (the llmapi flavour's only) are merged into model.yaml (merge_llm_options)."""
-    if llm_options and flavor != "llmapi":
+    kind = flavor_named(flavor)
+    if llm_options and not kind.llm_api:
         raise RepositoryError("LLM API options go into the llmapi flavour's model.yaml only")
-    if flavor not in FLAVORS:
-        raise RepositoryError(f"unknown repository flavor {flavor!r} (choose from {', '.join(FLAVORS)})")
-    default_templates, models = FLAVORS[flavor]
-    templates = templates or default_templates
-    shared = LLMAPI_SHARED_MODULES if flavor == "llmapi" else SHARED_MODULES
+    templates = templates or kind.templates
+    models, shared = kind.models, kind.shared_modules
     dest = Path(dest)
     configs = {model: fill_model_config(model, values, templates) for model in models}
     extras = {
@@ -301,7 +362,7 @@ def build_repository(
         version_dir.mkdir(parents=True)
         (model_dir / "config.pbtxt").write_text(config)
         native_engine = (
-            flavor == "ensemble" and model == "tensorrt_llm" and values.get("triton_backend") != "python"
+            not kind.llm_api and model == "tensorrt_llm" and values.get("triton_backend") != "python"
         )
         if not native_engine:  # a Python model: model.py, the modules beside it, the shared ones
             for code in [*sorted((templates / model / "1").glob("*.py")), *shared.get(model, ())]:

@@ -141,12 +141,14 @@ def _capabilities_of_older(data: Mapping[str, Any]) -> dict[str, bool]:
     config.json where it matters (top_logprobs_unsupported). Guided decoding: the LLM API always
     guided; an ensemble only where its config names the xgrammar tokenizer info (older packs did not).
     """
+    from tensorrtllm_backend.repository import ENSEMBLE, FLAVORS
+
     values = data.get("template_values") or {}
     python = data.get("backend") == "python"
     return {
         "gather_generation_logits": python,
         "gather_context_logits": python,
-        "guided_decoding": data.get("flavor", "ensemble") == "llmapi"
+        "guided_decoding": FLAVORS[data.get("flavor", ENSEMBLE.name)].llm_api
         or (
             values.get("guided_decoding_backend") == "xgrammar"
             and bool(values.get("xgrammar_tokenizer_info_path"))

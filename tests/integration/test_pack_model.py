@@ -119,7 +119,7 @@ def files_under(root: Path) -> set[str]:
 
 
 def assert_only_allowed_files(model_path: Path, engine_files: set[str], flavor: str = "ensemble") -> None:
-    templates, models = FLAVORS[flavor]
+    templates, models = FLAVORS[flavor].templates, FLAVORS[flavor].models
     shared = LLMAPI_SHARED_MODULES if flavor == "llmapi" else SHARED_MODULES
     allowed = set(ALLOWED_TOP)
     allowed |= {f"engine/{name}" for name in engine_files}
@@ -146,7 +146,7 @@ def absolute_paths(config: str) -> list[str]:
 
 def repository_texts(repository: Path, flavor: str) -> list[str]:
     """Every filled config.pbtxt (and model.yaml) of a repository of `flavor`."""
-    _, models = FLAVORS[flavor]
+    models = FLAVORS[flavor].models
     texts = [(repository / name / "config.pbtxt").read_text() for name in models]
     return texts + [p.read_text() for p in sorted(repository.glob("*/1/model.yaml"))]
 
@@ -708,7 +708,7 @@ def test_layout_after_moving_the_store(store: Store, tmp_path: Path, flavor: str
     xgrammar = [f"{new_path}/tokenizer/{XGRAMMAR_TOKENIZER_INFO}"] if flavor == "ensemble" else []
     assert sorted(set(paths)) == [f"{new_path}/engine", f"{new_path}/tokenizer", *xgrammar]
     assert all(Path(p).exists() for p in paths)
-    for name in FLAVORS[flavor][1]:
+    for name in FLAVORS[flavor].models:
         assert (dest / name / "config.pbtxt").is_file()
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tensorrtllm_backend.repository import MODELS, build_repository, repository_values
+from tensorrtllm_backend.repository import ENSEMBLE, LLMAPI, MODELS, build_repository, repository_values
 from tests.support import engine_config
 from trtllm_service.packed_model import (
     XGRAMMAR_TOKENIZER_INFO,
@@ -373,16 +373,16 @@ def test_llmapi_is_the_default_for_every_source_it_serves(
     tmp_path: Path, make: Any, options: RuntimeOptions, flavor: str
 ) -> None:
     source = make(tmp_path)
-    assert options.flavor_for(source) == flavor
+    assert options.flavor_for(source).name == flavor
     values = options.template_values(source)
     if flavor == "llmapi":
-        assert values["llmapi_engine"] == options.engine_for("llmapi")
+        assert values["llmapi_engine"] == (options.engine or "tensorrt_llm")
 
 
 def test_engine_instances_do_not_pick_the_legacy_flavour(tmp_path: Path) -> None:
     """Only the ensemble runs synthetic engines side by side; the default stays llmapi, and says so."""
     options = RuntimeOptions(engine="synthetic", engine_instances=4)
-    assert options.flavor_for(hf_source(tmp_path)) == "llmapi"
+    assert options.flavor_for(hf_source(tmp_path)).name == "llmapi"
     with pytest.raises(
         PackError, match=r"--engine-instances is the ensemble flavour's.*add --flavor ensemble"
     ):
@@ -432,7 +432,7 @@ def test_each_pack_model_source_defaults_to_llmapi_where_it_serves(
     chosen: list[str] = []
 
     def pack(source: ModelSource, tokenizer: Path, options: RuntimeOptions, **_: Any) -> None:
-        chosen.append(options.flavor_for(source))
+        chosen.append(options.flavor_for(source).name)
 
     monkeypatch.setattr(packer, "pack", pack)
     args = cli.build_parser().parse_args([a.format(ckpt=ckpt, engine=engine) for a in argv])
@@ -679,8 +679,8 @@ def test_xgrammar_tokenizer_info_edges(demo_model_dir: Path) -> None:
 
 def test_guided_decoding_options(tmp_path: Path) -> None:
     source = hf_source(tmp_path)
-    assert RuntimeOptions().guides("ensemble") and RuntimeOptions().guides("llmapi")
-    assert not RuntimeOptions(guided_decoding=False).guides("ensemble")
+    assert RuntimeOptions().guides(ENSEMBLE) and RuntimeOptions().guides(LLMAPI)
+    assert not RuntimeOptions(guided_decoding=False).guides(ENSEMBLE)
     RuntimeOptions(guided_decoding=False, flavor="ensemble").template_values(source)
     with pytest.raises(PackError, match="--no-guided-decoding goes with the ensemble flavour"):
         RuntimeOptions(guided_decoding=False).template_values(source)  # a checkpoint: llmapi

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from tensorrtllm_backend import pinned
+from tensorrtllm_backend.repository import FLAVORS
 from trtllm_service.chat.reasoning import REASONING_PARSERS
 from trtllm_service.packed_model import PackError
 from trtllm_service.packing import packer
@@ -33,7 +34,6 @@ from trtllm_service.packing.llm_options import (
 )
 from trtllm_service.packing.model_name import default_name, validate_name
 from trtllm_service.packing.options import (
-    FLAVORS,
     RuntimeOptions,
     add_build_arguments,
     add_engine_arguments,
@@ -266,7 +266,8 @@ def _llm_options(args: argparse.Namespace) -> LlmOptions:
     """--config / --set, loaded and checked (LlmOptionsError), their estimated keys warned about."""
     if args.config is None and not args.set:
         return LlmOptions()
-    if args.build_engine or args.engine_dir is not None or args.flavor == "ensemble":
+    asked = FLAVORS.get(args.flavor) if args.flavor is not None else None
+    if args.build_engine or args.engine_dir is not None or (asked is not None and not asked.llm_api):
         raise LlmOptionsError(packer.ENSEMBLE_REFUSAL)
     loaded = load_llm_options(args.config, args.set)
     for line in estimated(loaded):
@@ -299,7 +300,7 @@ def run(args: argparse.Namespace) -> packer.PackResult:
     if args.build_engine:
         if args.hf_model is None:
             raise PackError("--build-engine goes with --hf-model (the checkpoint to build an engine from)")
-        if options.flavor == "llmapi":
+        if options.asked_flavor is not None and options.asked_flavor.llm_api:
             raise PackError("--build-engine packs an engine for the ensemble flavour, not --flavor llmapi")
         if options.trust_remote_code:
             raise PackError("--trust-remote-code is an LLM API option: it goes with --flavor llmapi")
@@ -438,8 +439,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: interrupted, nothing was saved", file=sys.stderr)
         return 130
     info = result.info
-    if info.flavor == "ensemble":
-        print(f"{PROG}: warning: {pinned.ENSEMBLE_LEGACY_WARNING}", file=sys.stderr)
+    legacy = FLAVORS[info.flavor].legacy_warning
+    if legacy:
+        print(f"{PROG}: warning: {legacy}", file=sys.stderr)
     print(f"tag: {result.tag}")
     print(f"size: {result.human_size}")
     print(f"path: {result.path}")

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from tensorrtllm_backend.repository import DEFAULTS
+from tensorrtllm_backend.repository import DEFAULTS, ENSEMBLE, FLAVORS, LLMAPI, RepositoryFlavor
 from trtllm_service.chat.reasoning import REASONING_PARSERS
 from trtllm_service.packed_model import PackError
 from trtllm_service.packing.adapters import LORA_DTYPES
@@ -18,7 +18,6 @@ from trtllm_service.packing.sources import LOGITS_DTYPES, ModelSource
 
 SCHEDULER_POLICIES = ("max_utilization", "guaranteed_no_evict")
 STAND_IN_ENGINES = ("reference", "synthetic")
-FLAVORS = ("llmapi", "ensemble")
 LLMAPI_ENGINES = ("tensorrt_llm", *STAND_IN_ENGINES)
 DTYPES = ("auto", "float16", "bfloat16", "float32")
 
@@ -70,10 +69,10 @@ class RuntimeOptions:
         groups below), so that a new option is a field and its argument, nothing else."""
         return cls(**{field.name: getattr(args, field.name) for field in dataclasses.fields(cls)})
 
-    def llm_beam_width(self, source: ModelSource, flavor: str) -> int | None:
+    def llm_beam_width(self, source: ModelSource, flavor: RepositoryFlavor) -> int | None:
         """--max-beam-width for a checkpoint served by the LLM API: model.yaml's max_beam_width, the
         beams EVERY request then runs (1.2.1's executor refuses other widths; README: beam search)."""
-        if flavor == "llmapi" and source.backend == "python" and self.max_beam_width:
+        if flavor.llm_api and source.backend == "python" and self.max_beam_width:
             return self.max_beam_width
         return None
 
@@ -81,24 +80,26 @@ class RuntimeOptions:
         """These options with the --build-engine ones cleared (what packing the built engine takes)."""
         return dataclasses.replace(self, **dict.fromkeys(self.BUILD_OPTIONS))
 
-    def guides(self, flavor: str) -> bool:
+    def guides(self, flavor: RepositoryFlavor) -> bool:
         """Whether the packed model is to guide answers (the LLM API always does)."""
-        return flavor == "llmapi" or self.guided_decoding is not False
+        return flavor.llm_api or self.guided_decoding is not False
 
-    def flavor_for(self, source: ModelSource) -> str:
+    @property
+    def asked_flavor(self) -> RepositoryFlavor | None:
+        """The flavour --flavor names (None: not given; validate() refuses an unknown name)."""
+        return FLAVORS.get(self.flavor) if self.flavor is not None else None
+
+    def flavor_for(self, source: ModelSource) -> RepositoryFlavor:
         """The repository flavour: as asked, else llmapi for every source the LLM API model serves.
 
         That is every Hugging Face checkpoint (--hf-model, --demo): NVIDIA's llmapi model at 1.2.1
         runs the PyTorch backend from one. Only a prebuilt TensorRT engine (--engine-dir, and what
         --build-engine builds) is the legacy ensemble's (pinned.ENSEMBLE_LEGACY_WARNING).
         """
-        if self.flavor is not None:
-            return self.flavor
-        return "ensemble" if source.mode == "engine" else "llmapi"
-
-    def engine_for(self, flavor: str) -> str:
-        """What serves the model: as asked, else tensorrt_llm (llmapi) or reference (ensemble)."""
-        return self.engine or ("tensorrt_llm" if flavor == "llmapi" else "reference")
+        asked = self.asked_flavor
+        if asked is not None:
+            return asked
+        return ENSEMBLE if source.mode == "engine" else LLMAPI
 
     def validate(self) -> None:
         """Raises PackError for a value out of range."""
@@ -142,7 +143,8 @@ class RuntimeOptions:
             raise PackError(f"--preprocessing-instances must be >= 1, got {self.preprocessing_instances}")
         if self.engine is not None and self.engine not in LLMAPI_ENGINES:
             raise PackError(f"--engine must be one of {', '.join(LLMAPI_ENGINES)}, got {self.engine!r}")
-        if self.engine == "tensorrt_llm" and self.flavor == "ensemble":
+        asked = self.asked_flavor
+        if self.engine == LLMAPI.default_engine and asked is not None and not asked.llm_api:
             raise PackError(
                 "--engine tensorrt_llm goes with --flavor llmapi (the ensemble's TensorRT-LLM is an engine "
                 "built with trtllm-build: --engine-dir or --build-engine)"
@@ -157,7 +159,9 @@ class RuntimeOptions:
             raise PackError("--step-delay-ms goes with --engine synthetic only")
         if not 1 <= self.engine_instances <= 64:
             raise PackError(f"--engine-instances must be within [1, 64], got {self.engine_instances}")
-        if self.engine_instances > 1 and (self.engine != "synthetic" or self.flavor == "llmapi"):
+        if self.engine_instances > 1 and (
+            self.engine != "synthetic" or (asked is not None and asked.llm_api)
+        ):
             raise PackError(
                 "--engine-instances goes with --engine synthetic and the ensemble flavour only (an engine "
                 "batches requests itself: one instance)"
@@ -171,7 +175,7 @@ class RuntimeOptions:
         """
         self.validate()
         flavor = self.flavor_for(source)
-        if flavor == "ensemble":
+        if not flavor.llm_api:
             for option, value in (
                 ("--max-num-tokens", self.max_num_tokens),
                 ("--trust-remote-code", self.trust_remote_code or None),
@@ -180,7 +184,7 @@ class RuntimeOptions:
                 if value is not None:
                     raise PackError(f"{option} is an LLM API option: it goes with --flavor llmapi")
         if source.backend != "python":
-            if flavor == "llmapi":
+            if flavor.llm_api:
                 raise PackError(
                     "--engine-dir is a prebuilt engine for the C++ backend: it goes with --flavor ensemble"
                 )
@@ -190,12 +194,12 @@ class RuntimeOptions:
                     "not --engine-dir"
                 )
         self._refuse_build_options(source, flavor)
-        if self.engine_instances > 1 and flavor == "llmapi":
+        if self.engine_instances > 1 and flavor.llm_api:
             raise PackError(
                 "--engine-instances is the ensemble flavour's (synthetic token sources side by side); "
                 "the llmapi flavour, the default here, runs one LLM: add --flavor ensemble"
             )
-        if self.guided_decoding is False and flavor == "llmapi":
+        if self.guided_decoding is False and flavor.llm_api:
             raise PackError(
                 "--no-guided-decoding goes with the ensemble flavour (the LLM API guides with llguidance "
                 "and needs nothing packed for it)"
@@ -224,8 +228,7 @@ class RuntimeOptions:
             "preprocessing_instance_count": str(self.preprocessing_instances),
             "exclude_input_in_output": _bool(self.exclude_input_in_output),
             "max_seq_len": str(self.max_seq_len or source.max_seq_len or 0),
-            "python_engine": self.engine_for("ensemble") if flavor == "ensemble" else "reference",
-            "llmapi_engine": self.engine_for("llmapi") if flavor == "llmapi" else "tensorrt_llm",
+            **flavor.engine_values(self.engine),
             "synthetic_step_delay_ms": repr(float(self.step_delay_ms)),
             "engine_instance_count": str(self.engine_instances),
             "tp_size": str(self.tp_size or source.tp_size),
@@ -243,7 +246,7 @@ class RuntimeOptions:
             values["max_tokens_in_paged_kv_cache"] = str(self.max_tokens_in_paged_kv_cache)
         return values
 
-    def _refuse_build_options(self, source: ModelSource, flavor: str = "ensemble") -> None:
+    def _refuse_build_options(self, source: ModelSource, flavor: RepositoryFlavor = ENSEMBLE) -> None:
         """PackError for a --build-engine option given where no engine is built (--max-beam-width
         with a checkpoint for the LLM API is model.yaml's max_beam_width: llm_beam_width)."""
         for name, (flag, key) in self.BUILD_OPTIONS.items():

@@ -233,7 +233,7 @@ def pack(
 
     llm_options = llm_options or LlmOptions()
     flavor = options.flavor_for(source)
-    if llm_options and flavor != "llmapi":
+    if llm_options and not flavor.llm_api:
         raise LlmOptionsError(ENSEMBLE_REFUSAL)
     options = dataclasses.replace(options, **llm_options.flag_values())
     tokenizer_path = existing_dir(tokenizer_dir, tokenizer_option)
@@ -263,7 +263,7 @@ def pack(
     end_id_list = repository_end_ids(tokenizer_path)  # of the tokenizer being packed (not copied yet)
     guided = options.guides(flavor)
     xgrammar_info = None
-    if guided and flavor == "ensemble":  # NVIDIA's C++ backend guides with xgrammar and this file
+    if guided and not flavor.llm_api:  # NVIDIA's C++ backend guides with xgrammar and this file
         xgrammar_info = xgrammar_tokenizer_info(tokenizer, end_id_list, source.vocab_size)
         values["guided_decoding_backend"] = "xgrammar"
         values["xgrammar_tokenizer_info_path"] = str(packed_root / TOKENIZER_DIR / XGRAMMAR_TOKENIZER_INFO)
@@ -305,7 +305,7 @@ def pack(
         versions=versions,
         launch_command=launch_command(packed_root / REPOSITORY_DIR, source.world_size, unique=tag.version),
         chat_template_overridden=chat_template is not None,
-        flavor=flavor,
+        flavor=flavor.name,
         reasoning_parser=options.reasoning_parser,
         loras={
             name: {"id": i, **adapter.describe()} for i, (name, adapter) in enumerate(adapters.items(), 1)
@@ -334,7 +334,10 @@ def pack(
                     raise PackError("the packed tokenizer does not pick up --chat-template")
             try:
                 build_repository(
-                    staging / REPOSITORY_DIR, values, flavor=flavor, llm_options=extra_llm_options or None
+                    staging / REPOSITORY_DIR,
+                    values,
+                    flavor=flavor.name,
+                    llm_options=extra_llm_options or None,
                 )
             except RepositoryError as exc:
                 raise PackError(str(exc)) from exc
