@@ -13,6 +13,21 @@ kernels reduce the same numbers in the same order, and greedy output under load 
 run bit for bit (a batch sized to its contents would pick other GEMM kernels and drift in bf16).
 Models whose attention is not full causal attention everywhere (sliding windows, hybrid layers)
 decode one sequence per forward with a per-request cache instead.
+
+Speculative decoding (`speculate`, NGram: ngram.py): a sequence the drafter has draft tokens for
+skips the batched step; one forward over its own slot rows runs its last token and the drafts (each
+query position attends to the cache and the drafts before it), giving the logits after each. They
+are decoded in order exactly as one-token steps would decode them (greedy: argmax; otherwise the
+request's whole sampling, penalties and grammar included, one position after another, each seeing
+the tokens before it), and a draft is kept while it equals the token decoded at its position, as
+TensorRT-LLM's sampler keeps NGram drafts (they have no draft probabilities, so no rejection
+sampling there either): the accepted drafts and the token decoded after them come out of one pass.
+The keys and values of rejected drafts stay in the slot past the sequence's length, masked until
+overwritten. Sampled output follows the same distribution as without drafts (each token is drawn
+from the model's distribution given the ones before it); greedy output is the same tokens, up to
+the last bits of the logits (the pass computes `1 + drafts` positions at once; see
+tests/integration/test_speculative.py for what is asserted). Models without the slot cache and beam
+searches decode without drafts.
 """
 
 from __future__ import annotations
@@ -23,7 +38,8 @@ import secrets
 from typing import Any
 
 import torch
-from engine import BEAM_STEP, BeamResult, Sequence
+from engine import BEAM_STEP, Accepted, BeamResult, Sequence
+from ngram import NGramConfig, NGramDrafter
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface, AutoModelForCausalLM, DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -92,21 +108,36 @@ class SlotCache:
     own position and returns every position (the mask hides those not yet written)."""
 
     def __init__(
-        self, config: Any, slots: int, max_len: int, dtype: torch.dtype, device: torch.device
+        self,
+        config: Any,
+        slots: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        scratch: int = 1,
     ) -> None:
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        shape = (slots, heads, max_len + 1, head_dim)  # + a scratch position for idle slots
+        shape = (slots, heads, max_len + scratch, head_dim)  # + scratch positions for idle slots
         layers = config.num_hidden_layers
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.rows = torch.arange(slots, device=device)
         self.positions = torch.zeros(slots, dtype=torch.long, device=device)
         self.span = max_len  # positions attended this step (a multiple of SPAN_BLOCK)
+        self.verifying: tuple[int, int, int] | None = None  # (slot, first position, tokens): one row
 
     def update(
         self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *_: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.verifying is not None:  # one sequence's token and drafts, at consecutive positions
+            slot, first, count = self.verifying
+            self.keys[layer_idx][slot, :, first : first + count] = keys[0]
+            self.values[layer_idx][slot, :, first : first + count] = values[0]
+            return (
+                self.keys[layer_idx][slot : slot + 1, :, : self.span],
+                self.values[layer_idx][slot : slot + 1, :, : self.span],
+            )
         self.keys[layer_idx][self.rows, :, self.positions] = keys[:, :, 0]
         self.values[layer_idx][self.rows, :, self.positions] = values[:, :, 0]
         return self.keys[layer_idx][:, :, : self.span], self.values[layer_idx][:, :, : self.span]
@@ -174,6 +205,17 @@ class ReferenceSource:
         self._guide_ends: frozenset[int] = frozenset()  # the ids it takes as the end of text
         self.cache: SlotCache | None = None
         self.capacity: int | None = None
+        self.drafter: NGramDrafter | None = None
+        self._drafted = 0  # requests given a drafter key so far
+        # Speculative decoding, engine-wide (engine thread; read them anywhere, see `speculative_counters`)
+        self.draft_tokens = 0
+        """Draft tokens proposed by the drafter and verified."""
+        self.accepted_draft_tokens = 0
+        """Of them, the ones the verification accepted."""
+        self.verify_passes = 0
+        """Forward passes that verified drafts (one per sequence with drafts, per step)."""
+        self.decode_steps = 0
+        """Rounds of the engine that decoded at least one sequence (with or without drafts)."""
         # Every projection is hooked once, here (hooking later could race a forward on the engine
         # thread); with no adapter in the batch a hook returns at once.
         self._lora_groups: list[tuple[Any, Any]] = []
@@ -240,7 +282,49 @@ class ReferenceSource:
             batching = "one sequence per forward (not full attention)"
         else:
             batching = f"{self.capacity} batch slots x {self.max_len} positions"
+        if self.drafter is not None:
+            ngram = self.drafter.config
+            batching += (
+                f", NGram speculative decoding (max_draft_len {ngram.max_draft_len}, "
+                f"max_matching_ngram_size {ngram.max_matching_ngram_size})"
+            )
         return f"reference engine on {self.device} ({self.dtype_name}), {batching}"
+
+    # ---- speculative decoding ---------------------------------------------------------------------
+
+    def speculate(self, config: Any) -> str | None:
+        """Turns on NGram speculative decoding for a model.yaml `speculative_config` (a mapping or the
+        validated config object; None: off). Returns why it stays off, or None. ValueError for a
+        configuration the engine does not serve (another decoding type, no max_draft_len)."""
+        ngram = NGramConfig.read(config)
+        if ngram is None:
+            self.drafter = None
+            return None
+        if self.cache is None:
+            return "speculative decoding needs the slot cache (a model with full attention in every layer)"
+        # room past the longest sequence for an idle slot's throwaway token and a verified draft run
+        self.cache = SlotCache(
+            self.model.config,
+            self.capacity or 1,
+            self.max_len,
+            self.model.dtype,
+            self.device,
+            scratch=1 + ngram.max_draft_len,
+        )
+        self.drafter = NGramDrafter(ngram)
+        return None
+
+    def speculative_counters(self) -> dict[str, int | float]:
+        """Engine-wide speculative decoding counters since start: draft tokens proposed and accepted,
+        verification passes, decoding rounds, and the acceptance rate (accepted / proposed)."""
+        drafted = self.draft_tokens
+        return {
+            "draft_tokens": drafted,
+            "accepted_draft_tokens": self.accepted_draft_tokens,
+            "verify_passes": self.verify_passes,
+            "decode_steps": self.decode_steps,
+            "acceptance_rate": self.accepted_draft_tokens / drafted if drafted else 0.0,
+        }
 
     def start(self, seq: Sequence) -> None:
         request = seq.request
@@ -269,6 +353,9 @@ class ReferenceSource:
         if request.beam_width > 1:
             state.plain = False
             state.beam = _Beams(request, self._end_ids(request), self.device)
+        if self.drafter is not None and state.beam is None:
+            self._drafted += 1
+            state.draft_key = self._drafted
         if self.cache is not None:  # a beam search holds a slot too: the loop counts it as one
             if not self._free:
                 raise RuntimeError("no free batch slot (the engine loop admitted too many requests)")
@@ -312,11 +399,14 @@ class ReferenceSource:
         state: _State | None = seq.state
         if state is not None and state.slot is not None:
             self._free.append(state.slot)
+        if state is not None and state.draft_key and self.drafter is not None:
+            self.drafter.release(state.draft_key)
         seq.state = None
 
     def step(self, seqs: list[Sequence]) -> list[tuple[int, float] | BaseException]:
-        results: list[tuple[int, float] | BaseException | None] = [None] * len(seqs)
+        results: list[Any] = [None] * len(seqs)
         decoding: list[int] = []
+        verifying: list[tuple[int, list[int]]] = []
         for i, seq in enumerate(seqs):
             if seq.state.beam is not None:
                 try:
@@ -326,7 +416,11 @@ class ReferenceSource:
                 continue
             if seq.state.length and self.cache is not None:
                 if seq.state.length < self.max_len:
-                    decoding.append(i)
+                    draft = self._draft(seq)
+                    if draft:
+                        verifying.append((i, draft))
+                    else:
+                        decoding.append(i)
                 else:  # the request limits keep this from happening; never write past the cache
                     results[i] = RuntimeError(f"the sequence filled the engine's {self.max_len} positions")
                 continue
@@ -334,6 +428,13 @@ class ReferenceSource:
                 logits = self._prefill(seq) if not seq.state.length else self._decode_one(seq)
                 results[i] = self._sample(seq, logits)
             except Exception as exc:  # a failure of one request must not stop the others
+                results[i] = exc
+        if decoding or verifying:
+            self.decode_steps += 1
+        for i, draft in verifying:
+            try:
+                results[i] = self._verify(seqs[i], draft)
+            except Exception as exc:
                 results[i] = exc
         if decoding:
             batch = [seqs[i] for i in decoding]
@@ -343,7 +444,80 @@ class ReferenceSource:
             except Exception as exc:
                 for i in decoding:
                     results[i] = exc
-        return results  # type: ignore[return-value]
+        return results
+
+    def _draft(self, seq: Sequence) -> list[int]:
+        """The drafter's proposal for `seq` (none without a drafter): at most what the request may
+        still generate less one (the pass decodes one more), within the cache."""
+        state: _State = seq.state
+        if self.drafter is None or not state.draft_key:
+            return []
+        request = seq.request
+        room = min(request.max_new - len(seq.generated) - 1, self.max_len - state.length - 1)
+        if room <= 0:
+            return []
+        return self.drafter.draft(state.draft_key, request.input_ids + seq.generated, room)
+
+    @torch.inference_mode()
+    def _verify(self, seq: Sequence, draft: list[int]) -> Accepted:
+        """One forward over the sequence's last token and its drafts (its own slot rows), then the
+        tokens decoded from it: the accepted drafts and the token after them (module docstring)."""
+        cache = self.cache
+        assert cache is not None
+        state: _State = seq.state
+        request = seq.request
+        count = 1 + len(draft)
+        first = state.length
+        ids = torch.tensor([[seq.generated[-1], *draft]], device=self.device)
+        positions = self._arange[first : first + count]
+        span = min(self.max_len, -(-(first + count) // SPAN_BLOCK) * SPAN_BLOCK)
+        mask = (self._arange[None, :span] <= positions[:, None])[None, None]
+        cache.verifying = (state.slot, first, count)
+        cache.span = span
+        self._lora_groups = self._lora_rows([seq], batched=False)
+        try:
+            with self._batch_kernels():
+                out = self.model(
+                    input_ids=ids,
+                    position_ids=positions[None],
+                    attention_mask=mask,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+        finally:
+            self._lora_groups = []
+            cache.verifying = None
+        logits = out.logits[0].float()
+        tokens = Accepted()
+        if state.plain and not (
+            0 <= request.end_id < self.vocab_size and len(seq.generated) < request.min_tokens
+        ):
+            decoded = torch.argmax(logits[:, : self.vocab_size], -1).tolist()
+            for position, token in enumerate(decoded):
+                tokens.append((token, 0.0))
+                if position == len(draft) or token != draft[position] or token == request.end_id:
+                    break
+        else:
+            generated = seq.generated
+            size = len(generated)
+            try:  # each position's sampling sees the tokens decoded before it (penalties, bad words)
+                for position in range(count):
+                    token, log_prob = self._sample(seq, logits[position])
+                    tokens.append((token, log_prob))
+                    generated.append(token)
+                    if position == len(draft) or token != draft[position] or token == request.end_id:
+                        break
+            finally:
+                del generated[size:]
+        last = len(tokens) - 1  # the tokens before the last one equal their drafts
+        accepted = last + (last < len(draft) and tokens[last][0] == draft[last])  # (an end id draft)
+        state.length += min(count, accepted + 1)  # the last token's keys and values are valid
+        seq.draft_tokens += len(draft)
+        seq.accepted_draft_tokens += accepted
+        self.draft_tokens += len(draft)
+        self.accepted_draft_tokens += accepted
+        self.verify_passes += 1
+        return tokens
 
     @torch.inference_mode()
     def _prefill(self, seq: Sequence) -> torch.Tensor:
@@ -619,7 +793,8 @@ class _State:
     """Per-request state of the reference source."""
 
     __slots__ = (
-        "beam", "bias", "counts", "generator", "guide", "length", "own_cache", "plain", "prompt_mask", "slot",
+        "beam", "bias", "counts", "draft_key", "generator", "guide", "length", "own_cache", "plain",
+        "prompt_mask", "slot",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -633,3 +808,4 @@ class _State:
         self.bias: torch.Tensor | None = None
         self.guide: Any = None  # an llguidance matcher: its grammar masks every step's logits
         self.beam: _Beams | None = None  # a beam search's state (beam_width > 1)
+        self.draft_key = 0  # its key in the NGram drafter (0: it is not drafted for)
