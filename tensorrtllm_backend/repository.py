@@ -36,7 +36,10 @@ SHARED_MODULES: dict[str, tuple[Path, ...]] = {
 }
 LLMAPI_SHARED_MODULES: dict[str, tuple[Path, ...]] = {
     "tensorrt_llm": (
-        *(_STAND_IN / name for name in ("contract.py", "engine.py", "reference.py", "synthetic.py")),
+        *(
+            _STAND_IN / name
+            for name in ("contract.py", "engine.py", "ngram.py", "reference.py", "synthetic.py")
+        ),
         _STAND_IN / "triton_adapter.py",
         _HERE / "detokenizer.py",
         _HERE / "stop_strings.py",

@@ -253,7 +253,11 @@ def _perf_metrics(perf: Any) -> RequestPerfMetrics:
             num_missed_blocks=blocks - perf.kv_cache_reused_blocks,
             kv_cache_hit_rate=perf.kv_cache_reused_blocks / blocks if blocks else 0.0,
         ),
-        SpeculativeDecodingMetrics(),
+        SpeculativeDecodingMetrics(
+            acceptance_rate=perf.acceptance_rate,
+            total_accepted_draft_tokens=perf.total_accepted_draft_tokens,
+            total_draft_tokens=perf.total_draft_tokens,
+        ),
     )
 
 
@@ -444,6 +448,7 @@ class StandInLLM:
         )
         if args.max_seq_len is None:
             args.max_seq_len = own_limit
+        self._speculate(args.speculative_config, standin.log)
         self._loras = None
         self._base_config: dict[str, Any] = {}
         if args.lora_config is not None:
@@ -463,6 +468,22 @@ class StandInLLM:
         self._engine = TextEngineLoop(
             self.source, self.tokenizer, log=standin.log, step_delay_s=standin.step_delay_s, name=standin.kind
         )
+
+    def _speculate(self, config: Any, log: Callable[[str], None]) -> None:
+        """speculative_config: NGram drafts in the reference engine (reference.py); another decoding
+        type fails the LLM's construction (ValueError); the synthetic engine serves without drafts."""
+        if config is None:
+            return
+        speculate = getattr(self.source, "speculate", None)
+        why = "the synthetic engine does not draft" if speculate is None else speculate(config)
+        if why is not None:
+            log(f"speculative_config: {why}; serving without speculative decoding")
+
+    def speculative_counters(self) -> dict[str, int | float] | None:
+        """The engine's speculative decoding counters since start (draft_tokens, accepted_draft_tokens,
+        verify_passes, decode_steps, acceptance_rate); None where the engine keeps none."""
+        counters = getattr(self.source, "speculative_counters", None)
+        return counters() if counters is not None else None
 
     def describe(self) -> str:
         describe = getattr(self.source, "describe", None)
