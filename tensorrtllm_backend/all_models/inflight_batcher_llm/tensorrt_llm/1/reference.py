@@ -75,10 +75,12 @@ def slot_attention(
     for SmolLM2 that was most of a decode step. Here each key/value head meets its group of query
     heads in one batched matmul over views of the cache; the math is transformers' eager attention
     (scores in the model's dtype, softmax in float32). Prefill, one-sequence decode and anything
-    unusual (soft-capping, attention sinks) go to SDPA as before.
+    unusual (soft-capping, attention sinks) go to SDPA as before. A verification pass (speculative
+    decoding: `_verifying` set) attends the same way with several queries of one sequence.
     """
+    width = query.shape[2]
     if (
-        query.shape[2] != 1
+        (width != 1 and not _verifying[0])
         or attention_mask is None
         or attention_mask.dtype != torch.bool
         or dropout
@@ -91,11 +93,25 @@ def slot_attention(
     batch, heads, _, head_dim = query.shape
     groups = key.shape[1]  # key/value heads; query head h reads key/value head h // (heads // groups)
     scale = scaling if scaling is not None else head_dim**-0.5
+    if width != 1:  # [batch, groups, heads per group x queries, head_dim]; the mask per query
+        per_group = heads // groups
+        grouped = query.reshape(batch, groups, per_group * width, head_dim)
+        scores = torch.matmul(grouped, key.transpose(2, 3)) * scale
+        span = key.shape[2]
+        visible = attention_mask[:, :, None, :, :span]  # [batch, 1, 1, queries, span]
+        scores = scores.view(batch, groups, per_group, width, span).masked_fill(~visible, float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+        out = torch.matmul(probs.view(batch, groups, per_group * width, span), value)
+        return out.view(batch, heads, width, head_dim).transpose(1, 2).contiguous(), None
     grouped = query.reshape(batch, groups, heads // groups, head_dim)
     scores = torch.matmul(grouped, key.transpose(2, 3)) * scale
     scores = scores.masked_fill(~attention_mask[:, :, :, : key.shape[2]], float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
     return torch.matmul(probs, value).reshape(batch, 1, heads, head_dim), None
+
+
+_verifying = [False]
+"""Set while a verification pass runs (engine thread): slot_attention then takes its several queries."""
 
 
 AttentionInterface.register(SLOT_ATTENTION, slot_attention)
@@ -475,6 +491,7 @@ class ReferenceSource:
         cache.verifying = (state.slot, first, count)
         cache.span = span
         self._lora_groups = self._lora_rows([seq], batched=False)
+        _verifying[0] = True
         try:
             with self._batch_kernels():
                 out = self.model(
@@ -485,6 +502,7 @@ class ReferenceSource:
                     use_cache=True,
                 )
         finally:
+            _verifying[0] = False
             self._lora_groups = []
             cache.verifying = None
         logits = out.logits[0].float()
