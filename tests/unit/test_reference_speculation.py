@@ -138,3 +138,38 @@ def test_a_streamed_request_gets_a_pass_s_tokens_together(sources: tuple[Referen
     run(ngram, [streamed], [sink])
     assert [t for chunk in sink.chunks for t in chunk] == whole
     assert max(len(chunk) for chunk in sink.chunks) > 1, "no pass accepted a draft"
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The SmolLM2 demo checkpoint (pack_model.py --demo), where its GGUF package is installed."""
+    from trtllm_service.packed_model import PackError
+    from trtllm_service.packing.smollm2 import build_smollm2_model
+
+    try:
+        return build_smollm2_model(tmp_path_factory.mktemp("smollm2") / "model")
+    except PackError as exc:
+        pytest.skip(f"the SmolLM2 demo cannot be built here: {exc}")
+
+
+def test_smollm2_greedy_is_the_same_tokens(smollm2: Path) -> None:
+    """A real chat model: a prompt whose answer quotes it (drafts accepted) and one whose answer
+    does not; greedy tokens are the same with drafts, in float32 as the engine runs on CPU."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2)
+    plain = ReferenceSource(str(smollm2), "cpu", "float32", slots=2, max_len=1024)
+    ngram = ReferenceSource(str(smollm2), "cpu", "float32", slots=2, max_len=1024)
+    ngram.speculate(NGRAM)
+    cities = "Lisbon, Madrid, Paris, Berlin, Vienna, Prague, Warsaw, Budapest, Rome, Athens, Oslo, Dublin"
+    questions = [
+        f"Repeat this list of cities exactly, separated by commas:\n\n{cities}",
+        "Why is the sky blue?",
+    ]
+    for question in questions:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True
+        )
+        expected = ids_and_log_probs(run(plain, [request(ids, 40)])[0])[0]
+        assert ids_and_log_probs(run(ngram, [request(ids, 40)])[0])[0] == expected, question
+    assert ngram.speculative_counters()["accepted_draft_tokens"] > 0
