@@ -16,7 +16,10 @@ Beam search (`use_beam_search`, `best_of` beams, `n` returned: `outputs` holds t
 decoded whole), `prompt_logprobs` (the top N of each context position, as 1.2's compute_logprobs
 makes them: without the prompt's own tokens), `return_context_logits` (`RequestOutput.context_logits`,
 [prompt, vocab]), `embedding_bias` and `return_perf_metrics` (`request_perf_metrics`: KV cache blocks
-and times; no block is ever reused, see engine.py) are modelled. What the real LLM API serves and our
+and times; no block is ever reused, see engine.py) are modelled. model.yaml's `speculative_config`
+with `decoding_type: NGram` (NGramDecodingConfig's fields) drafts by prompt lookup in the reference
+engine (ngram.py, reference.py), and the perf metrics' `speculative_decoding` counts its draft tokens;
+another decoding type fails the LLM's construction (a draft model is not served by the stand-in). What the real LLM API serves and our
 engines cannot (several sampled sequences, generation logits, ...) is refused as ours
 (contract.RequestError), never ignored. Differences that
 remain: stop strings are matched on the decoded text (TensorRT-LLM matches their token ids, so a
