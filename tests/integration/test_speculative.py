@@ -92,6 +92,35 @@ def test_greedy_is_the_same_tokens_with_drafts(
     assert accepted > 0
 
 
+def test_stop_strings_and_seeded_sampling_end_and_draw_as_without_drafts(
+    servers: tuple[TritonServer, ...],
+) -> None:
+    """A stop string inside an accepted run ends the text where it ends without drafts; a seeded
+    sampled answer is the same text (each position is sampled from the model's distribution given
+    the tokens before it, with the request's generator, as one-token steps sample it)."""
+    plain, ngram = servers
+    whole = run(plain, REPEATED, **GREEDY, sampling_param_max_tokens=64).text
+    stop = whole[len(whole) // 2 : len(whole) // 2 + 4]
+    assert stop.strip(), whole
+    cases = [
+        {**GREEDY, "sampling_param_max_tokens": 64, "sampling_param_stop": [stop]},
+        {"sampling_param_temperature": 0.9, "sampling_param_top_p": 0.95, "sampling_param_seed": 7},
+    ]
+    for params in cases:
+        for streaming in (False, True):
+            outputs = ("text_output", "finish_reason")
+            base = run(
+                plain, REPEATED, outputs=outputs, streaming=streaming, return_finish_reason=True, **params
+            )
+            spec = run(
+                ngram, REPEATED, outputs=outputs, streaming=streaming, return_finish_reason=True, **params
+            )
+            assert base.error is None and spec.error is None, (base.error, spec.error)
+            assert spec.text == base.text and final(spec, "finish_reason") == final(base, "finish_reason")
+            if "sampling_param_stop" in params:
+                assert final(base, "finish_reason") == "stop" and len(base.text) < len(whole)
+
+
 def test_non_ngram_speculative_config_fails_the_load(demo_model_dir: Path, tmp_path: Path) -> None:
     """Drafting with a draft model (Eagle, MTP, ...) is not served by the stand-in: the load fails
     saying so, never a silent fallback to plain decoding."""
