@@ -311,7 +311,12 @@ class ReferenceSource:
     def speculate(self, config: Any) -> str | None:
         """Turns on NGram speculative decoding for a model.yaml `speculative_config` (a mapping or the
         validated config object; None: off). Returns why it stays off, or None. ValueError for a
-        configuration the engine does not serve (another decoding type, no max_draft_len)."""
+        configuration the engine does not serve (another decoding type, no max_draft_len). Call it
+        before serving (it sizes a new slot cache): the LLM stand-in calls it while it is built.
+
+        The ensemble flavour never calls it: NVIDIA's C++ backend has no NGram setting at 1.2.1 (an
+        engine built for external drafts takes a draft model's tokens in `draft_input_ids`, which
+        our contract refuses as served by NVIDIA only)."""
         ngram = NGramConfig.read(config)
         if ngram is None:
             self.drafter = None
