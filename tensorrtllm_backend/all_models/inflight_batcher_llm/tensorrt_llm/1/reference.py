@@ -14,20 +14,24 @@ run bit for bit (a batch sized to its contents would pick other GEMM kernels and
 Models whose attention is not full causal attention everywhere (sliding windows, hybrid layers)
 decode one sequence per forward with a per-request cache instead.
 
-Speculative decoding (`speculate`, NGram: ngram.py): a sequence the drafter has draft tokens for
-skips the batched step; one forward over its own slot rows runs its last token and the drafts (each
-query position attends to the cache and the drafts before it), giving the logits after each. They
-are decoded in order exactly as one-token steps would decode them (greedy: argmax; otherwise the
-request's whole sampling, penalties and grammar included, one position after another, each seeing
-the tokens before it), and a draft is kept while it equals the token decoded at its position, as
-TensorRT-LLM's sampler keeps NGram drafts (they have no draft probabilities, so no rejection
-sampling there either): the accepted drafts and the token decoded after them come out of one pass.
-The keys and values of rejected drafts stay in the slot past the sequence's length, masked until
-overwritten. Sampled output follows the same distribution as without drafts (each token is drawn
-from the model's distribution given the ones before it); greedy output is the same tokens, up to
-the last bits of the logits (the pass computes `1 + drafts` positions at once; see
-tests/integration/test_speculative.py for what is asserted). Models without the slot cache and beam
-searches decode without drafts.
+Speculative decoding (`speculate`, NGram: ngram.py): in a round where the drafter has draft tokens
+for any sequence, the batched step runs 1 + max_draft_len positions per slot instead of one: each
+sequence's last token and its drafts (padding after fewer), every query position attending to the
+cache and the positions before it, giving the logits after each. They are decoded in order exactly
+as one-token steps would decode them (greedy: argmax; otherwise the request's whole sampling,
+penalties and grammar included, one position after another, each seeing the tokens before it), and a
+draft is kept while it equals the token decoded at its position, as TensorRT-LLM's sampler keeps
+NGram drafts (they have no draft probabilities, so no rejection sampling there either): the accepted
+drafts and the token decoded after them come out of one pass. Keys and values past a sequence's new
+length (rejected drafts, padding) stay in its slot, masked until overwritten. Sampled output follows
+the same distribution as without drafts (each token is drawn from the model's distribution given the
+ones before it); greedy output is the same tokens, up to the last bits of the logits (a pass computes
+several positions per slot; tests/unit/test_reference_speculation.py and
+tests/integration/test_speculative.py assert the same tokens on the demo models, alone and under
+load; with drafts a round's shape depends on whether any sequence drafted, so the bit-for-bit
+independence from neighbours above holds for tokens there, not for every last bit of a log prob).
+Models without the
+slot cache and beam searches decode without drafts.
 """
 
 from __future__ import annotations
@@ -76,7 +80,7 @@ def slot_attention(
     heads in one batched matmul over views of the cache; the math is transformers' eager attention
     (scores in the model's dtype, softmax in float32). Prefill, one-sequence decode and anything
     unusual (soft-capping, attention sinks) go to SDPA as before. A verification pass (speculative
-    decoding: `_verifying` set) attends the same way with several queries of one sequence.
+    decoding: `_verifying` set) attends the same way with several queries per slot.
     """
     width = query.shape[2]
     if (
@@ -141,19 +145,17 @@ class SlotCache:
         self.rows = torch.arange(slots, device=device)
         self.positions = torch.zeros(slots, dtype=torch.long, device=device)
         self.span = max_len  # positions attended this step (a multiple of SPAN_BLOCK)
-        self.verifying: tuple[int, int, int] | None = None  # (slot, first position, tokens): one row
+        self.width = 1  # tokens per slot this step: 1, or 1 + max_draft_len in a verification pass
+        self.offsets = torch.arange(scratch, device=device)
 
     def update(
         self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *_: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.verifying is not None:  # one sequence's token and drafts, at consecutive positions
-            slot, first, count = self.verifying
-            self.keys[layer_idx][slot, :, first : first + count] = keys[0]
-            self.values[layer_idx][slot, :, first : first + count] = values[0]
-            return (
-                self.keys[layer_idx][slot : slot + 1, :, : self.span],
-                self.values[layer_idx][slot : slot + 1, :, : self.span],
-            )
+        if self.width > 1:  # each slot's tokens at consecutive positions from its own
+            index = self.positions[:, None] + self.offsets[None, : self.width]
+            self.keys[layer_idx][self.rows[:, None], :, index] = keys.transpose(1, 2)
+            self.values[layer_idx][self.rows[:, None], :, index] = values.transpose(1, 2)
+            return self.keys[layer_idx][:, :, : self.span], self.values[layer_idx][:, :, : self.span]
         self.keys[layer_idx][self.rows, :, self.positions] = keys[:, :, 0]
         self.values[layer_idx][self.rows, :, self.positions] = values[:, :, 0]
         return self.keys[layer_idx][:, :, : self.span], self.values[layer_idx][:, :, : self.span]
@@ -229,7 +231,7 @@ class ReferenceSource:
         self.accepted_draft_tokens = 0
         """Of them, the ones the verification accepted."""
         self.verify_passes = 0
-        """Forward passes that verified drafts (one per sequence with drafts, per step)."""
+        """Forward passes that verified drafts (one per engine round in which any sequence had some)."""
         self.decode_steps = 0
         """Rounds of the engine that decoded at least one sequence (with or without drafts)."""
         # Every projection is hooked once, here (hooking later could race a forward on the engine
@@ -427,7 +429,7 @@ class ReferenceSource:
     def step(self, seqs: list[Sequence]) -> list[tuple[int, float] | BaseException]:
         results: list[Any] = [None] * len(seqs)
         decoding: list[int] = []
-        verifying: list[tuple[int, list[int]]] = []
+        drafts: list[list[int]] = []
         for i, seq in enumerate(seqs):
             if seq.state.beam is not None:
                 try:
@@ -437,11 +439,8 @@ class ReferenceSource:
                 continue
             if seq.state.length and self.cache is not None:
                 if seq.state.length < self.max_len:
-                    draft = self._draft(seq)
-                    if draft:
-                        verifying.append((i, draft))
-                    else:
-                        decoding.append(i)
+                    decoding.append(i)
+                    drafts.append(self._draft(seq))
                 else:  # the request limits keep this from happening; never write past the cache
                     results[i] = RuntimeError(f"the sequence filled the engine's {self.max_len} positions")
                 continue
@@ -450,17 +449,12 @@ class ReferenceSource:
                 results[i] = self._sample(seq, logits)
             except Exception as exc:  # a failure of one request must not stop the others
                 results[i] = exc
-        if decoding or verifying:
-            self.decode_steps += 1
-        for i, draft in verifying:
-            try:
-                results[i] = self._verify(seqs[i], draft)
-            except Exception as exc:
-                results[i] = exc
         if decoding:
+            self.decode_steps += 1
             batch = [seqs[i] for i in decoding]
             try:
-                for i, result in zip(decoding, self._decode_batch(batch), strict=True):
+                done = self._verify_batch(batch, drafts) if any(drafts) else self._decode_batch(batch)
+                for i, result in zip(decoding, done, strict=True):
                     results[i] = result
             except Exception as exc:
                 for i in decoding:
@@ -480,28 +474,34 @@ class ReferenceSource:
         return self.drafter.draft(state.draft_key, request.input_ids + seq.generated, room)
 
     @torch.inference_mode()
-    def _verify(self, seq: Sequence, draft: list[int]) -> Accepted:
-        """One forward over the sequence's last token and its drafts (its own slot rows), then the
-        tokens decoded from it: the accepted drafts and the token after them (module docstring)."""
+    def _verify_batch(self, seqs: list[Sequence], drafts: list[list[int]]) -> list[Any]:
+        """One forward over every slot with 1 + max_draft_len positions each: a sequence's last token
+        and its drafts (none for some), then the tokens decoded from each (module docstring)."""
         cache = self.cache
-        assert cache is not None
-        state: _State = seq.state
-        request = seq.request
-        count = 1 + len(draft)
-        first = state.length
-        ids = torch.tensor([[seq.generated[-1], *draft]], device=self.device)
-        positions = self._arange[first : first + count]
-        span = min(self.max_len, -(-(first + count) // SPAN_BLOCK) * SPAN_BLOCK)
-        mask = (self._arange[None, :span] <= positions[:, None])[None, None]
-        cache.verifying = (state.slot, first, count)
+        assert cache is not None and self.drafter is not None
+        width = 1 + self.drafter.config.max_draft_len
+        slots = cache.rows.shape[0]
+        ids = torch.zeros((slots, width), dtype=torch.long)
+        positions = torch.full((slots,), self.max_len, dtype=torch.long)  # idle: the scratch positions
+        for seq, draft in zip(seqs, drafts, strict=True):
+            state: _State = seq.state
+            ids[state.slot, 0] = seq.generated[-1]
+            ids[state.slot, 1 : 1 + len(draft)] = torch.tensor(draft, dtype=torch.long)
+            positions[state.slot] = state.length
+        longest = max(seq.state.length for seq in seqs)
+        span = min(self.max_len, -(-(longest + width) // SPAN_BLOCK) * SPAN_BLOCK)
+        cache.positions.copy_(positions)
         cache.span = span
-        self._lora_groups = self._lora_rows([seq], batched=False)
+        cache.width = width
+        query_positions = cache.positions[:, None] + cache.offsets[None, :width]  # [slots, width]
+        mask = (self._arange[None, None, :span] <= query_positions[:, :, None])[:, None]
+        self._lora_groups = self._lora_rows(seqs, batched=True)
         _verifying[0] = True
         try:
             with self._batch_kernels():
                 out = self.model(
-                    input_ids=ids,
-                    position_ids=positions[None],
+                    input_ids=ids.to(self.device),
+                    position_ids=query_positions,
                     attention_mask=mask,
                     past_key_values=cache,
                     use_cache=True,
@@ -509,14 +509,29 @@ class ReferenceSource:
         finally:
             _verifying[0] = False
             self._lora_groups = []
-            cache.verifying = None
-        logits = out.logits[0].float()
+            cache.width = 1
+        logits = out.logits.float()
+        greedy = torch.argmax(logits[:, :, : self.vocab_size], -1).tolist()
+        results: list[Any] = []
+        for seq, draft in zip(seqs, drafts, strict=True):
+            try:
+                tokens = self._accept(seq, draft, logits[seq.state.slot], greedy[seq.state.slot])
+                results.append(tokens if draft else tokens[0])
+            except Exception as exc:
+                results.append(exc)
+        self.verify_passes += 1
+        return results
+
+    def _accept(self, seq: Sequence, draft: list[int], logits: torch.Tensor, greedy: list[int]) -> Accepted:
+        """The tokens one sequence decodes from its verification logits: each position as a one-token
+        step would decode it, while the drafts equal them; then the counts."""
+        state: _State = seq.state
+        request = seq.request
         tokens = Accepted()
         if state.plain and not (
             0 <= request.end_id < self.vocab_size and len(seq.generated) < request.min_tokens
         ):
-            decoded = torch.argmax(logits[:, : self.vocab_size], -1).tolist()
-            for position, token in enumerate(decoded):
+            for position, token in enumerate(greedy[: 1 + len(draft)]):
                 tokens.append((token, 0.0))
                 if position == len(draft) or token != draft[position] or token == request.end_id:
                     break
@@ -524,7 +539,7 @@ class ReferenceSource:
             generated = seq.generated
             size = len(generated)
             try:  # each position's sampling sees the tokens decoded before it (penalties, bad words)
-                for position in range(count):
+                for position in range(1 + len(draft)):
                     token, log_prob = self._sample(seq, logits[position])
                     tokens.append((token, log_prob))
                     generated.append(token)
@@ -534,12 +549,11 @@ class ReferenceSource:
                 del generated[size:]
         last = len(tokens) - 1  # the tokens before the last one equal their drafts
         accepted = last + (last < len(draft) and tokens[last][0] == draft[last])  # (an end id draft)
-        state.length += min(count, accepted + 1)  # the last token's keys and values are valid
+        state.length += accepted + 1  # the last token's keys and values are valid
         seq.draft_tokens += len(draft)
         seq.accepted_draft_tokens += accepted
         self.draft_tokens += len(draft)
         self.accepted_draft_tokens += accepted
-        self.verify_passes += 1
         return tokens
 
     @torch.inference_mode()
