@@ -94,6 +94,22 @@ def test_sampling_and_penalties_are_the_same_tokens(
         np.testing.assert_allclose(spec_log_probs, log_probs, atol=1e-5)
 
 
+@pytest.mark.parametrize("guide", [("regex", "(ab|cd)+x{3,9}"), ("json", "")])
+def test_guided_decoding_is_the_same_tokens(
+    sources: tuple[ReferenceSource, ...], guide: tuple[str, str]
+) -> None:
+    """The grammar masks each position of a pass in turn, as it masks one-token steps."""
+    plain, ngram = sources
+    before = ngram.speculative_counters()["accepted_draft_tokens"]
+    results = []
+    for source in (plain, ngram):
+        req = request(prompts()[-1], 40, guide=guide)
+        req.end_id = 0
+        results.append(ids_and_log_probs(run(source, [req])[0])[0])
+    assert results[1] == results[0] and results[0]
+    assert ngram.speculative_counters()["accepted_draft_tokens"] > before
+
+
 def test_the_end_inside_an_accepted_run_ends_it_there(sources: tuple[ReferenceSource, ...]) -> None:
     plain, ngram = sources
     prompt = prompts()[-1]
