@@ -110,6 +110,27 @@ def test_guided_decoding_is_the_same_tokens(
     assert ngram.speculative_counters()["accepted_draft_tokens"] > before
 
 
+def test_a_lora_request_among_plain_ones_is_the_same_tokens(
+    sources: tuple[ReferenceSource, ...], demo_model_dir: Path, tmp_path: Path
+) -> None:
+    """An adapter applies to its own rows of a pass (every position of its slot), as in one-token steps."""
+    import json
+
+    from tensorrtllm_backend.lora import read_peft
+    from tests.lora_support import make_adapter
+
+    config = json.loads((demo_model_dir / "config.json").read_text())
+    factors = read_peft(make_adapter(tmp_path / "a", config, seed=5, rank=4, alpha=16), config).factors
+    results = []
+    for source in sources:
+        lora = request(prompts()[-1], 40)
+        lora.lora = source.prepare_lora(factors)
+        finals = run(source, [lora, request(prompts()[-1], 40), request(prompts()[1], 40)])
+        results.append([ids_and_log_probs(f)[0] for f in finals])
+    assert results[1] == results[0]
+    assert results[0][0] != results[0][1], "the adapter changed nothing"
+
+
 def test_the_end_inside_an_accepted_run_ends_it_there(sources: tuple[ReferenceSource, ...]) -> None:
     plain, ngram = sources
     prompt = prompts()[-1]
