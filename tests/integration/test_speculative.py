@@ -121,6 +121,13 @@ def test_stop_strings_and_seeded_sampling_end_and_draw_as_without_drafts(
                 assert final(base, "finish_reason") == "stop" and len(base.text) < len(whole)
 
 
+def test_the_log_says_how_it_drafts(servers: tuple[TritonServer, ...]) -> None:
+    plain, ngram = servers
+    assert "NGram speculative decoding (max_draft_len 4, max_matching_ngram_size 3)" in ngram.log()
+    assert "Disable overlap scheduler for speculation mode NGRAM" in ngram.log()  # as the executor warns
+    assert "speculative decoding" not in plain.log()
+
+
 def test_non_ngram_speculative_config_fails_the_load(demo_model_dir: Path, tmp_path: Path) -> None:
     """Drafting with a draft model (Eagle, MTP, ...) is not served by the stand-in: the load fails
     saying so, never a silent fallback to plain decoding."""

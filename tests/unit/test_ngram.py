@@ -88,8 +88,8 @@ def test_config_from_a_mapping_or_an_object() -> None:
     ("block", "message"),
     [
         ({"decoding_type": "Eagle", "max_draft_len": 3}, "decoding_type 'Eagle' is not served"),
-        ({"decoding_type": "NGram"}, "NGram needs max_draft_len >= 1"),
-        ({"decoding_type": "NGram", "max_draft_len": 0}, "NGram needs max_draft_len >= 1"),
+        ({"decoding_type": "NGram"}, "max_draft_len must be > 0 for NGram"),
+        ({"decoding_type": "NGram", "max_draft_len": 0}, "max_draft_len must be > 0 for NGram"),
         (
             {"decoding_type": "NGram", "max_draft_len": 2, "max_matching_ngram_size": 0},
             "max_matching_ngram_size",

@@ -61,7 +61,7 @@ class NGramConfig:
             )
         draft = get("max_draft_len")
         if draft is None or int(draft) < 1:
-            raise ValueError(f"speculative_config: NGram needs max_draft_len >= 1, got {draft!r}")
+            raise ValueError("max_draft_len must be > 0 for NGram")  # NGramDecodingConfig's words
         ngram = int(get("max_matching_ngram_size", 2) or 0)
         if ngram < 1:
             raise ValueError(f"speculative_config: max_matching_ngram_size must be >= 1, got {ngram}")

@@ -481,6 +481,8 @@ class StandInLLM:
         why = "the synthetic engine does not draft" if speculate is None else speculate(config)
         if why is not None:
             log(f"speculative_config: {why}; serving without speculative decoding")
+        elif not self.args.disable_overlap_scheduler:  # the PyTorch executor's warning (NGram: no overlap)
+            log("Disable overlap scheduler for speculation mode NGRAM")
 
     def speculative_counters(self) -> dict[str, int | float] | None:
         """The engine's speculative decoding counters since start (draft_tokens, accepted_draft_tokens,
