@@ -37,6 +37,7 @@ LLMAPI_SHARED_MODULES: dict[str, tuple[Path, ...]] = {
                 "contract.py",
                 "engine.py",
                 "engine_stats.py",
+                "ngram.py",
                 "prefix_cache.py",
                 "reference.py",
                 "synthetic.py",

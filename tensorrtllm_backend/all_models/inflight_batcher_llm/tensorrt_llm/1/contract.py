@@ -511,6 +511,10 @@ class PerfMetrics:
     kv_cache_alloc_new_blocks: int = 0
     kv_cache_reused_blocks: int = 0
     kv_cache_alloc_total_blocks: int = 0
+    # speculative decoding (the engine drafts with NGram): draft tokens proposed, of them accepted
+    total_draft_tokens: int = 0
+    total_accepted_draft_tokens: int = 0
+    acceptance_rate: float = 0.0  # accepted / proposed (0 when nothing was proposed)
 
 
 _PERF_TYPES = {
@@ -561,8 +565,7 @@ def beam_arrays(
 
 def _perf_arrays(request: EngineRequest, perf: PerfMetrics | None, out: dict[str, np.ndarray]) -> None:
     if perf is not None and request.return_perf_metrics:
-        values = {"acceptance_rate": 0.0, "total_accepted_draft_tokens": 0, "total_draft_tokens": 0}
-        values.update({name: getattr(perf, name) for name in PerfMetrics.__slots__})
+        values = {name: getattr(perf, name) for name in PerfMetrics.__slots__}
         for name in nv.PERF_OUTPUTS:
             if name in request.outputs:
                 out[name] = np.array([[values[name]]], dtype=_PERF_TYPES.get(name, np.int32))

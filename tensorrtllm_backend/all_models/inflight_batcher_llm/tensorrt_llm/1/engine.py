@@ -82,6 +82,17 @@ class Sequence:
     stop_reason: int | str | None = None  # the end id, stop token or stop string that ended it
     extra: Any = None  # what a subclass of EngineLoop keeps per request (e.g. text state)
     perf: PerfMetrics | None = None  # with return_perf_metrics: arrival, first token, ... (ns)
+    draft_tokens: int = 0  # speculative decoding: draft tokens the source proposed for it
+    accepted_draft_tokens: int = 0  # of them, those its verification accepted
+
+
+def _tail(items: list[Any], count: int) -> list[Any]:
+    """Removes and returns the last `count` items of `items` (fewer if it has fewer)."""
+    if count <= 0:
+        return []
+    tail = items[-count:]
+    del items[-count:]
+    return tail
 
 
 class BeamResult:
@@ -92,6 +103,13 @@ class BeamResult:
 
     def __init__(self, beams: list[tuple[list[int], float, list[float], str]]) -> None:
         self.beams = beams
+
+
+class Accepted(list):
+    """A source's `step` result when a verification pass accepted draft tokens: several (token id,
+    log prob) in order, the last one the token the pass itself decoded (speculative decoding)."""
+
+    __slots__ = ()
 
 
 BEAM_STEP = object()
@@ -108,7 +126,8 @@ class TokenSource(Protocol):
         """Prepares `seq.state` when the request is admitted."""
 
     def step(self, seqs: list[Sequence]) -> list[tuple[int, float] | BaseException]:
-        """The next token id and its log prob for each sequence (or the error that sequence hit)."""
+        """The next token id and its log prob for each sequence (or the error that sequence hit);
+        `Accepted` tokens where a speculative step produced several."""
 
     def release(self, seq: Sequence) -> None:
         """Frees what `start` allocated."""
@@ -237,6 +256,12 @@ class EngineLoop:
                     self._send(seq, self.responder.error(f"engine error: {result}"), True)
                     finished.add(id(seq))
                     continue
+                if isinstance(result, Accepted):
+                    applied, done = self._push_several(seq, result)
+                    tokens += applied
+                    if done:
+                        finished.add(id(seq))
+                    continue
                 tokens += 1
                 if self._push(seq, *result):
                     finished.add(id(seq))
@@ -298,8 +323,29 @@ class EngineLoop:
                     del self._stops[key]
             return self._stops.pop(request_id, None) is not None
 
-    def _push(self, seq: Sequence, token: int, log_prob: float) -> bool:
-        """Applies one generated token; returns True when the request is finished."""
+    def _push_several(self, seq: Sequence, accepted: Accepted) -> tuple[int, bool]:
+        """Applies the tokens of one speculative step in order (a streamed request gets them in one
+        response); stops at the one that ends the request. Returns how many were applied and
+        whether the request is finished. What the source recorded per token (top log probs,
+        generation logits) is handed over token by token, so a request that ends early returns
+        none of the later tokens' records."""
+        later = len(accepted) - 1
+        request = seq.request
+        held_top = _tail(seq.top_logprobs, later) if request.top_logprobs else []
+        held_logits = _tail(seq.generation_logits, later) if request.return_generation_logits else []
+        for i, (token, log_prob) in enumerate(accepted):
+            if i:
+                if i <= len(held_top):
+                    seq.top_logprobs.append(held_top[i - 1])
+                if i <= len(held_logits):
+                    seq.generation_logits.append(held_logits[i - 1])
+            if self._push(seq, token, log_prob, send=i == later):
+                return i + 1, True
+        return len(accepted), False
+
+    def _push(self, seq: Sequence, token: int, log_prob: float, send: bool = True) -> bool:
+        """Applies one generated token; returns True when the request is finished. A streamed
+        request's response goes out when `send` (several tokens of one step go out together)."""
         request = seq.request
         if token == request.end_id:
             # The end token is not returned: neither are what the source recorded for its step.
@@ -327,7 +373,7 @@ class EngineLoop:
         if len(generated) >= request.max_new:
             self._finish(seq, reason="length")
             return True
-        if request.streaming:
+        if request.streaming and send:
             self._send_new(seq, final=False)
         return False
 
@@ -374,6 +420,9 @@ class EngineLoop:
             blocks = -(-(len(seq.request.input_ids) + generated) // TOKENS_PER_BLOCK)
             perf.kv_cache_alloc_total_blocks = blocks
             perf.kv_cache_alloc_new_blocks = blocks - perf.kv_cache_reused_blocks
+            perf.total_draft_tokens = seq.draft_tokens
+            perf.total_accepted_draft_tokens = seq.accepted_draft_tokens
+            perf.acceptance_rate = seq.accepted_draft_tokens / seq.draft_tokens if seq.draft_tokens else 0.0
             perf.last_token_time_ns = perf.last_token_time_ns or time.time_ns()
             perf.first_token_time_ns = perf.first_token_time_ns or perf.last_token_time_ns
         return perf

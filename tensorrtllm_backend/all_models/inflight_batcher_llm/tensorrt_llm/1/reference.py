@@ -13,6 +13,25 @@ kernels reduce the same numbers in the same order, and greedy output under load 
 run bit for bit (a batch sized to its contents would pick other GEMM kernels and drift in bf16).
 Models whose attention is not full causal attention everywhere (sliding windows, hybrid layers)
 decode one sequence per forward with a per-request cache instead.
+
+Speculative decoding (`speculate`, NGram: ngram.py): in a round where the drafter has draft tokens
+for any sequence, the batched step runs 1 + max_draft_len positions per slot instead of one: each
+sequence's last token and its drafts (padding after fewer), every query position attending to the
+cache and the positions before it, giving the logits after each. They are decoded in order exactly
+as one-token steps would decode them (greedy: argmax; otherwise the request's whole sampling,
+penalties and grammar included, one position after another, each seeing the tokens before it), and a
+draft is kept while it equals the token decoded at its position, as TensorRT-LLM's sampler keeps
+NGram drafts (they have no draft probabilities, so no rejection sampling there either): the accepted
+drafts and the token decoded after them come out of one pass. Keys and values past a sequence's new
+length (rejected drafts, padding) stay in its slot, masked until overwritten. Sampled output follows
+the same distribution as without drafts (each token is drawn from the model's distribution given the
+ones before it); greedy output is the same tokens, up to the last bits of the logits (a pass computes
+several positions per slot; tests/unit/test_reference_speculation.py and
+tests/integration/test_speculative.py assert the same tokens on the demo models, alone and under
+load; with drafts a round's shape depends on whether any sequence drafted, so the bit-for-bit
+independence from neighbours above holds for tokens there, not for every last bit of a log prob).
+Models without the
+slot cache and beam searches decode without drafts.
 """
 
 from __future__ import annotations
@@ -23,7 +42,8 @@ import secrets
 from typing import Any
 
 import torch
-from engine import BEAM_STEP, BeamResult, Sequence
+from engine import BEAM_STEP, Accepted, BeamResult, Sequence
+from ngram import NGramConfig, NGramDrafter
 from prefix_cache import DEFAULT_TOKENS_PER_BLOCK, PrefixStore, blocks
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import AttentionInterface, AutoModelForCausalLM, DynamicCache
@@ -60,10 +80,12 @@ def slot_attention(
     for SmolLM2 that was most of a decode step. Here each key/value head meets its group of query
     heads in one batched matmul over views of the cache; the math is transformers' eager attention
     (scores in the model's dtype, softmax in float32). Prefill, one-sequence decode and anything
-    unusual (soft-capping, attention sinks) go to SDPA as before.
+    unusual (soft-capping, attention sinks) go to SDPA as before. A verification pass (speculative
+    decoding: `_verifying` set) attends the same way with several queries per slot.
     """
+    width = query.shape[2]
     if (
-        query.shape[2] != 1
+        (width != 1 and not _verifying[0])
         or attention_mask is None
         or attention_mask.dtype != torch.bool
         or dropout
@@ -76,11 +98,25 @@ def slot_attention(
     batch, heads, _, head_dim = query.shape
     groups = key.shape[1]  # key/value heads; query head h reads key/value head h // (heads // groups)
     scale = scaling if scaling is not None else head_dim**-0.5
+    if width != 1:  # [batch, groups, heads per group x queries, head_dim]; the mask per query
+        per_group = heads // groups
+        grouped = query.reshape(batch, groups, per_group * width, head_dim)
+        scores = torch.matmul(grouped, key.transpose(2, 3)) * scale
+        span = key.shape[2]
+        visible = attention_mask[:, :, None, :, :span]  # [batch, 1, 1, queries, span]
+        scores = scores.view(batch, groups, per_group, width, span).masked_fill(~visible, float("-inf"))
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+        out = torch.matmul(probs.view(batch, groups, per_group * width, span), value)
+        return out.view(batch, heads, width, head_dim).transpose(1, 2).contiguous(), None
     grouped = query.reshape(batch, groups, heads // groups, head_dim)
     scores = torch.matmul(grouped, key.transpose(2, 3)) * scale
     scores = scores.masked_fill(~attention_mask[:, :, :, : key.shape[2]], float("-inf"))
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
     return torch.matmul(probs, value).reshape(batch, 1, heads, head_dim), None
+
+
+_verifying = [False]
+"""Set while a verification pass runs (engine thread): slot_attention then takes its several queries."""
 
 
 AttentionInterface.register(SLOT_ATTENTION, slot_attention)
@@ -93,21 +129,34 @@ class SlotCache:
     own position and returns every position (the mask hides those not yet written)."""
 
     def __init__(
-        self, config: Any, slots: int, max_len: int, dtype: torch.dtype, device: torch.device
+        self,
+        config: Any,
+        slots: int,
+        max_len: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        scratch: int = 1,
     ) -> None:
         heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        shape = (slots, heads, max_len + 1, head_dim)  # + a scratch position for idle slots
+        shape = (slots, heads, max_len + scratch, head_dim)  # + scratch positions for idle slots
         layers = config.num_hidden_layers
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.rows = torch.arange(slots, device=device)
         self.positions = torch.zeros(slots, dtype=torch.long, device=device)
         self.span = max_len  # positions attended this step (a multiple of SPAN_BLOCK)
+        self.width = 1  # tokens per slot this step: 1, or 1 + max_draft_len in a verification pass
+        self.offsets = torch.arange(scratch, device=device)
 
     def update(
         self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *_: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.width > 1:  # each slot's tokens at consecutive positions from its own
+            index = self.positions[:, None] + self.offsets[None, : self.width]
+            self.keys[layer_idx][self.rows[:, None], :, index] = keys.transpose(1, 2)
+            self.values[layer_idx][self.rows[:, None], :, index] = values.transpose(1, 2)
+            return self.keys[layer_idx][:, :, : self.span], self.values[layer_idx][:, :, : self.span]
         self.keys[layer_idx][self.rows, :, self.positions] = keys[:, :, 0]
         self.values[layer_idx][self.rows, :, self.positions] = values[:, :, 0]
         return self.keys[layer_idx][:, :, : self.span], self.values[layer_idx][:, :, : self.span]
@@ -180,6 +229,17 @@ class ReferenceSource:
         self._states: set[_State] = set()  # the admitted sequences' states (their KV blocks)
         self.cache: SlotCache | None = None
         self.capacity: int | None = None
+        self.drafter: NGramDrafter | None = None
+        self._drafted = 0  # requests given a drafter key so far
+        # Speculative decoding, engine-wide (engine thread; read them anywhere, see `speculative_counters`)
+        self.draft_tokens = 0
+        """Draft tokens proposed by the drafter and verified."""
+        self.accepted_draft_tokens = 0
+        """Of them, the ones the verification accepted."""
+        self.verify_passes = 0
+        """Forward passes that verified drafts (one per engine round in which any sequence had some)."""
+        self.decode_steps = 0
+        """Rounds of the engine that decoded at least one sequence (with or without drafts)."""
         # Every projection is hooked once, here (hooking later could race a forward on the engine
         # thread); with no adapter in the batch a hook returns at once.
         self._lora_groups: list[tuple[Any, Any]] = []
@@ -246,7 +306,54 @@ class ReferenceSource:
             batching = "one sequence per forward (not full attention)"
         else:
             batching = f"{self.capacity} batch slots x {self.max_len} positions"
+        if self.drafter is not None:
+            ngram = self.drafter.config
+            batching += (
+                f", NGram speculative decoding (max_draft_len {ngram.max_draft_len}, "
+                f"max_matching_ngram_size {ngram.max_matching_ngram_size})"
+            )
         return f"reference engine on {self.device} ({self.dtype_name}), {batching}"
+
+    # ---- speculative decoding ---------------------------------------------------------------------
+
+    def speculate(self, config: Any) -> str | None:
+        """Turns on NGram speculative decoding for a model.yaml `speculative_config` (a mapping or the
+        validated config object; None: off). Returns why it stays off, or None. ValueError for a
+        configuration the engine does not serve (another decoding type, no max_draft_len). Call it
+        before serving (it sizes a new slot cache): the LLM stand-in calls it while it is built.
+
+        The ensemble flavour never calls it: NVIDIA's C++ backend has no NGram setting at 1.2.1 (an
+        engine built for external drafts takes a draft model's tokens in `draft_input_ids`, which
+        our contract refuses as served by NVIDIA only)."""
+        ngram = NGramConfig.read(config)
+        if ngram is None:
+            self.drafter = None
+            return None
+        if self.cache is None:
+            return "speculative decoding needs the slot cache (a model with full attention in every layer)"
+        # room past the longest sequence for an idle slot's throwaway token and a verified draft run
+        self.cache = SlotCache(
+            self.model.config,
+            self.capacity or 1,
+            self.max_len,
+            self.model.dtype,
+            self.device,
+            scratch=1 + ngram.max_draft_len,
+        )
+        self.drafter = NGramDrafter(ngram)
+        return None
+
+    def speculative_counters(self) -> dict[str, int | float]:
+        """Engine-wide speculative decoding counters since start: draft tokens proposed and accepted,
+        verification passes, decoding rounds, and the acceptance rate (accepted / proposed)."""
+        drafted = self.draft_tokens
+        return {
+            "draft_tokens": drafted,
+            "accepted_draft_tokens": self.accepted_draft_tokens,
+            "verify_passes": self.verify_passes,
+            "decode_steps": self.decode_steps,
+            "acceptance_rate": self.accepted_draft_tokens / drafted if drafted else 0.0,
+        }
 
     def start(self, seq: Sequence) -> None:
         request = seq.request
@@ -275,6 +382,9 @@ class ReferenceSource:
         if request.beam_width > 1:
             state.plain = False
             state.beam = _Beams(request, self._end_ids(request), self.device)
+        if self.drafter is not None and state.beam is None:
+            self._drafted += 1
+            state.draft_key = self._drafted
         if self.cache is not None:  # a beam search holds a slot too: the loop counts it as one
             if not self._free:
                 raise RuntimeError("no free batch slot (the engine loop admitted too many requests)")
@@ -320,11 +430,14 @@ class ReferenceSource:
         state: _State | None = seq.state
         if state is not None and state.slot is not None:
             self._free.append(state.slot)
+        if state is not None and state.draft_key and self.drafter is not None:
+            self.drafter.release(state.draft_key)
         seq.state = None
 
     def step(self, seqs: list[Sequence]) -> list[tuple[int, float] | BaseException]:
-        results: list[tuple[int, float] | BaseException | None] = [None] * len(seqs)
+        results: list[Any] = [None] * len(seqs)
         decoding: list[int] = []
+        drafts: list[list[int]] = []
         for i, seq in enumerate(seqs):
             if seq.state.beam is not None:
                 try:
@@ -335,6 +448,7 @@ class ReferenceSource:
             if seq.state.length and self.cache is not None:
                 if seq.state.length < self.max_len:
                     decoding.append(i)
+                    drafts.append(self._draft(seq))
                 else:  # the request limits keep this from happening; never write past the cache
                     results[i] = RuntimeError(f"the sequence filled the engine's {self.max_len} positions")
                 continue
@@ -344,14 +458,111 @@ class ReferenceSource:
             except Exception as exc:  # a failure of one request must not stop the others
                 results[i] = exc
         if decoding:
+            self.decode_steps += 1
             batch = [seqs[i] for i in decoding]
             try:
-                for i, result in zip(decoding, self._decode_batch(batch), strict=True):
+                done = self._verify_batch(batch, drafts) if any(drafts) else self._decode_batch(batch)
+                for i, result in zip(decoding, done, strict=True):
                     results[i] = result
             except Exception as exc:
                 for i in decoding:
                     results[i] = exc
-        return results  # type: ignore[return-value]
+        return results
+
+    def _draft(self, seq: Sequence) -> list[int]:
+        """The drafter's proposal for `seq` (none without a drafter): at most what the request may
+        still generate less one (the pass decodes one more), within the cache."""
+        state: _State = seq.state
+        if self.drafter is None or not state.draft_key:
+            return []
+        request = seq.request
+        room = min(request.max_new - len(seq.generated) - 1, self.max_len - state.length - 1)
+        if room <= 0:
+            return []
+        return self.drafter.draft(state.draft_key, request.input_ids + seq.generated, room)
+
+    @torch.inference_mode()
+    def _verify_batch(self, seqs: list[Sequence], drafts: list[list[int]]) -> list[Any]:
+        """One forward over every slot with 1 + max_draft_len positions each: a sequence's last token
+        and its drafts (none for some), then the tokens decoded from each (module docstring)."""
+        cache = self.cache
+        assert cache is not None and self.drafter is not None
+        width = 1 + self.drafter.config.max_draft_len
+        slots = cache.rows.shape[0]
+        ids = torch.zeros((slots, width), dtype=torch.long)
+        positions = torch.full((slots,), self.max_len, dtype=torch.long)  # idle: the scratch positions
+        for seq, draft in zip(seqs, drafts, strict=True):
+            state: _State = seq.state
+            ids[state.slot, 0] = seq.generated[-1]
+            ids[state.slot, 1 : 1 + len(draft)] = torch.tensor(draft, dtype=torch.long)
+            positions[state.slot] = state.length
+        longest = max(seq.state.length for seq in seqs)
+        span = min(self.max_len, -(-(longest + width) // SPAN_BLOCK) * SPAN_BLOCK)
+        cache.positions.copy_(positions)
+        cache.span = span
+        cache.width = width
+        query_positions = cache.positions[:, None] + cache.offsets[None, :width]  # [slots, width]
+        mask = (self._arange[None, None, :span] <= query_positions[:, :, None])[:, None]
+        self._lora_groups = self._lora_rows(seqs, batched=True)
+        _verifying[0] = True
+        try:
+            with self._batch_kernels():
+                out = self.model(
+                    input_ids=ids.to(self.device),
+                    position_ids=query_positions,
+                    attention_mask=mask,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+        finally:
+            _verifying[0] = False
+            self._lora_groups = []
+            cache.width = 1
+        logits = out.logits.float()
+        greedy = torch.argmax(logits[:, :, : self.vocab_size], -1).tolist()
+        results: list[Any] = []
+        for seq, draft in zip(seqs, drafts, strict=True):
+            try:
+                tokens = self._accept(seq, draft, logits[seq.state.slot], greedy[seq.state.slot])
+                results.append(tokens if draft else tokens[0])
+            except Exception as exc:
+                results.append(exc)
+        self.verify_passes += 1
+        return results
+
+    def _accept(self, seq: Sequence, draft: list[int], logits: torch.Tensor, greedy: list[int]) -> Accepted:
+        """The tokens one sequence decodes from its verification logits: each position as a one-token
+        step would decode it, while the drafts equal them; then the counts."""
+        state: _State = seq.state
+        request = seq.request
+        tokens = Accepted()
+        if state.plain and not (
+            0 <= request.end_id < self.vocab_size and len(seq.generated) < request.min_tokens
+        ):
+            for position, token in enumerate(greedy[: 1 + len(draft)]):
+                tokens.append((token, 0.0))
+                if position == len(draft) or token != draft[position] or token == request.end_id:
+                    break
+        else:
+            generated = seq.generated
+            size = len(generated)
+            try:  # each position's sampling sees the tokens decoded before it (penalties, bad words)
+                for position in range(1 + len(draft)):
+                    token, log_prob = self._sample(seq, logits[position])
+                    tokens.append((token, log_prob))
+                    generated.append(token)
+                    if position == len(draft) or token != draft[position] or token == request.end_id:
+                        break
+            finally:
+                del generated[size:]
+        last = len(tokens) - 1  # the tokens before the last one equal their drafts
+        accepted = last + (last < len(draft) and tokens[last][0] == draft[last])  # (an end id draft)
+        state.length += accepted + 1  # the last token's keys and values are valid
+        seq.draft_tokens += len(draft)
+        seq.accepted_draft_tokens += accepted
+        self.draft_tokens += len(draft)
+        self.accepted_draft_tokens += accepted
+        return tokens
 
     # ---- KV blocks: prefix reuse (prefix_cache.py) and TensorRT-LLM's KvCacheStats --------------
 
@@ -688,7 +899,8 @@ class _State:
     """Per-request state of the reference source."""
 
     __slots__ = (
-        "beam", "bias", "counts", "generator", "guide", "length", "own_cache", "plain", "prompt_mask", "slot",
+        "beam", "bias", "counts", "draft_key", "generator", "guide", "length", "own_cache", "plain",
+        "prompt_mask", "slot",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -702,3 +914,4 @@ class _State:
         self.bias: torch.Tensor | None = None
         self.guide: Any = None  # an llguidance matcher: its grammar masks every step's logits
         self.beam: _Beams | None = None  # a beam search's state (beam_width > 1)
+        self.draft_key = 0  # its key in the NGram drafter (0: it is not drafted for)

@@ -238,6 +238,14 @@ class LLMEngine:
     def describe(self) -> str:
         return self.api.describe(self.llm)
 
+    def speculative_counters(self) -> dict[str, int | float] | None:
+        """Speculative decoding counters of the engine since start, for /metrics: draft_tokens
+        (proposed), accepted_draft_tokens, verify_passes (forwards that verified drafts),
+        decode_steps (engine rounds that decoded), acceptance_rate. None where the LLM keeps none
+        (the real tensorrt_llm reports these per request only; the stand-in counts them)."""
+        counters = getattr(self.llm, "speculative_counters", None)
+        return counters() if callable(counters) else None
+
     # ---- called from Triton's execute() ------------------------------------------------------------
 
     def submit_text(self, request: TextRequest, sink: Any) -> None:

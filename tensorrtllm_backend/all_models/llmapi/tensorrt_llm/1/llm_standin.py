@@ -18,7 +18,10 @@ makes them: without the prompt's own tokens), `return_context_logits` (`RequestO
 [prompt, vocab]), `embedding_bias` and `return_perf_metrics` (`request_perf_metrics`: KV cache blocks
 and times; blocks of a repeated prompt prefix are reused with kv_cache_config.enable_block_reuse,
 see prefix_cache.py) and `get_stats` / `get_stats_async` (the iteration stats of 1.2.1, with
-enable_iter_perf_stats: engine_stats.py) are modelled. What the real LLM API serves and our
+enable_iter_perf_stats: engine_stats.py) are modelled. model.yaml's `speculative_config` with
+`decoding_type: NGram` (NGramDecodingConfig's fields) drafts by prompt lookup in the reference
+engine (ngram.py, reference.py), and the perf metrics' `speculative_decoding` counts its draft tokens;
+another decoding type fails the LLM's construction (a draft model is not served by the stand-in). What the real LLM API serves and our
 engines cannot (several sampled sequences, generation logits, ...) is refused as ours
 (contract.RequestError), never ignored. Differences that
 remain: stop strings are matched on the decoded text (TensorRT-LLM matches their token ids, so a
@@ -255,7 +258,11 @@ def _perf_metrics(perf: Any) -> RequestPerfMetrics:
             num_missed_blocks=blocks - perf.kv_cache_reused_blocks,
             kv_cache_hit_rate=perf.kv_cache_reused_blocks / blocks if blocks else 0.0,
         ),
-        SpeculativeDecodingMetrics(),
+        SpeculativeDecodingMetrics(
+            acceptance_rate=perf.acceptance_rate,
+            total_accepted_draft_tokens=perf.total_accepted_draft_tokens,
+            total_draft_tokens=perf.total_draft_tokens,
+        ),
     )
 
 
@@ -448,6 +455,7 @@ class StandInLLM:
         )
         if args.max_seq_len is None:
             args.max_seq_len = own_limit
+        self._speculate(args.speculative_config, standin.log)
         self._loras = None
         self._base_config: dict[str, Any] = {}
         if args.lora_config is not None:
@@ -468,6 +476,24 @@ class StandInLLM:
         self._engine = TextEngineLoop(
             self.source, self.tokenizer, log=standin.log, step_delay_s=standin.step_delay_s, name=standin.kind
         )
+
+    def _speculate(self, config: Any, log: Callable[[str], None]) -> None:
+        """speculative_config: NGram drafts in the reference engine (reference.py); another decoding
+        type fails the LLM's construction (ValueError); the synthetic engine serves without drafts."""
+        if config is None:
+            return
+        speculate = getattr(self.source, "speculate", None)
+        why = "the synthetic engine does not draft" if speculate is None else speculate(config)
+        if why is not None:
+            log(f"speculative_config: {why}; serving without speculative decoding")
+        elif not self.args.disable_overlap_scheduler:  # the PyTorch executor's warning (NGram: no overlap)
+            log("Disable overlap scheduler for speculation mode NGRAM")
+
+    def speculative_counters(self) -> dict[str, int | float] | None:
+        """The engine's speculative decoding counters since start (draft_tokens, accepted_draft_tokens,
+        verify_passes, decode_steps, acceptance_rate); None where the engine keeps none."""
+        counters = getattr(self.source, "speculative_counters", None)
+        return counters() if counters is not None else None
 
     def describe(self) -> str:
         describe = getattr(self.source, "describe", None)
