@@ -154,3 +154,30 @@ def test_a_repeated_prompt_shows_as_prefix_cache_hits(flavor: str, reusing_servi
     else:  # the C++ backend's families, as its reporter names them
         assert sample(text, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="reused") == hits / 32
         assert sample(text, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="tokens_per") == 32
+
+
+NGRAM = "speculative_config={decoding_type: NGram, max_draft_len: 4, max_matching_ngram_size: 3}"
+REPEATED = "Repeat this list: apple, banana, cherry, date, elderberry, fig, grape. " * 3
+
+
+@pytest.mark.flavors("llmapi")  # the C++ backend has no NGram mode (its drafts come from a draft model)
+def test_ngram_drafts_packed_with_set_show_on_metrics_and_change_no_token(
+    service: BentoService, model_name: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """`pack_model.py --set speculative_config=...` as a user types it: the start-up log names the
+    option, the answer is the same text as the model packed without drafts, and /metrics counts
+    the drafts the engine made and the ones it accepted."""
+    home = pack_demo(tmp_path_factory.mktemp("bentoml_home_ngram"), "llmapi", "--set", NGRAM)
+    body = {"model": model_name, "prompt": REPEATED, "max_tokens": 48, "temperature": 0, "ignore_eos": True}
+    plain = httpx.post(f"{service.url}/v1/completions", json=body, timeout=120)
+    assert plain.status_code == 200, plain.text
+    with serving(home, tmp_path_factory.mktemp("serve_ngram")) as drafting:
+        assert "LLM API options from --set" in drafting.log() and "decoding_type=NGram" in drafting.log()
+        answer = httpx.post(f"{drafting.url}/v1/completions", json=body, timeout=120)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["choices"][0]["text"] == plain.json()["choices"][0]["text"]
+        text = wait_for(drafting.url, "trtllm:spec_decode_num_accepted_tokens_total", 0)
+    drafted = sample(text, "trtllm:spec_decode_num_draft_tokens_total")
+    accepted = sample(text, "trtllm:spec_decode_num_accepted_tokens_total")
+    assert 0 < accepted <= drafted, (accepted, drafted)
+    assert sample(text, "trtllm:spec_decode_num_drafts_total") >= 1

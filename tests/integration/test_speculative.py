@@ -132,7 +132,10 @@ def test_non_ngram_speculative_config_fails_the_load(demo_model_dir: Path, tmp_p
     """Drafting with a draft model (Eagle, MTP, ...) is not served by the stand-in: the load fails
     saying so, never a silent fallback to plain decoding."""
     server = _server(
-        tmp_path, demo_model_dir, "\nspeculative_config:\n  decoding_type: Eagle\n  max_draft_len: 3\n"
+        tmp_path,
+        demo_model_dir,
+        "\nspeculative_config:\n  decoding_type: Eagle\n  max_draft_len: 3\n"
+        "  speculative_model_dir: /models/eagle3-draft\n",
     )
     server.startup_timeout = 120
     try:
