@@ -141,9 +141,10 @@ def main() -> None:
 
     def prompt_ids(text: str) -> list[int]:
         if tokenizer.chat_template:
-            return tokenizer.apply_chat_template(
+            ids = tokenizer.apply_chat_template(
                 [{"role": "user", "content": text}], add_generation_prompt=True
             )
+            return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # transformers 5: a BatchEncoding
         return tokenizer.encode(text)
 
     def request(ids: list[int]) -> Any:
@@ -243,7 +244,7 @@ def main() -> None:
         "Both modes decoded the same tokens (checked). tokens/s: answer tokens / wall time of the request, "
         "prefill included. decode forwards: the engine's forward passes after the prefill (one per "
         f"token without drafts). Load average (1 min) before / after: {load[0]:.2f} / {os.getloadavg()[0]:.2f} "
-        "(the machine's 2 cores are shared).",
+        f"({os.cpu_count()} cores).",
         "",
         "| prompt | prompt tokens | answer tokens | tokens/s off | tokens/s NGram | speedup | drafted | accepted "
         "| acceptance | decode forwards off / NGram | runs off (tokens/s) | runs NGram |",
