@@ -40,11 +40,11 @@ import json
 from collections.abc import Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from tensorrtllm_backend.stop_strings import StopStringError, check_stop
 from trtllm_service.api.openai.errors import request_error
-from trtllm_service.api.openai.protocol import SamplingFields, ToolUse, parse_request
+from trtllm_service.api.openai.protocol import SamplingFields, StrictModel, ToolUse, parse_request
 from trtllm_service.relay.guided import GuideRequestError, checked, json_schema_guide
 
 __all__ = [
@@ -157,10 +157,8 @@ def _check_metadata(metadata: Any) -> None:
 # ---- tools, tool_choice, thinking, output_config -----------------------------------------------------
 
 
-class Tool(BaseModel):
+class Tool(StrictModel):
     """A client tool: a function the model may call, whose input is described by a JSON schema."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,128}$")
     description: str | None = None
@@ -190,11 +188,9 @@ class Tool(BaseModel):
         return self
 
 
-class ToolChoice(BaseModel):
+class ToolChoice(StrictModel):
     """`tool_choice`: ``auto`` (may call), ``any`` (calls one of the tools), ``tool`` (calls the one
     it names) or ``none``; ``disable_parallel_tool_use`` keeps at most one call."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
@@ -213,11 +209,9 @@ class ToolChoice(BaseModel):
         return self
 
 
-class ThinkingConfig(BaseModel):
+class ThinkingConfig(StrictModel):
     """`thinking`. Accepted: a reasoning model's thinking comes as thinking blocks whatever it says;
     its budget is not enforced (the whole answer is limited by max_tokens)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["enabled", "disabled", "adaptive", "between_tools"]
     budget_tokens: int | None = Field(None, ge=MIN_THINKING_BUDGET)
@@ -246,19 +240,15 @@ class ThinkingConfig(BaseModel):
         return self
 
 
-class OutputFormat(BaseModel):
+class OutputFormat(StrictModel):
     """`output_config.format`: the answer is JSON that validates against `schema`."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["json_schema"]
     schema_: dict[str, Any] = Field(alias="schema")
 
 
-class OutputConfig(BaseModel):
+class OutputConfig(StrictModel):
     """`output_config`: the effort (to a template that takes `reasoning_effort`) and the format."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     effort: Literal["low", "medium", "high", "xhigh", "max"] | None = None
     format: OutputFormat | None = None
@@ -271,11 +261,9 @@ _EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "
 # ---- the conversation --------------------------------------------------------------------------------
 
 
-class _Conversation(BaseModel):
+class _Conversation(StrictModel):
     """What both endpoints read: the model, the system prompt, the messages and the tools, reduced
     once (at validation, so that every fault is a 400) to chat messages."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     _messages: list[dict[str, Any]] = PrivateAttr(default_factory=list)
 

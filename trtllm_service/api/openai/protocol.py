@@ -97,6 +97,13 @@ def now() -> int:
 
 
 # ---------------------------------------------------------------------------------------------------------
+class StrictModel(BaseModel):
+    """A request object as OpenAI's API reads it, and Anthropic's: an unknown key or a value of another
+    type is a 400 naming it (no silent coercion, nothing ignored)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
 # Requests
 
 
@@ -108,29 +115,23 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class FunctionCall(BaseModel):
+class FunctionCall(StrictModel):
     """A call's function: its name and its arguments as JSON text (OpenAI's shape)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: str
     arguments: str
 
 
-class ToolCall(BaseModel):
+class ToolCall(StrictModel):
     """One tool call, in an assistant message (ours or one sent back in the conversation)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class FunctionDefinition(BaseModel):
+class FunctionDefinition(StrictModel):
     """A function the model may call: its parameters are a JSON schema."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str | None = None
@@ -138,34 +139,26 @@ class FunctionDefinition(BaseModel):
     strict: bool | None = None
 
 
-class ToolDefinition(BaseModel):
+class ToolDefinition(StrictModel):
     """One entry of `tools`."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class NamedFunction(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
+class NamedFunction(StrictModel):
     name: str
 
 
-class NamedToolChoice(BaseModel):
+class NamedToolChoice(StrictModel):
     """`tool_choice` naming the one function to call."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["function"]
     function: NamedFunction
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(StrictModel):
     """One input message. ``developer`` is taken as ``system``; text parts are joined with newlines."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str = Field(description="A string, or a list of {'type': 'text', 'text': ...} parts")
@@ -236,10 +229,8 @@ def _join_text_parts(parts: list[Any]) -> str:
     return "\n".join(texts)
 
 
-class JSONSchemaFormat(BaseModel):
+class JSONSchemaFormat(StrictModel):
     """`response_format.json_schema`: the schema the answer must validate against."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     name: str = Field(max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
     schema_: dict[str, Any] | None = Field(None, alias="schema")
@@ -247,10 +238,8 @@ class JSONSchemaFormat(BaseModel):
     strict: bool | None = None
 
 
-class ResponseFormat(BaseModel):
+class ResponseFormat(StrictModel):
     """`response_format`: plain text, any JSON object, or JSON that validates against a schema."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaFormat | None = None
@@ -271,11 +260,9 @@ class ResponseFormat(BaseModel):
 _GUIDE_FIELDS = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
 
-class OpenAIRequest(BaseModel):
+class OpenAIRequest(StrictModel):
     """What every generation request shares: the model, streaming, and the parameter policy of the
     module docstring (unsupported parameters named in a 400, harmless ones dropped)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     _unsupported: ClassVar[dict[str, Rule]] = {}
 
@@ -694,10 +681,8 @@ def check_token_ids(ids: list[Any], *where: int) -> None:
             )
 
 
-class TokenizeCompletionRequest(BaseModel):
+class TokenizeCompletionRequest(StrictModel):
     """``POST /tokenize`` of a prompt (vLLM's shape)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = Field(None, description="Model id; omitted means the served model")
     prompt: str
@@ -707,10 +692,8 @@ class TokenizeCompletionRequest(BaseModel):
     return_token_strs: bool = Field(False, description="Also return each token's string")
 
 
-class TokenizeChatRequest(BaseModel):
+class TokenizeChatRequest(StrictModel):
     """``POST /tokenize`` of chat messages, rendered with the chat template (vLLM's shape)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = Field(None, description="Model id; omitted means the served model")
     messages: list[ChatMessage] = Field(min_length=1)
@@ -730,10 +713,8 @@ class TokenizeChatRequest(BaseModel):
         return [tool.function.model_dump(exclude_none=True) for tool in self.tools or []]
 
 
-class DetokenizeRequest(BaseModel):
+class DetokenizeRequest(StrictModel):
     """``POST /detokenize`` (vLLM's shape): token ids -> their text."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str | None = Field(None, description="Model id; omitted means the served model")
     tokens: TokenIds = Field(description="Token ids of the model's vocabulary")

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from trtllm_service.api.openai.errors import request_error
 from trtllm_service.api.openai.protocol import (
@@ -36,6 +36,7 @@ from trtllm_service.api.openai.protocol import (
     ReasoningEffort,
     Rule,
     SamplingFields,
+    StrictModel,
     ToolUse,
     unset,
 )
@@ -83,10 +84,8 @@ class FunctionToolChoice(NamedFunction):
     type: Literal["function"]
 
 
-class TextFormat(BaseModel):
+class TextFormat(StrictModel):
     """`text.format`: plain text, any JSON object, or JSON that validates against a schema."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["text", "json_object", "json_schema"]
     name: str | None = Field(None, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
@@ -104,20 +103,16 @@ class TextFormat(BaseModel):
         return self
 
 
-class TextConfig(BaseModel):
+class TextConfig(StrictModel):
     """`text`: the answer's format."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     format: TextFormat | None = None
     verbosity: None = Field(None, description="Not supported (null only)")
 
 
-class ReasoningConfig(BaseModel):
+class ReasoningConfig(StrictModel):
     """`reasoning`: the effort goes to a chat template that takes `reasoning_effort`; the model's
     thinking is returned whole, so summaries are not offered."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     effort: ReasoningEffort | None = None
     summary: None = Field(None, description="Not supported (null only): the reasoning comes whole")
