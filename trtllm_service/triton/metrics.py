@@ -27,23 +27,31 @@ TRITON_RESTARTS = Counter(
 )
 
 
-async def append_triton_metrics(
-    text: str, metrics_url: str | None, timeout_s: float = 2.0, model_name: str | None = None
-) -> str:
-    """`text` followed by Triton's exposition (and, given the served `model_name`, the engine's
-    statistics under vLLM's names: `engine_metrics`), or `text` alone when Triton does not answer."""
+async def scrape_triton(metrics_url: str | None, timeout_s: float = 2.0) -> str | None:
+    """Triton's Prometheus exposition, or None where there is no URL or Triton does not answer."""
     if not metrics_url:
-        return text
+        return None
     try:
         async with httpx.AsyncClient(timeout=timeout_s) as client:
             response = await client.get(metrics_url)
             response.raise_for_status()
     except httpx.HTTPError as exc:
         logger.debug("Triton metrics unavailable: %s", exc)
+        return None
+    return response.text
+
+
+async def append_triton_metrics(
+    text: str, metrics_url: str | None, timeout_s: float = 2.0, model_name: str | None = None
+) -> str:
+    """`text` followed by Triton's exposition (and, given the served `model_name`, the engine's
+    statistics under vLLM's names: `engine_metrics`), or `text` alone when Triton does not answer."""
+    triton = await scrape_triton(metrics_url, timeout_s)
+    if triton is None:
         return text
-    parts = [text, response.text]
+    parts = [text, triton]
     if model_name is not None:
-        parts.append(engine_metrics(response.text, model_name))
+        parts.append(engine_metrics(triton, model_name))
     return "".join(part if not part or part.endswith("\n") else f"{part}\n" for part in parts if part)
 
 
@@ -125,13 +133,6 @@ _ENGINE_INFO = re.compile(r'^trtllm_engine_info\{[^}]*engine="([^"]+)"[^}]*\}\s+
 
 async def served_engine(metrics_url: str | None, timeout_s: float = 2.0) -> str | None:
     """The engine Triton's `tensorrt_llm` model says it runs (its trtllm_engine_info gauge), if any."""
-    if not metrics_url:
-        return None
-    try:
-        async with httpx.AsyncClient(timeout=timeout_s) as client:
-            response = await client.get(metrics_url)
-            response.raise_for_status()
-    except httpx.HTTPError:
-        return None
-    match = _ENGINE_INFO.search(response.text)
+    triton = await scrape_triton(metrics_url, timeout_s)
+    match = _ENGINE_INFO.search(triton) if triton is not None else None
     return match.group(1) if match else None
