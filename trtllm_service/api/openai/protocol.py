@@ -33,7 +33,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -757,6 +757,31 @@ class UsageInfo(BaseModel):
     completion_tokens: int = 0
     total_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails | None = None
+
+
+_ChoiceT = TypeVar("_ChoiceT", bound=BaseModel)
+
+
+class CompletionChunkBase(BaseModel, Generic[_ChoiceT]):
+    """A streamed chunk of chat or text completions, in OpenAI's shape: the subclass names its
+    `object` (a Literal) and its choices. ``usage`` only in the last chunk (``include_usage``)."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: list[_ChoiceT]
+    usage: UsageInfo | None = None
+
+
+class CompletionResponseBase(CompletionChunkBase[_ChoiceT]):
+    """A non-streamed chat or text completion: a chunk's fields (the same order), made now, with its
+    usage, and OpenAI's ``system_fingerprint`` (never set). The subclass names its `object` and
+    the prefix of its `id` (`new_id`)."""
+
+    created: int = Field(default_factory=now)
+    usage: UsageInfo
+    system_fingerprint: str | None = None
 
 
 class ModelCard(BaseModel):

@@ -11,6 +11,8 @@ from trtllm_service.api.openai.errors import request_error
 from trtllm_service.api.openai.protocol import (
     NO_TOOLS,
     ChatMessage,
+    CompletionChunkBase,
+    CompletionResponseBase,
     FinishReason,
     NamedToolChoice,
     ReasoningEffort,
@@ -19,9 +21,7 @@ from trtllm_service.api.openai.protocol import (
     ToolCall,
     ToolDefinition,
     ToolUse,
-    UsageInfo,
     new_id,
-    now,
     plain_messages,
     unset,
 )
@@ -120,16 +120,11 @@ class ChatCompletionChoice(BaseModel):
     logprobs: dict[str, Any] | None = None
 
 
-class ChatCompletionResponse(BaseModel):
+class ChatCompletionResponse(CompletionResponseBase[ChatCompletionChoice]):
     """Non-streamed ``chat.completion``."""
 
     id: str = Field(default_factory=lambda: new_id("chatcmpl"))
     object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=now)
-    model: str
-    choices: list[ChatCompletionChoice]
-    usage: UsageInfo
-    system_fingerprint: str | None = None
 
 
 class FunctionCallDelta(BaseModel):
@@ -166,12 +161,7 @@ class ChatCompletionChunkChoice(BaseModel):
     logprobs: dict[str, Any] | None = None
 
 
-class ChatCompletionChunk(BaseModel):
+class ChatCompletionChunk(CompletionChunkBase[ChatCompletionChunkChoice]):
     """One ``chat.completion.chunk``. On the hot path ``sse.ChatChunkEncoder`` writes this shape directly."""
 
-    id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatCompletionChunkChoice]
-    usage: UsageInfo | None = None
