@@ -592,6 +592,12 @@ class RequestBase(SamplingFields):
 
 _RequestT = TypeVar("_RequestT", bound=BaseModel)
 
+# The tool fields of chat and responses (whose named choice and tools differ in shape only).
+MAX_TOOLS = 128  # entries of `tools`
+ToolChoiceMode = Literal["none", "auto", "required"]  # `tool_choice` as a string
+TOOL_CHOICE_DOC = "Default 'auto' with tools; 'required' and a named function always call"
+PARALLEL_TOOL_CALLS_DOC = "Whether an answer may hold several calls"
+
 
 class ToolUse:
     """The rules of `tools` and `tool_choice`, shared by chat and responses (whose tools differ in
@@ -703,7 +709,7 @@ class TokenizeChatRequest(StrictModel):
     )
     return_token_strs: bool = Field(False, description="Also return each token's string")
     tools: list[ToolDefinition] | None = Field(
-        None, max_length=128, description="Rendered as chat renders them"
+        None, max_length=MAX_TOOLS, description="Rendered as chat renders them"
     )
 
     def chat_messages(self) -> list[dict[str, Any]]:

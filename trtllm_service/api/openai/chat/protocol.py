@@ -9,7 +9,10 @@ from pydantic import BaseModel, Field, model_serializer, model_validator
 
 from trtllm_service.api.openai.errors import request_error
 from trtllm_service.api.openai.protocol import (
+    MAX_TOOLS,
     NO_TOOLS,
+    PARALLEL_TOOL_CALLS_DOC,
+    TOOL_CHOICE_DOC,
     ChatMessage,
     CompletionChunkBase,
     CompletionResponseBase,
@@ -19,6 +22,7 @@ from trtllm_service.api.openai.protocol import (
     RequestBase,
     Rule,
     ToolCall,
+    ToolChoiceMode,
     ToolDefinition,
     ToolUse,
     new_id,
@@ -48,11 +52,9 @@ class ChatCompletionRequest(ToolUse, RequestBase):
         None, description="Passed to a chat template that takes it (reasoning models); a 400 otherwise"
     )
     max_completion_tokens: int | None = Field(None, ge=1, description="Wins over max_tokens")
-    tools: list[ToolDefinition] | None = Field(None, max_length=128)
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
-        None, description="Default 'auto' with tools; 'required' and a named function always call"
-    )
-    parallel_tool_calls: bool | None = Field(None, description="Whether an answer may hold several calls")
+    tools: list[ToolDefinition] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoiceMode | NamedToolChoice | None = Field(None, description=TOOL_CHOICE_DOC)
+    parallel_tool_calls: bool | None = Field(None, description=PARALLEL_TOOL_CALLS_DOC)
     logprobs: bool | None = Field(None, description="Return each output token's log probability")
     top_logprobs: int | None = Field(
         None, ge=0, le=MAX_TOP_LOGPROBS, description="With logprobs: the most likely tokens at each position"

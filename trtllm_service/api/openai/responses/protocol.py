@@ -31,12 +31,16 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from trtllm_service.api.openai.errors import request_error
 from trtllm_service.api.openai.protocol import (
+    MAX_TOOLS,
+    PARALLEL_TOOL_CALLS_DOC,
+    TOOL_CHOICE_DOC,
     FunctionDefinition,
     NamedFunction,
     ReasoningEffort,
     Rule,
     SamplingFields,
     StrictModel,
+    ToolChoiceMode,
     ToolUse,
     unset,
 )
@@ -131,11 +135,9 @@ class ResponsesRequest(ToolUse, SamplingFields):
     )
     instructions: str | None = Field(None, description="A system message before the input")
     max_output_tokens: int | None = Field(None, ge=1)
-    tools: list[FunctionTool] | None = Field(None, max_length=128)
-    tool_choice: Literal["none", "auto", "required"] | FunctionToolChoice | None = Field(
-        None, description="Default 'auto' with tools; 'required' and a named function always call"
-    )
-    parallel_tool_calls: bool | None = Field(None, description="Whether an answer may hold several calls")
+    tools: list[FunctionTool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoiceMode | FunctionToolChoice | None = Field(None, description=TOOL_CHOICE_DOC)
+    parallel_tool_calls: bool | None = Field(None, description=PARALLEL_TOOL_CALLS_DOC)
     text: TextConfig | None = Field(None, description="{'format': {'type': 'json_schema', 'name', 'schema'}}")
     reasoning: ReasoningConfig | None = Field(
         None, description="{'effort': ...} for a template that takes it"
