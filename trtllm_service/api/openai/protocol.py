@@ -79,6 +79,19 @@ NO_TOOLS = "the deprecated 'functions' API is not supported by this server: use 
 
 # name -> (value is acceptable?, why we cannot honour it)
 Rule = tuple[Callable[[Any], bool], str]
+
+
+def drop_unsupported(data: dict[str, Any], rules: Mapping[str, Rule]) -> None:
+    """Removes each parameter of `rules` from a request's `data` where it is "off" (its rule accepts
+    the value); one that is not is a 400 naming it (``unsupported_parameter``). The policy of OpenAI's
+    routes and Anthropic's."""
+    for name, (acceptable, why) in rules.items():
+        if name in data:
+            if not acceptable(data[name]):
+                raise request_error("unsupported_parameter", f"Unsupported parameter: '{name}': {why}.", name)
+            del data[name]
+
+
 # Keys of a chat message that only matter with features we lack; accepted when "off".
 _MESSAGE_OFF_KEYS = ("function_call", "refusal", "audio", "annotations")
 # An assistant message's reasoning, as our answers carry it: accepted and left out of the prompt
@@ -276,13 +289,7 @@ class OpenAIRequest(StrictModel):
         if not isinstance(data, dict):
             return data
         data = {k: v for k, v in data.items() if v is not None}
-        for name, (acceptable, why) in cls._unsupported.items():
-            if name in data:
-                if not acceptable(data[name]):
-                    raise request_error(
-                        "unsupported_parameter", f"Unsupported parameter: '{name}': {why}.", name
-                    )
-                del data[name]
+        drop_unsupported(data, cls._unsupported)
         for name in _IGNORED_PARAMS:
             data.pop(name, None)
         return data
