@@ -49,6 +49,7 @@ from trtllm_service.api.openai.protocol import (
     StrictModel,
     ToolUse,
     drop_unsupported,
+    message_role,
     parse_request,
     unset,
 )
@@ -485,14 +486,9 @@ def _add_message(out: list[dict[str, Any]], message: dict[str, Any], where: _Whe
     for key in message:
         if key not in _MESSAGE_KEYS:
             raise request_error("unknown_parameter", f"Unrecognized key {key!r} in a message.", *where, key)
-    role = message.get("role")
-    if role not in _ROLE_BLOCKS:
-        raise request_error(
-            "invalid_value",
-            f"Invalid role {role!r}: messages are 'user' and 'assistant' turns (or 'system').",
-            *where,
-            "role",
-        )
+    role = message_role(
+        message, _ROLE_BLOCKS, "messages are 'user' and 'assistant' turns (or 'system')", *where
+    )
     if "content" not in message:
         raise request_error("missing_required_parameter", "A message needs its 'content'.", *where, "content")
     content = message["content"]

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import (
@@ -219,6 +219,15 @@ class ChatMessage(StrictModel):
         if isinstance(content, list):
             data["content"] = _join_text_parts(content)
         return data
+
+
+def message_role(message: Mapping[str, Any], roles: Collection[str], which: str, *where: str | int) -> str:
+    """The `role` of a conversation's message (a Responses input item, an Anthropic message) once it
+    is one of `roles`; any other is a 400 naming `<where>.role` (`which` says what the roles are)."""
+    role = message.get("role")
+    if role not in roles:
+        raise request_error("invalid_value", f"Invalid role {role!r}: {which}.", *where, "role")
+    return role
 
 
 def _join_text_parts(parts: list[Any]) -> str:

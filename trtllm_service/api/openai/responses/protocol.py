@@ -42,6 +42,7 @@ from trtllm_service.api.openai.protocol import (
     StrictModel,
     ToolChoiceMode,
     ToolUse,
+    message_role,
     unset,
 )
 from trtllm_service.relay.guided import Guide, GuideRequestError, checked, json_schema_guide
@@ -238,15 +239,8 @@ def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], i: int) -> N
                 "unknown_parameter", f"Unrecognized key {key!r} in input item {i}.", "input", i, key
             )
     if kind == "message":
-        role = item.get("role")
-        if role not in _MESSAGE_ROLES:
-            raise request_error(
-                "invalid_value",
-                f"Invalid role {role!r}: input messages are 'user', 'system', 'developer' or 'assistant'.",
-                "input",
-                i,
-                "role",
-            )
+        which = "input messages are 'user', 'system', 'developer' or 'assistant'"
+        role = message_role(item, _MESSAGE_ROLES, which, "input", i)
         content = _item_text(item.get("content"), i, "content")
         messages.append({"role": "system" if role == "developer" else role, "content": content})
     elif kind == "function_call":
