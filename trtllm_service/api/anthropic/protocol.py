@@ -37,14 +37,22 @@ validates a raw body (`errors.error_body` writes the error in Anthropic's shape)
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from tensorrtllm_backend.stop_strings import StopStringError, check_stop
 from trtllm_service.api.openai.errors import request_error
-from trtllm_service.api.openai.protocol import SamplingFields, StrictModel, ToolUse, parse_request
+from trtllm_service.api.openai.protocol import (
+    Rule,
+    SamplingFields,
+    StrictModel,
+    ToolUse,
+    drop_unsupported,
+    message_role,
+    parse_request,
+    unset,
+)
 from trtllm_service.relay.guided import GuideRequestError, checked, json_schema_guide
 
 __all__ = [
@@ -65,37 +73,30 @@ MAX_TOOLS = 512
 TOOL_ERROR_PREFIX = "Error: "
 """Put before the content of a `tool_result` with `is_error` (chat templates have no error flag)."""
 
-_Rule = tuple[Callable[[Any], bool], str]
-
-
-def _off(value: Any) -> bool:
-    """The "off" value of a parameter we cannot honour: harmless to accept."""
-    return value is None or value is False or value == {} or value == [] or value == ""
-
 
 def _never(value: Any) -> bool:
     return False
 
 
 _MULTIPLE = "a message has one answer"
-_OFF_ONLY: dict[str, _Rule] = {
-    "container": (_off, "containers (code execution, skills) are not supported"),
-    "mcp_servers": (_off, "MCP servers are not supported: offer their tools as client tools"),
-    "context_management": (_off, "context management is not supported"),
-    "compaction": (_off, "compaction is not supported"),
-    "thread": (_off, "threads are not stored by this server: send the whole conversation"),
-    "fallbacks": (_off, "fallback models are not supported"),
+_OFF_ONLY: dict[str, Rule] = {
+    "container": (unset, "containers (code execution, skills) are not supported"),
+    "mcp_servers": (unset, "MCP servers are not supported: offer their tools as client tools"),
+    "context_management": (unset, "context management is not supported"),
+    "compaction": (unset, "compaction is not supported"),
+    "thread": (unset, "threads are not stored by this server: send the whole conversation"),
+    "fallbacks": (unset, "fallback models are not supported"),
     "output_format": (_never, "use 'output_config.format'"),
 }
-_MESSAGES_OFF_ONLY: dict[str, _Rule] = {
+_MESSAGES_OFF_ONLY: dict[str, Rule] = {
     **_OFF_ONLY,
     "stop": (_never, "the Messages API calls it 'stop_sequences'"),
     "user": (_never, "the Messages API takes it as 'metadata.user_id'"),
     "n": (lambda v: v == 1, _MULTIPLE),
     "best_of": (lambda v: v == 1, _MULTIPLE),
-    "use_beam_search": (_off, f"beam search is not offered: {_MULTIPLE}"),
-    "length_penalty": (_off, "it applies to beam search only"),
-    "early_stopping": (_off, "it applies to beam search only"),
+    "use_beam_search": (unset, f"beam search is not offered: {_MULTIPLE}"),
+    "length_penalty": (unset, "it applies to beam search only"),
+    "early_stopping": (unset, "it applies to beam search only"),
 }
 """What /v1/messages cannot honour: a 400 naming it unless "off"."""
 _IGNORED = (
@@ -116,7 +117,7 @@ _OPENAI_ONLY = ("store", "prompt_cache_key", "safety_identifier")
 _SERVICE_TIERS = ("auto", "standard_only")
 
 
-def _apply_policy(data: Any, off_only: dict[str, _Rule]) -> Any:
+def _apply_policy(data: Any, off_only: dict[str, Rule]) -> Any:
     """The parameter policy of the module docstring, before the fields are validated."""
     if not isinstance(data, dict):
         return data
@@ -124,11 +125,7 @@ def _apply_policy(data: Any, off_only: dict[str, _Rule]) -> Any:
     for name in _OPENAI_ONLY:
         if name in data:
             raise request_error("unknown_parameter", f"Unrecognized request argument supplied: {name}", name)
-    for name, (acceptable, why) in off_only.items():
-        if name in data:
-            if not acceptable(data[name]):
-                raise request_error("unsupported_parameter", f"Unsupported parameter: '{name}': {why}.", name)
-            del data[name]
+    drop_unsupported(data, off_only)
     _check_metadata(data.get("metadata"))
     tier = data.get("service_tier")
     if tier is not None and tier not in _SERVICE_TIERS:
@@ -489,14 +486,9 @@ def _add_message(out: list[dict[str, Any]], message: dict[str, Any], where: _Whe
     for key in message:
         if key not in _MESSAGE_KEYS:
             raise request_error("unknown_parameter", f"Unrecognized key {key!r} in a message.", *where, key)
-    role = message.get("role")
-    if role not in _ROLE_BLOCKS:
-        raise request_error(
-            "invalid_value",
-            f"Invalid role {role!r}: messages are 'user' and 'assistant' turns (or 'system').",
-            *where,
-            "role",
-        )
+    role = message_role(
+        message, _ROLE_BLOCKS, "messages are 'user' and 'assistant' turns (or 'system')", *where
+    )
     if "content" not in message:
         raise request_error("missing_required_parameter", "A message needs its 'content'.", *where, "content")
     content = message["content"]

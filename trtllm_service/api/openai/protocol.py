@@ -32,8 +32,8 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, Literal, TypeVar
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -79,6 +79,19 @@ NO_TOOLS = "the deprecated 'functions' API is not supported by this server: use 
 
 # name -> (value is acceptable?, why we cannot honour it)
 Rule = tuple[Callable[[Any], bool], str]
+
+
+def drop_unsupported(data: dict[str, Any], rules: Mapping[str, Rule]) -> None:
+    """Removes each parameter of `rules` from a request's `data` where it is "off" (its rule accepts
+    the value); one that is not is a 400 naming it (``unsupported_parameter``). The policy of OpenAI's
+    routes and Anthropic's."""
+    for name, (acceptable, why) in rules.items():
+        if name in data:
+            if not acceptable(data[name]):
+                raise request_error("unsupported_parameter", f"Unsupported parameter: '{name}': {why}.", name)
+            del data[name]
+
+
 # Keys of a chat message that only matter with features we lack; accepted when "off".
 _MESSAGE_OFF_KEYS = ("function_call", "refusal", "audio", "annotations")
 # An assistant message's reasoning, as our answers carry it: accepted and left out of the prompt
@@ -208,6 +221,15 @@ class ChatMessage(StrictModel):
         return data
 
 
+def message_role(message: Mapping[str, Any], roles: Collection[str], which: str, *where: str | int) -> str:
+    """The `role` of a conversation's message (a Responses input item, an Anthropic message) once it
+    is one of `roles`; any other is a 400 naming `<where>.role` (`which` says what the roles are)."""
+    role = message.get("role")
+    if role not in roles:
+        raise request_error("invalid_value", f"Invalid role {role!r}: {which}.", *where, "role")
+    return role
+
+
 def _join_text_parts(parts: list[Any]) -> str:
     texts: list[str] = []
     for j, part in enumerate(parts):
@@ -276,13 +298,7 @@ class OpenAIRequest(StrictModel):
         if not isinstance(data, dict):
             return data
         data = {k: v for k, v in data.items() if v is not None}
-        for name, (acceptable, why) in cls._unsupported.items():
-            if name in data:
-                if not acceptable(data[name]):
-                    raise request_error(
-                        "unsupported_parameter", f"Unsupported parameter: '{name}': {why}.", name
-                    )
-                del data[name]
+        drop_unsupported(data, cls._unsupported)
         for name in _IGNORED_PARAMS:
             data.pop(name, None)
         return data
@@ -592,6 +608,12 @@ class RequestBase(SamplingFields):
 
 _RequestT = TypeVar("_RequestT", bound=BaseModel)
 
+# The tool fields of chat and responses (whose named choice and tools differ in shape only).
+MAX_TOOLS = 128  # entries of `tools`
+ToolChoiceMode = Literal["none", "auto", "required"]  # `tool_choice` as a string
+TOOL_CHOICE_DOC = "Default 'auto' with tools; 'required' and a named function always call"
+PARALLEL_TOOL_CALLS_DOC = "Whether an answer may hold several calls"
+
 
 class ToolUse:
     """The rules of `tools` and `tool_choice`, shared by chat and responses (whose tools differ in
@@ -703,7 +725,7 @@ class TokenizeChatRequest(StrictModel):
     )
     return_token_strs: bool = Field(False, description="Also return each token's string")
     tools: list[ToolDefinition] | None = Field(
-        None, max_length=128, description="Rendered as chat renders them"
+        None, max_length=MAX_TOOLS, description="Rendered as chat renders them"
     )
 
     def chat_messages(self) -> list[dict[str, Any]]:
@@ -757,6 +779,31 @@ class UsageInfo(BaseModel):
     completion_tokens: int = 0
     total_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails | None = None
+
+
+_ChoiceT = TypeVar("_ChoiceT", bound=BaseModel)
+
+
+class CompletionChunkBase(BaseModel, Generic[_ChoiceT]):
+    """A streamed chunk of chat or text completions, in OpenAI's shape: the subclass names its
+    `object` (a Literal) and its choices. ``usage`` only in the last chunk (``include_usage``)."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+    choices: list[_ChoiceT]
+    usage: UsageInfo | None = None
+
+
+class CompletionResponseBase(CompletionChunkBase[_ChoiceT]):
+    """A non-streamed chat or text completion: a chunk's fields (the same order), made now, with its
+    usage, and OpenAI's ``system_fingerprint`` (never set). The subclass names its `object` and
+    the prefix of its `id` (`new_id`)."""
+
+    created: int = Field(default_factory=now)
+    usage: UsageInfo
+    system_fingerprint: str | None = None
 
 
 class ModelCard(BaseModel):

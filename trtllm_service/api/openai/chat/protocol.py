@@ -9,19 +9,23 @@ from pydantic import BaseModel, Field, model_serializer, model_validator
 
 from trtllm_service.api.openai.errors import request_error
 from trtllm_service.api.openai.protocol import (
+    MAX_TOOLS,
     NO_TOOLS,
+    PARALLEL_TOOL_CALLS_DOC,
+    TOOL_CHOICE_DOC,
     ChatMessage,
+    CompletionChunkBase,
+    CompletionResponseBase,
     FinishReason,
     NamedToolChoice,
     ReasoningEffort,
     RequestBase,
     Rule,
     ToolCall,
+    ToolChoiceMode,
     ToolDefinition,
     ToolUse,
-    UsageInfo,
     new_id,
-    now,
     plain_messages,
     unset,
 )
@@ -48,11 +52,9 @@ class ChatCompletionRequest(ToolUse, RequestBase):
         None, description="Passed to a chat template that takes it (reasoning models); a 400 otherwise"
     )
     max_completion_tokens: int | None = Field(None, ge=1, description="Wins over max_tokens")
-    tools: list[ToolDefinition] | None = Field(None, max_length=128)
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
-        None, description="Default 'auto' with tools; 'required' and a named function always call"
-    )
-    parallel_tool_calls: bool | None = Field(None, description="Whether an answer may hold several calls")
+    tools: list[ToolDefinition] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoiceMode | NamedToolChoice | None = Field(None, description=TOOL_CHOICE_DOC)
+    parallel_tool_calls: bool | None = Field(None, description=PARALLEL_TOOL_CALLS_DOC)
     logprobs: bool | None = Field(None, description="Return each output token's log probability")
     top_logprobs: int | None = Field(
         None, ge=0, le=MAX_TOP_LOGPROBS, description="With logprobs: the most likely tokens at each position"
@@ -120,16 +122,11 @@ class ChatCompletionChoice(BaseModel):
     logprobs: dict[str, Any] | None = None
 
 
-class ChatCompletionResponse(BaseModel):
+class ChatCompletionResponse(CompletionResponseBase[ChatCompletionChoice]):
     """Non-streamed ``chat.completion``."""
 
     id: str = Field(default_factory=lambda: new_id("chatcmpl"))
     object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=now)
-    model: str
-    choices: list[ChatCompletionChoice]
-    usage: UsageInfo
-    system_fingerprint: str | None = None
 
 
 class FunctionCallDelta(BaseModel):
@@ -166,12 +163,7 @@ class ChatCompletionChunkChoice(BaseModel):
     logprobs: dict[str, Any] | None = None
 
 
-class ChatCompletionChunk(BaseModel):
+class ChatCompletionChunk(CompletionChunkBase[ChatCompletionChunkChoice]):
     """One ``chat.completion.chunk``. On the hot path ``sse.ChatChunkEncoder`` writes this shape directly."""
 
-    id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatCompletionChunkChoice]
-    usage: UsageInfo | None = None

@@ -10,14 +10,14 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from trtllm_service.api.openai.errors import request_error
 from trtllm_service.api.openai.protocol import (
     MAX_PROMPTS,
+    CompletionChunkBase,
+    CompletionResponseBase,
     FinishReason,
     RequestBase,
     Rule,
     TokenIds,
-    UsageInfo,
     check_token_ids,
     new_id,
-    now,
     unset,
 )
 
@@ -112,24 +112,14 @@ class CompletionChoice(BaseModel):
     logprobs: dict[str, Any] | None = None
 
 
-class CompletionResponse(BaseModel):
+class CompletionResponse(CompletionResponseBase[CompletionChoice]):
     """Non-streamed ``text_completion``."""
 
     id: str = Field(default_factory=lambda: new_id("cmpl"))
     object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=now)
-    model: str
-    choices: list[CompletionChoice]
-    usage: UsageInfo
-    system_fingerprint: str | None = None
 
 
-class CompletionChunk(BaseModel):
+class CompletionChunk(CompletionChunkBase[CompletionChoice]):
     """One streamed ``text_completion`` chunk (OpenAI uses the same object name as the full response)."""
 
-    id: str
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: UsageInfo | None = None

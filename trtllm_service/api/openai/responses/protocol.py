@@ -31,13 +31,18 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from trtllm_service.api.openai.errors import request_error
 from trtllm_service.api.openai.protocol import (
+    MAX_TOOLS,
+    PARALLEL_TOOL_CALLS_DOC,
+    TOOL_CHOICE_DOC,
     FunctionDefinition,
     NamedFunction,
     ReasoningEffort,
     Rule,
     SamplingFields,
     StrictModel,
+    ToolChoiceMode,
     ToolUse,
+    message_role,
     unset,
 )
 from trtllm_service.relay.guided import Guide, GuideRequestError, checked, json_schema_guide
@@ -131,11 +136,9 @@ class ResponsesRequest(ToolUse, SamplingFields):
     )
     instructions: str | None = Field(None, description="A system message before the input")
     max_output_tokens: int | None = Field(None, ge=1)
-    tools: list[FunctionTool] | None = Field(None, max_length=128)
-    tool_choice: Literal["none", "auto", "required"] | FunctionToolChoice | None = Field(
-        None, description="Default 'auto' with tools; 'required' and a named function always call"
-    )
-    parallel_tool_calls: bool | None = Field(None, description="Whether an answer may hold several calls")
+    tools: list[FunctionTool] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoiceMode | FunctionToolChoice | None = Field(None, description=TOOL_CHOICE_DOC)
+    parallel_tool_calls: bool | None = Field(None, description=PARALLEL_TOOL_CALLS_DOC)
     text: TextConfig | None = Field(None, description="{'format': {'type': 'json_schema', 'name', 'schema'}}")
     reasoning: ReasoningConfig | None = Field(
         None, description="{'effort': ...} for a template that takes it"
@@ -236,15 +239,8 @@ def _add_item(messages: list[dict[str, Any]], item: dict[str, Any], i: int) -> N
                 "unknown_parameter", f"Unrecognized key {key!r} in input item {i}.", "input", i, key
             )
     if kind == "message":
-        role = item.get("role")
-        if role not in _MESSAGE_ROLES:
-            raise request_error(
-                "invalid_value",
-                f"Invalid role {role!r}: input messages are 'user', 'system', 'developer' or 'assistant'.",
-                "input",
-                i,
-                "role",
-            )
+        which = "input messages are 'user', 'system', 'developer' or 'assistant'"
+        role = message_role(item, _MESSAGE_ROLES, which, "input", i)
         content = _item_text(item.get("content"), i, "content")
         messages.append({"role": "system" if role == "developer" else role, "content": content})
     elif kind == "function_call":
