@@ -221,9 +221,9 @@ class Runtime:
         reasoning_effort: str | None = None,
     ) -> GenerationRequest:
         """Renders the chat template, tokenizes and settles (400 for what cannot be served)."""
-        prompt = ChatPrompt(messages, tools, reasoning_effort)
+        prompt = ChatPrompt(messages, tools, reasoning_effort, param)
         prepare = functools.partial(
-            self.preparer.chat, default_max_tokens=default_max_tokens, param=param, budget_param=budget_param
+            self.preparer.chat, default_max_tokens=default_max_tokens, budget_param=budget_param
         )
         return await self._maybe_in_thread(prompt.size, prepare, prompt, params)
 

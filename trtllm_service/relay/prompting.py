@@ -18,11 +18,13 @@ from trtllm_service.relay.request import EngineLimits, GenerationRequest, Sampli
 @dataclass(frozen=True)
 class ChatPrompt:
     """A chat request's input to the chat template: its messages, the functions it offers (OpenAI's
-    `function` objects), and `reasoning_effort` for a template that takes it."""
+    `function` objects), `reasoning_effort` for a template that takes it, and `param`, the request
+    field the messages came from (what a 400 about them names: `prompt` for /generate)."""
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
     reasoning_effort: str | None = None
+    param: str = "messages"
 
     @property
     def size(self) -> int:
@@ -65,23 +67,23 @@ class RequestPreparer:
         params: SamplingParams,
         default_max_tokens: int | None = None,
         *,
-        param: str = "messages",
         budget_param: str | None = None,
     ) -> GenerationRequest:
-        """`param` / `budget_param`: the request fields a context_length_exceeded error names."""
+        """`prompt.param` / `budget_param`: the request fields a context_length_exceeded error names."""
         self.check_token_ids(params.stop_token_ids, "stop_token_ids")
         return settle(
-            self.chat_ids(prompt, param=param),
+            self.chat_ids(prompt),
             params,
             self.limits,
             default_max_tokens=default_max_tokens,
-            param=param,
+            param=prompt.param,
             budget_param=budget_param,
         )
 
-    def chat_ids(self, prompt: ChatPrompt, *, param: str = "messages") -> list[int]:
+    def chat_ids(self, prompt: ChatPrompt) -> list[int]:
         """The prompt's token ids: the messages through the chat template, tokenized. What a chat
         request sends the engine and what Anthropic's count_tokens counts."""
+        param = prompt.param
         self.check_text(list(_message_texts(prompt.messages, param)), param=param)
         try:
             text = self.formatter.render(
