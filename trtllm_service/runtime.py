@@ -29,7 +29,7 @@ from trtllm_service.packed_model import end_ids, layout_runtime_repository, read
 from trtllm_service.relay.client import EngineStream, TritonRelay
 from trtllm_service.relay.flavors import Flavor, flavor_of
 from trtllm_service.relay.logprobs import TokenTexts
-from trtllm_service.relay.prompting import RequestPreparer
+from trtllm_service.relay.prompting import ChatPrompt, RequestPreparer
 from trtllm_service.relay.request import EngineLimits, GenerationRequest, SamplingParams
 from trtllm_service.served_model import ModelNotFoundError as ModelNotFoundError  # re-exported
 from trtllm_service.served_model import default_model_tag as default_model_tag  # service.py, dev.sh
@@ -221,16 +221,11 @@ class Runtime:
         reasoning_effort: str | None = None,
     ) -> GenerationRequest:
         """Renders the chat template, tokenizes and settles (400 for what cannot be served)."""
-        size = sum(len(m.get("content") or "") for m in messages)
+        prompt = ChatPrompt(messages, tools, reasoning_effort, param)
         prepare = functools.partial(
-            self.preparer.chat,
-            default_max_tokens=default_max_tokens,
-            param=param,
-            budget_param=budget_param,
-            tools=tools,
-            reasoning_effort=reasoning_effort,
+            self.preparer.chat, default_max_tokens=default_max_tokens, budget_param=budget_param
         )
-        return await self._maybe_in_thread(size, prepare, messages, params)
+        return await self._maybe_in_thread(prompt.size, prepare, prompt, params)
 
     async def count_chat_tokens(
         self,
@@ -240,9 +235,8 @@ class Runtime:
         reasoning_effort: str | None = None,
     ) -> int:
         """The prompt tokens `prepare_chat` would send for these messages (the same rendering)."""
-        size = sum(len(m.get("content") or "") for m in messages)
-        count = functools.partial(self.preparer.chat_ids, tools=tools, reasoning_effort=reasoning_effort)
-        return len(await self._maybe_in_thread(size, count, messages))
+        prompt = ChatPrompt(messages, tools, reasoning_effort)
+        return len(await self._maybe_in_thread(prompt.size, self.preparer.chat_ids, prompt))
 
     async def prepare_prompts(
         self, prompts: Sequence[str], params: SamplingParams

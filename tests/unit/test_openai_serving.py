@@ -26,7 +26,7 @@ from trtllm_service.chat.template import PromptFormatter
 from trtllm_service.errors import APIError
 from trtllm_service.relay.client import EngineStream
 from trtllm_service.relay.flavors import LLMAPIFlavor
-from trtllm_service.relay.prompting import RequestPreparer
+from trtllm_service.relay.prompting import ChatPrompt, RequestPreparer
 from trtllm_service.relay.readers import TokenIdReader
 from trtllm_service.relay.request import EngineLimits, GenerationRequest, SamplingParams
 from trtllm_service.runtime import Runtime
@@ -130,7 +130,7 @@ class FakeRuntime:
         tools: list[dict[str, Any]] | None = None,
         reasoning_effort: str | None = None,
     ) -> GenerationRequest:
-        return self.preparer.chat(messages, params, tools=tools, reasoning_effort=reasoning_effort)
+        return self.preparer.chat(ChatPrompt(messages, tools, reasoning_effort), params)
 
     adapter = Runtime.adapter  # the served model's name, or a 404
 

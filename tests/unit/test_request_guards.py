@@ -23,7 +23,7 @@ from trtllm_service.api.limits import BodyLimitMiddleware, ConcurrencyLimitMiddl
 from trtllm_service.api.shutdown import Drain
 from trtllm_service.chat.template import PromptFormatter
 from trtllm_service.errors import APIError
-from trtllm_service.relay.prompting import RequestPreparer
+from trtllm_service.relay.prompting import ChatPrompt, RequestPreparer
 from trtllm_service.relay.request import EngineLimits, SamplingParams, settle
 
 pytestmark = pytest.mark.unit
@@ -238,7 +238,7 @@ def test_nul_characters_are_refused_naming_where() -> None:
         {"role": "user", "content": [{"type": "text", "text": "a\x00"}]},
     ]
     with pytest.raises(APIError) as refused:
-        _preparer().chat(messages, SamplingParams())
+        _preparer().chat(ChatPrompt(messages), SamplingParams())
     assert "'messages[1].content[0].text' contains a NUL character" in refused.value.message
 
 

@@ -17,6 +17,7 @@ import fcntl
 import mmap
 import os
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 from starlette.responses import JSONResponse
@@ -68,49 +69,48 @@ class SharedSlots:
             slots.append(slot)
         return slots
 
-    def try_acquire(self, limit: int) -> bool:
-        """Counts one more request of this process unless `limit` are in flight already."""
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[mmap.mmap]:
+        """The slot table, under the exclusive flock for as long as the block runs."""
         table = self._open()
-        me = os.getpid()
         fcntl.flock(self._fd, fcntl.LOCK_EX)  # type: ignore[arg-type]
         try:
+            yield table
+        finally:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)  # type: ignore[arg-type]
+
+    @staticmethod
+    def _in_flight(slots: list[tuple[int, int]], me: int) -> int:
+        """The requests of the slots whose process is alive (this one, `me`, is)."""
+        return sum(count for pid, count in slots if count > 0 and (pid == me or pid_alive(pid)))
+
+    def try_acquire(self, limit: int) -> bool:
+        """Counts one more request of this process unless `limit` are in flight already."""
+        me = os.getpid()
+        with self._locked() as table:
             slots = self._slots(table)
-            total = 0
-            for pid, count in slots:
-                if count > 0 and (pid == me or pid_alive(pid)):
-                    total += count
-            if total >= limit:
+            if self._in_flight(slots, me) >= limit:
                 return False
             index = self._slot_of(me, slots)
             pid, count = _SLOT.unpack_from(table, index * _SLOT.size)
             _SLOT.pack_into(table, index * _SLOT.size, me, (count if pid == me else 0) + 1)
             return True
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)  # type: ignore[arg-type]
 
     def total(self) -> int:
         """Requests in flight in every live process."""
-        table = self._open()
         me = os.getpid()
-        fcntl.flock(self._fd, fcntl.LOCK_EX)  # type: ignore[arg-type]
-        try:
-            return sum(c for pid, c in self._slots(table) if c > 0 and (pid == me or pid_alive(pid)))
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)  # type: ignore[arg-type]
+        with self._locked() as table:
+            return self._in_flight(self._slots(table), me)
 
     def release(self) -> None:
-        table = self._open()
         me = os.getpid()
-        fcntl.flock(self._fd, fcntl.LOCK_EX)  # type: ignore[arg-type]
-        try:
+        with self._locked() as table:
             index = self._mine
             if index is None or _SLOT.unpack_from(table, index * _SLOT.size)[0] != me:
                 index = self._slot_of(me, self._slots(table))
             pid, count = _SLOT.unpack_from(table, index * _SLOT.size)
             if pid == me and count > 0:
                 _SLOT.pack_into(table, index * _SLOT.size, me, count - 1)
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)  # type: ignore[arg-type]
 
     def _slot_of(self, me: int, slots: list[tuple[int, int]]) -> int:
         """This process's slot: the one it holds, else a free one (empty, or left by a dead process)."""

@@ -7,11 +7,29 @@ checked against the engine's limits and settled once (request.settle).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from trtllm_service.chat.template import PromptFormatter
 from trtllm_service.errors import APIError
 from trtllm_service.relay.request import EngineLimits, GenerationRequest, SamplingParams, settle
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """A chat request's input to the chat template: its messages, the functions it offers (OpenAI's
+    `function` objects), `reasoning_effort` for a template that takes it, and `param`, the request
+    field the messages came from (what a 400 about them names: `prompt` for /generate)."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    reasoning_effort: str | None = None
+    param: str = "messages"
+
+    @property
+    def size(self) -> int:
+        """How much content there is (what decides tokenizing off the event loop)."""
+        return sum(len(m.get("content") or "") for m in self.messages)
 
 
 class RequestPreparer:
@@ -45,41 +63,32 @@ class RequestPreparer:
 
     def chat(
         self,
-        messages: list[dict[str, Any]],
+        prompt: ChatPrompt,
         params: SamplingParams,
         default_max_tokens: int | None = None,
         *,
-        param: str = "messages",
         budget_param: str | None = None,
-        tools: list[dict[str, Any]] | None = None,
-        reasoning_effort: str | None = None,
     ) -> GenerationRequest:
-        """`param` / `budget_param`: the request fields a context_length_exceeded error names;
-        `tools`: the functions the request offers (OpenAI's `function` objects); `reasoning_effort`:
-        for a template that takes it."""
+        """`prompt.param` / `budget_param`: the request fields a context_length_exceeded error names."""
         self.check_token_ids(params.stop_token_ids, "stop_token_ids")
         return settle(
-            self.chat_ids(messages, param=param, tools=tools, reasoning_effort=reasoning_effort),
+            self.chat_ids(prompt),
             params,
             self.limits,
             default_max_tokens=default_max_tokens,
-            param=param,
+            param=prompt.param,
             budget_param=budget_param,
         )
 
-    def chat_ids(
-        self,
-        messages: list[dict[str, Any]],
-        *,
-        param: str = "messages",
-        tools: list[dict[str, Any]] | None = None,
-        reasoning_effort: str | None = None,
-    ) -> list[int]:
+    def chat_ids(self, prompt: ChatPrompt) -> list[int]:
         """The prompt's token ids: the messages through the chat template, tokenized. What a chat
         request sends the engine and what Anthropic's count_tokens counts."""
-        self.check_text(list(_message_texts(messages, param)), param=param)
+        param = prompt.param
+        self.check_text(list(_message_texts(prompt.messages, param)), param=param)
         try:
-            text = self.formatter.render(messages, tools=tools, reasoning_effort=reasoning_effort)
+            text = self.formatter.render(
+                prompt.messages, tools=prompt.tools, reasoning_effort=prompt.reasoning_effort
+            )
         except ValueError as exc:
             raise APIError.bad_request(str(exc), param=param) from None
         return self.formatter.encode(text)
