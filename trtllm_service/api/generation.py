@@ -53,6 +53,12 @@ def error_response(error: APIError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
 
 
+def error_docs(body: type[BaseModel], reasons: dict[int, str]) -> dict[int | str, dict[str, Any]]:
+    """The documented error responses of an API's routes: each status with its reason, all in the
+    API's error `body`."""
+    return {code: {"model": body, "description": why} for code, why in reasons.items()}
+
+
 class GenerationServing:
     """The request path every generation endpoint shares, over a ``Runtime``.
 
