@@ -26,10 +26,13 @@ from trtllm_service.api.choices import (
 )
 from trtllm_service.api.metrics import RequestMetrics
 from trtllm_service.api.openai.protocol import SamplingFields
+from trtllm_service.api.sse_frames import SSE_HEADERS, plainly_text, sse_body, whole_frames
+from trtllm_service.api.streaming import StreamBody
 from trtllm_service.chat import reasoning
-from trtllm_service.chat.reasoning import ReasoningStyle
+from trtllm_service.chat.reasoning import ReasoningSplitter, ReasoningStyle
 from trtllm_service.errors import APIError
-from trtllm_service.relay.request import GenerationRequest, SamplingParams
+from trtllm_service.relay.logprobs import TokenLogprob
+from trtllm_service.relay.request import SamplingParams
 
 if TYPE_CHECKING:
     from trtllm_service.runtime import Runtime
@@ -37,20 +40,49 @@ if TYPE_CHECKING:
 
 class ChatRequest(Protocol):
     """A request whose prompt is chat messages (chat completions, responses, messages): its
-    `SamplingFields`, and what `start_chat` reads besides."""
+    `SamplingFields`, and what `serve_chat` reads besides."""
 
     model: str | None
     reasoning_effort: Any
     samples_per_prompt: int
+    stream: bool
+
+    @property
+    def tool_mode(self) -> str | None: ...
 
     def chat_messages(self) -> list[dict[str, Any]]: ...
 
     def functions(self) -> list[dict[str, Any]]: ...
 
 
+class Answer(Protocol):
+    """How a chat endpoint writes one answer (`GenerationServing.serve_chat`), over its started
+    choices."""
+
+    prompt_tokens: int
+
+    def build(self, results: list[Result], cached: int) -> BaseModel | dict[str, Any]:
+        """The JSON body, from all results and the prompt tokens found in the KV cache."""
+        ...
+
+    def stream(self, metrics: RequestMetrics) -> Response:
+        """The SSE stream, written as the text arrives."""
+        ...
+
+    def stream_whole(self, metrics: RequestMetrics) -> Response:
+        """The SSE stream of an answer that may be tool calls, sent once it is complete."""
+        ...
+
+
 def error_response(error: APIError) -> JSONResponse:
     """The JSON answer of an error, with its status and headers."""
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
+
+
+def error_docs(body: type[BaseModel], reasons: dict[int, str]) -> dict[int | str, dict[str, Any]]:
+    """The documented error responses of an API's routes: each status with its reason, all in the
+    API's error `body`."""
+    return {code: {"model": body, "description": why} for code, why in reasons.items()}
 
 
 class GenerationServing:
@@ -78,12 +110,18 @@ class GenerationServing:
         served = adapter or self.model_name
         return adapter, served, RequestMetrics(served, route)
 
-    async def start_chat(
-        self, request: ChatRequest, route: str, effort_param: str
-    ) -> tuple[str, RequestMetrics, GenerationRequest, list[Choice]] | Response:
-        """A chat request's prompt, rendered and started as its engine requests (each has produced
-        its first text): the model id it answers as, its metrics, its engine request and choices;
-        or the error response. `effort_param`: the field that set `reasoning_effort`, for its 400."""
+    async def serve_chat(
+        self,
+        request: ChatRequest,
+        http_request: Request | None,
+        route: str,
+        effort_param: str,
+        answer: Callable[[Any, str, list[Choice], int, GenerationServing], Answer],
+    ) -> Response:
+        """Answers a chat request: its prompt rendered and started as its engine requests (each has
+        produced its first text), then written as one JSON body or an SSE stream by the endpoint's
+        `answer(request, model id it answers as, choices, prompt tokens, self)`; or the error
+        response. `effort_param`: the field that set `reasoning_effort`, for its 400."""
         try:
             adapter, served, metrics = self.begin(request.model, route)
         except APIError as exc:
@@ -107,7 +145,24 @@ class GenerationServing:
             metrics.done(exc.status)
             return error_response(exc)
         metrics.first_token()
-        return served, metrics, prepared, choices
+        written = answer(request, served, choices, prepared.prompt_tokens, self)
+        if (
+            request.stream
+            and request.tool_mode
+            and (self.reasoning or not await plainly_text(choices, request.tool_mode))
+        ):
+            # Whether an answer is calls is known at its end (after a reasoning model's thinking):
+            # the stream sends it whole.
+            return written.stream_whole(metrics)
+        return await self.respond(
+            request,  # type: ignore[arg-type]
+            choices,
+            http_request,
+            lambda: written.stream(metrics),
+            written.build,
+            metrics,
+            written.prompt_tokens,
+        )
 
     def params(self, request: SamplingFields, adapter: str | None, logprobs_param: str) -> SamplingParams:
         """A request's sampling parameters (with its LoRA adapter), once it is known that the engine
@@ -151,6 +206,85 @@ class GenerationServing:
             results = keep_best(choices, results, request.n, request.samples_per_prompt)
         body = build(results, cached_tokens(choices, request.n))
         return JSONResponse(body if isinstance(body, dict) else body.model_dump(mode="json"))
+
+
+class EventAnswer:
+    """An answer of one choice that a builder writes as named events (Anthropic's message, OpenAI's
+    response): `opening`, then the events of the text as it arrives (`write`), or of the whole
+    answer once it is complete; a failure is the builder's `failure`. Each endpoint adds `build`,
+    `finish` and `whole`.
+
+    Args:
+        request: The validated request.
+        served: The model id the answer names.
+        choices: Its one started choice.
+        prompt_tokens: The prompt's length in tokens.
+        serving: Its serving object (for the model's reasoning parser).
+    """
+
+    __slots__ = ("builder", "choices", "prompt_tokens", "request", "splitter", "style")
+
+    def __init__(
+        self, request: Any, served: str, choices: list[Choice], prompt_tokens: int, serving: GenerationServing
+    ) -> None:
+        self.request = request
+        self.choices = choices
+        self.prompt_tokens = prompt_tokens
+        self.builder = self.new_builder(served)
+        style = self.style = serving.reasoning
+        self.splitter = ReasoningSplitter(style) if style is not None else None
+
+    def new_builder(self, served: str) -> Any:
+        """The endpoint's builder of the answer's events, naming `served` as the model."""
+        raise NotImplementedError
+
+    def finish(self, reason: str, index: int) -> str:
+        """The stream's last events (the endpoint's)."""
+        raise NotImplementedError
+
+    def whole(self, results: list[Result]) -> str:
+        """The events of a complete answer, after `opening` (the endpoint's)."""
+        raise NotImplementedError
+
+    def delta(self, text: str, index: int, entries: list[TokenLogprob]) -> str:
+        """The events of streamed text (per token: the hot path)."""
+        splitter = self.splitter
+        if splitter is None:
+            return self.builder.write("", text)
+        return self.builder.write(*splitter.push(text))
+
+    def held_back(self) -> str:
+        """At the end of the stream: the events of the text the reasoning splitter still holds."""
+        return self.builder.write(*self.splitter.flush()) if self.splitter is not None else ""
+
+    def stream(self, metrics: RequestMetrics) -> Response:
+        """The event stream, written as the text arrives."""
+        builder = self.builder
+        return sse_body(
+            self.choices,
+            [builder.opening()],
+            self.delta,
+            self.finish,
+            None,
+            metrics,
+            self.prompt_tokens,
+            failure_frame=builder.failure,
+            done="",
+        )
+
+    def stream_whole(self, metrics: RequestMetrics) -> Response:
+        """The event stream of an answer that may be calls: `opening` at once, the rest (`whole`)
+        once it is complete."""
+        builder = self.builder
+        frames = whole_frames(
+            self.choices,
+            self.whole,
+            metrics,
+            self.prompt_tokens,
+            head=builder.opening(),
+            failure_frame=builder.failure,
+        )
+        return StreamBody(frames, "text/event-stream", SSE_HEADERS)  # type: ignore[return-value]
 
 
 def split_reasoning(style: ReasoningStyle | None, text: str) -> tuple[str | None, str | None]:

@@ -8,7 +8,7 @@ paths reaches the client in Anthropic's shape (`api.error_shape`). ``anthropic-v
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, Response
 from trtllm_service.api.anthropic.protocol import MESSAGES_ROUTE, CountTokensRequest, MessagesRequest
 from trtllm_service.api.anthropic.serving import count_message_tokens, serve_messages
 from trtllm_service.api.bodies import add_body_route, body_doc, bound_serving, event_stream_ok
-from trtllm_service.api.generation import error_response
+from trtllm_service.api.generation import error_docs, error_response
 from trtllm_service.api.openai.protocol import parse_request
 from trtllm_service.errors import APIError
 
@@ -43,16 +43,16 @@ class AnthropicError(BaseModel):
     request_id: str | None = None
 
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": AnthropicError, "description": why}
-    for code, why in {
+_ERRORS = error_docs(
+    AnthropicError,
+    {
         400: "invalid_request_error: invalid request, unsupported block or parameter, prompt too long",
         401: "authentication_error: missing or wrong API key (x-api-key or Authorization: Bearer)",
         404: "not_found_error: unknown model",
         429: "rate_limit_error: too many concurrent requests",
         529: "overloaded_error: the inference server is not ready (retry after Retry-After)",
-    }.items()
-}
+    },
+)
 
 
 router = APIRouter()

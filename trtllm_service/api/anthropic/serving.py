@@ -18,12 +18,8 @@ from trtllm_service.api.anthropic.protocol import (
     CountTokensRequest,
     MessagesRequest,
 )
-from trtllm_service.api.choices import Choice, Result, cached_tokens
-from trtllm_service.api.generation import split_reasoning
-from trtllm_service.api.sse_frames import SSE_HEADERS, plainly_text, sse_body, whole_frames
-from trtllm_service.api.streaming import StreamBody
-from trtllm_service.chat.reasoning import ReasoningSplitter, ReasoningStyle
-from trtllm_service.relay.logprobs import TokenLogprob
+from trtllm_service.api.choices import Result, cached_tokens
+from trtllm_service.api.generation import EventAnswer, split_reasoning
 
 if TYPE_CHECKING:
     from trtllm_service.api.generation import GenerationServing
@@ -33,44 +29,7 @@ async def serve_messages(
     serving: GenerationServing, request: MessagesRequest, http_request: Request | None = None
 ) -> Response:
     """Answers ``POST /v1/messages``: a ``message`` object, or its event stream with ``stream``."""
-    started = await serving.start_chat(request, MESSAGES_ROUTE, EFFORT_PARAM)
-    if isinstance(started, Response):
-        return started
-    served, metrics, prepared, choices = started
-    answer = MessageAnswer(request, served, choices, prepared.prompt_tokens, serving.reasoning)
-    builder = answer.builder
-    if (
-        request.stream
-        and request.tool_mode
-        and (answer.style or not await plainly_text(choices, request.tool_mode))
-    ):
-        # Whether the answer is calls is known at its end: the stream sends it whole.
-        frames = whole_frames(
-            choices,
-            answer.whole,
-            metrics,
-            answer.prompt_tokens,
-            head=builder.opening(),
-            failure_frame=builder.failure,
-        )
-        return StreamBody(frames, "text/event-stream", SSE_HEADERS)  # type: ignore[return-value]
-
-    def stream() -> Response:
-        return sse_body(
-            choices,
-            [builder.opening()],
-            answer.delta,
-            answer.finish,
-            None,
-            metrics,
-            answer.prompt_tokens,
-            failure_frame=builder.failure,
-            done="",
-        )
-
-    return await serving.respond(
-        request, choices, http_request, stream, answer.build, metrics, answer.prompt_tokens
-    )
+    return await serving.serve_chat(request, http_request, MESSAGES_ROUTE, EFFORT_PARAM, MessageAnswer)
 
 
 async def count_message_tokens(serving: GenerationServing, request: CountTokensRequest) -> dict[str, Any]:
@@ -85,34 +44,14 @@ async def count_message_tokens(serving: GenerationServing, request: CountTokensR
     return count_tokens_body(count)
 
 
-class MessageAnswer:
-    """How one message is written: a JSON ``message`` (`build`), streamed events (`delta`,
-    `finish`), or events sent whole once the answer is known to be calls (`whole`).
+class MessageAnswer(EventAnswer):
+    """How one message is written (`builder`: a `MessageBuilder`): a JSON ``message`` (`build`),
+    streamed events, or events sent whole once the answer is known to be calls (`whole`)."""
 
-    Args:
-        request: The validated request.
-        served: The model id the answer names.
-        choices: Its one started choice.
-        prompt_tokens: The prompt's length in tokens.
-        style: The model's reasoning parser, if any (its thinking becomes a thinking block).
-    """
+    __slots__ = ()
 
-    __slots__ = ("builder", "choices", "prompt_tokens", "request", "splitter", "style")
-
-    def __init__(
-        self,
-        request: MessagesRequest,
-        served: str,
-        choices: list[Choice],
-        prompt_tokens: int,
-        style: ReasoningStyle | None,
-    ) -> None:
-        self.request = request
-        self.choices = choices
-        self.prompt_tokens = prompt_tokens
-        self.style = style
-        self.builder = MessageBuilder(request, served, prompt_tokens)
-        self.splitter = ReasoningSplitter(style) if style is not None else None
+    def new_builder(self, served: str) -> MessageBuilder:
+        return MessageBuilder(self.request, served, self.prompt_tokens)
 
     def _parts(self, result: Result) -> tuple[str | None, str | None, list[tuple[str, str]] | None]:
         """A finished answer's thinking, text and calls."""
@@ -130,18 +69,10 @@ class MessageAnswer:
             stop_sequence=result.stop_string,
         )
 
-    def delta(self, text: str, index: int, entries: list[TokenLogprob]) -> str:
-        """The events of streamed text (per token: the hot path)."""
-        splitter = self.splitter
-        if splitter is None:
-            return self.builder.write("", text)
-        return self.builder.write(*splitter.push(text))
-
     def finish(self, reason: str, index: int) -> str:
         """The last events: held-back text, the open block's end, message_delta, message_stop."""
-        frames = self.builder.write(*self.splitter.flush()) if self.splitter is not None else ""
         stream = self.choices[0].stream
-        return frames + self.builder.finish(
+        return self.held_back() + self.builder.finish(
             reason,
             stream.completion_tokens,
             cached_tokens=cached_tokens(self.choices, 1),

@@ -28,7 +28,7 @@ from trtllm_service.api.bodies import (
     event_stream_ok,
     inline_schema,
 )
-from trtllm_service.api.generation import error_response
+from trtllm_service.api.generation import error_docs, error_response
 from trtllm_service.api.openai.chat.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -101,16 +101,16 @@ def _responses(ok: type[BaseModel], chunk: type[BaseModel]) -> dict[int | str, d
     return {200: event_stream_ok(f"The completion; with `stream: true` {streamed}", ok), **ERROR_RESPONSES}
 
 
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody, "description": why}
-    for code, why in {
+ERROR_RESPONSES = error_docs(
+    ErrorBody,
+    {
         400: "Invalid request, unsupported parameter, or prompt too long for the context",
         401: "Missing or wrong API key",
         404: "Unknown model",
         429: "Too many concurrent requests",
         503: "The inference server is not ready",
-    }.items()
-}
+    },
+)
 
 
 # ---- routes --------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -18,14 +18,15 @@ from trtllm_service.api.openai.chat.protocol import (
 from trtllm_service.api.openai.protocol import FunctionCall, ToolCall, new_id
 from trtllm_service.api.openai.sse import SSE_DONE, ChatChunkEncoder, error_frame
 from trtllm_service.api.openai.usage import usage_frame, usage_info
-from trtllm_service.api.sse_frames import SSE_HEADERS, plainly_text, sse_body, whole_frames
+from trtllm_service.api.sse_frames import SSE_HEADERS, sse_body, whole_frames
 from trtllm_service.api.streaming import StreamBody
 from trtllm_service.chat import tool_calls
-from trtllm_service.chat.reasoning import ReasoningSplitter, ReasoningStyle
+from trtllm_service.chat.reasoning import ReasoningSplitter
 from trtllm_service.relay.logprobs import TokenLogprob, chat_logprobs
 
 if TYPE_CHECKING:
     from trtllm_service.api.generation import GenerationServing
+    from trtllm_service.api.metrics import RequestMetrics
 
 CHAT_ROUTE = "/v1/chat/completions"
 
@@ -34,37 +35,7 @@ async def serve_chat(
     serving: GenerationServing, request: ChatCompletionRequest, http_request: Request | None = None
 ) -> Response:
     """Answers a chat completion request (a JSON response, or an SSE stream when ``stream`` is set)."""
-    started = await serving.start_chat(request, CHAT_ROUTE, "reasoning_effort")
-    if isinstance(started, Response):
-        return started
-    served, metrics, prepared, choices = started
-    answer = ChatAnswer(request, served, choices, prepared.prompt_tokens, serving.reasoning, serving.runtime)
-    if (
-        request.stream
-        and request.tool_mode
-        and (answer.style or not await plainly_text(choices, request.tool_mode))
-    ):
-        # Whether an answer is calls is known at its end (after a reasoning model's thinking):
-        # the stream sends each choice whole.
-        frames = whole_frames(choices, answer.whole, metrics, answer.prompt_tokens, failure_frame=error_frame)
-        return StreamBody(frames, "text/event-stream", SSE_HEADERS)  # type: ignore[return-value]
-
-    def stream() -> Response:
-        return sse_body(
-            choices,
-            [answer.encoder.role(choice.index) for choice in choices],
-            answer.delta,
-            answer.finish,
-            usage_frame(request, answer.encoder, choices, answer.prompt_tokens),
-            metrics,
-            answer.prompt_tokens,
-            failure_frame=error_frame,
-            done=SSE_DONE,
-        )
-
-    return await serving.respond(
-        request, choices, http_request, stream, answer.build, metrics, answer.prompt_tokens
-    )
+    return await serving.serve_chat(request, http_request, CHAT_ROUTE, "reasoning_effort", ChatAnswer)
 
 
 class ChatAnswer:
@@ -76,8 +47,7 @@ class ChatAnswer:
         served: The model id the answer names.
         choices: The started choices (`keep_best` may narrow the list in place before `build`).
         prompt_tokens: The prompt's length in tokens.
-        style: The model's reasoning parser, if any.
-        runtime: For the token texts of log probs.
+        serving: Its serving object: the model's reasoning parser, the token texts of log probs.
     """
 
     __slots__ = (
@@ -98,17 +68,16 @@ class ChatAnswer:
         served: str,
         choices: list[Choice],
         prompt_tokens: int,
-        style: ReasoningStyle | None,
-        runtime: Any,
+        serving: GenerationServing,
     ) -> None:
         self.request = request
         self.served = served
         self.choices = choices
         self.prompt_tokens = prompt_tokens
-        self.style = style
+        style = self.style = serving.reasoning
         self.encoder = ChatChunkEncoder(new_id("chatcmpl"), served, include_usage=request.include_usage)
         self.top = request.logprob_count
-        self.texts = runtime.token_texts if self.top is not None else None
+        self.texts = serving.runtime.token_texts if self.top is not None else None
         self.splitters = {c.index: ReasoningSplitter(style) for c in choices} if style is not None else None
 
     def answer(self, result: Result) -> tuple[ChatCompletionMessage, str]:
@@ -163,6 +132,27 @@ class ChatAnswer:
             return self.encoder.finish(reason, index)
         thought, text = self.splitters[index].flush()
         return self.encoder.parts(text, thought, index) + self.encoder.finish(reason, index)
+
+    def stream(self, metrics: RequestMetrics) -> Response:
+        """The chunk stream: each choice's role, its text as it arrives, its finish; the usage."""
+        return sse_body(
+            self.choices,
+            [self.encoder.role(choice.index) for choice in self.choices],
+            self.delta,
+            self.finish,
+            usage_frame(self.request, self.encoder, self.choices, self.prompt_tokens),
+            metrics,
+            self.prompt_tokens,
+            failure_frame=error_frame,
+            done=SSE_DONE,
+        )
+
+    def stream_whole(self, metrics: RequestMetrics) -> Response:
+        """The stream of an answer that may be calls: each choice sent whole (`whole`) once complete."""
+        frames = whole_frames(
+            self.choices, self.whole, metrics, self.prompt_tokens, failure_frame=error_frame
+        )
+        return StreamBody(frames, "text/event-stream", SSE_HEADERS)  # type: ignore[return-value]
 
     def whole(self, results: list[Result]) -> str:
         """A streamed answer sent when complete: as OpenAI streams it (role, the reasoning, then

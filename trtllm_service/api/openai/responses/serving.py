@@ -12,14 +12,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from trtllm_service.api.choices import Result, cached_tokens
-from trtllm_service.api.generation import split_reasoning
+from trtllm_service.api.generation import EventAnswer, split_reasoning
 from trtllm_service.api.openai.responses.protocol import RESPONSES_ROUTE, FunctionToolChoice, ResponsesRequest
-from trtllm_service.api.sse_frames import SSE_HEADERS, plainly_text, sse_body, whole_frames
-from trtllm_service.api.streaming import StreamBody
 from trtllm_service.chat import tool_calls
-from trtllm_service.chat.reasoning import ReasoningSplitter
 from trtllm_service.errors import APIError
-from trtllm_service.relay.logprobs import TokenLogprob
 
 _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
@@ -284,60 +280,41 @@ async def serve_responses(
     serving: GenerationServing, request: ResponsesRequest, http_request: Request | None = None
 ) -> Response:
     """Answers a Responses API request: one chat choice, as output items (see `responses`)."""
-    started = await serving.start_chat(request, RESPONSES_ROUTE, "reasoning.effort")
-    if isinstance(started, Response):
-        return started
-    served, metrics, prepared, choices = started
-    builder = ResponseBuilder(request, served)
-    prompt_tokens = prepared.prompt_tokens
-    style = serving.reasoning
+    return await serving.serve_chat(
+        request, http_request, RESPONSES_ROUTE, "reasoning.effort", ResponseAnswer
+    )
 
-    def output(result: Result, cached: int) -> tuple[list[dict[str, Any]], str, dict[str, Any]]:
+
+class ResponseAnswer(EventAnswer):
+    """How one response is written (`builder`: a `ResponseBuilder`): a JSON response object
+    (`build`), streamed events, or events sent whole once the answer is known to be calls (`whole`)."""
+
+    __slots__ = ()
+
+    def new_builder(self, served: str) -> ResponseBuilder:
+        return ResponseBuilder(self.request, served)
+
+    def output(self, result: Result, cached: int) -> tuple[list[dict[str, Any]], str, dict[str, Any]]:
         """A finished answer's items, status and usage."""
-        thought, content = split_reasoning(style, result.text)
-        calls = request.calls_in(content or "")
+        builder = self.builder
+        thought, content = split_reasoning(self.style, result.text)
+        calls = self.request.calls_in(content or "")
         status = builder.status_of(result.finish_reason, bool(calls))
-        usage = builder.usage(prompt_tokens, result.completion_tokens, cached)
+        usage = builder.usage(self.prompt_tokens, result.completion_tokens, cached)
         return builder.items(thought, content, calls, status), status, usage
 
-    def build(results: list[Result], cached: int) -> dict[str, Any]:
-        items, status, usage = output(results[0], cached)
-        return builder.response(status, items, usage)
+    def build(self, results: list[Result], cached: int) -> dict[str, Any]:
+        """The JSON response object."""
+        items, status, usage = self.output(results[0], cached)
+        return self.builder.response(status, items, usage)
 
-    if request.stream and request.tool_mode and (style or not await plainly_text(choices, request.tool_mode)):
-        frames = whole_frames(
-            choices,
-            lambda results: builder.whole(*output(results[0], cached_tokens(choices, 1))),
-            metrics,
-            prompt_tokens,
-            head=builder.opening(),
-            failure_frame=builder.failure,
-        )
-        return StreamBody(frames, "text/event-stream", SSE_HEADERS)  # type: ignore[return-value]
+    def finish(self, reason: str, index: int) -> str:
+        """The last events: held-back text, the items' ends, response.completed (or incomplete)."""
+        frames = self.held_back()
+        tokens = self.choices[0].stream.completion_tokens
+        usage = self.builder.usage(self.prompt_tokens, tokens, cached_tokens(self.choices, 1))
+        return frames + self.builder.finish(reason, usage)
 
-    splitter = ReasoningSplitter(style) if style is not None else None
-
-    def delta(text: str, index: int, entries: list[TokenLogprob]) -> str:
-        return builder.write(*splitter.push(text)) if splitter is not None else builder.write("", text)
-
-    def finish(reason: str, index: int) -> str:
-        frames = builder.write(*splitter.flush()) if splitter is not None else ""
-        tokens = choices[0].stream.completion_tokens
-        return frames + builder.finish(
-            reason, builder.usage(prompt_tokens, tokens, cached_tokens(choices, 1))
-        )
-
-    def stream() -> Response:
-        return sse_body(
-            choices,
-            [builder.opening()],
-            delta,
-            finish,
-            None,
-            metrics,
-            prompt_tokens,
-            failure_frame=builder.failure,
-            done="",
-        )
-
-    return await serving.respond(request, choices, http_request, stream, build, metrics, prompt_tokens)
+    def whole(self, results: list[Result]) -> str:
+        """The events of a complete answer (after `opening`)."""
+        return self.builder.whole(*self.output(results[0], cached_tokens(self.choices, 1)))
