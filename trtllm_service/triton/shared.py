@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tensorrtllm_backend.launcher import pid_alive
-from trtllm_service.triton.process import TritonSupervisor, kill_group
+from trtllm_service.triton.process import TritonPorts, TritonSupervisor, kill_group
 
 logger = logging.getLogger("trtllm_service.triton")
 
@@ -111,31 +111,30 @@ class SharedTriton:
             return self.supervisor.gave_up
         return self.state is not None and self.state.gave_up
 
+    def _where(self) -> tuple[str, TritonPorts] | None:
+        """Triton's host and ports: this worker's supervisor's, else what the owner published."""
+        if self.supervisor is not None:
+            return self.supervisor.host, self.supervisor.ports
+        state = self.state
+        if state is None:
+            return None
+        return state.host, TritonPorts(grpc=state.grpc_port, http=state.http_port, metrics=state.metrics_port)
+
     def grpc_address(self) -> tuple[str, int] | None:
         """Where to send requests now; None while Triton is not ready."""
-        if not self.ready:
-            return None
-        if self.supervisor is not None:
-            return self.supervisor.host, self.supervisor.ports.grpc
-        assert self.state is not None
-        return self.state.host, self.state.grpc_port
+        where = self._where() if self.ready else None
+        return None if where is None else (where[0], where[1].grpc)
 
     @property
     def metrics_url(self) -> str | None:
-        if self.supervisor is not None:
-            return f"http://{self.supervisor.host}:{self.supervisor.ports.metrics}/metrics"
-        if self.state is not None and self.state.metrics_port:
-            return f"http://{self.state.host}:{self.state.metrics_port}/metrics"
-        return None
+        where = self._where()
+        return f"http://{where[0]}:{where[1].metrics}/metrics" if where and where[1].metrics else None
 
     @property
     def http_url(self) -> str | None:
         """Triton's HTTP endpoint (server metadata at /v2, health at /v2/health/ready)."""
-        if self.supervisor is not None:
-            return f"http://{self.supervisor.host}:{self.supervisor.ports.http}"
-        if self.state is not None and self.state.http_port:
-            return f"http://{self.state.host}:{self.state.http_port}"
-        return None
+        where = self._where()
+        return f"http://{where[0]}:{where[1].http}" if where and where[1].http else None
 
     # ---- lifecycle -----------------------------------------------------------------------------------
 
