@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import nvidia_backend as nv
 import triton_python_backend_utils as pb_utils
+from config_params import param
 from contract import (
     INVALID_REQUEST,
     BackendError,
@@ -41,7 +42,6 @@ from triton_adapter import (
     StatsPublisher,
     input_getter,
     make_source,
-    param,
 )
 
 NUMPY_TYPES = {"TYPE_FP32": np.float32, "TYPE_FP16": np.float16}

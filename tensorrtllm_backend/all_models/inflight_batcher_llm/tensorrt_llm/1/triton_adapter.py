@@ -1,8 +1,9 @@
 """Triton Python-backend pieces shared by our `tensorrt_llm` models (both flavours).
 
-What both models' TritonPythonModel do alike (EngineModel), response senders and collectors, the responder that builds `InferenceResponse`s from arrays, the
-stand-in engine's counters and its engine-info gauge, and reading config parameters. The engine logic
-(engine.py, contract.py) imports no Triton; this is the one module that adapts it to Triton.
+What both models' TritonPythonModel do alike (EngineModel), response senders and collectors, the
+responder that builds `InferenceResponse`s from arrays, and the stand-in engine's counters and its
+engine-info gauge. The engine logic (engine.py, contract.py) imports no Triton; this is the one
+module that adapts it to Triton.
 """
 
 from __future__ import annotations
@@ -22,12 +23,6 @@ from engine import OUTCOMES
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 ENGINES = ("reference", "synthetic")
 """Stand-in engines: what serves the `tensorrt_llm` slot where TensorRT-LLM is not used."""
-
-
-def param(model_config: dict[str, Any], key: str, default: str = "") -> str:
-    """A string parameter of config.pbtxt; unfilled `${var}` placeholders count as unset."""
-    value = model_config.get("parameters", {}).get(key, {}).get("string_value", "")
-    return default if not value or value.startswith("${") else value
 
 
 class Sender:
