@@ -35,8 +35,6 @@ from engine import EngineLoop
 from engine_stats import snapshot
 from lora import CACHE_MISS, LoraCache, LoraError, from_rows
 from triton_adapter import (
-    Counters,
-    EngineInfo,
     EngineModel,
     Responder,
     StatsPublisher,
@@ -121,8 +119,7 @@ class TritonPythonModel(EngineModel):
         self.executor_ids = itertools.count(1)  # the executor's request ids, in its error messages
         outputs = {output["name"]: output["data_type"] for output in config.get("output", [])}
         logits_dtype = NUMPY_TYPES.get(outputs.get("generation_logits", "TYPE_FP32"), np.float32)
-        self.counters = Counters(self.model_name, kind)
-        self.info = EngineInfo(self.model_name, kind)
+        self._register_metrics(kind)
         self.engine = EngineLoop(
             source,
             Responder(),

@@ -62,9 +62,10 @@ class Collector:
 class EngineModel:
     """The part of TritonPythonModel that both `tensorrt_llm` models share.
 
-    `_start` begins initialize(); execute() gives each request a sink (its response sender when
-    decoupled, else a Collector that execute() waits for) and hands both to the model's `_serve`;
-    finalize() stops the stats thread and the engine.
+    `_start` begins initialize() and `_register_metrics` names the engine that serves; execute()
+    gives each request a sink (its response sender when decoupled, else a Collector that execute()
+    waits for) and hands both to the model's `_serve`; finalize() stops the stats thread and the
+    engine.
     """
 
     model_name = "tensorrt_llm"
@@ -72,6 +73,8 @@ class EngineModel:
     engine: Any = None
     rank = 0
     stats: StatsPublisher | None = None
+    counters: Counters
+    info: EngineInfo
 
     def _start(self, args: dict[str, str]) -> dict[str, Any]:
         """The first steps of initialize() (SIGTERM unblocked, this rank, the model's name and
@@ -83,6 +86,12 @@ class EngineModel:
         self.engine = None
         self.rank = mpi_rank()
         return config
+
+    def _register_metrics(self, kind: str) -> None:
+        """The metrics of the engine `kind` that serves: its request and token counters
+        (self.counters) and its trtllm_engine_info gauge."""
+        self.counters = Counters(self.model_name, kind)
+        self.info = EngineInfo(self.model_name, kind)
 
     def _serve(self, request: Any, sink: Sender | Collector) -> None:
         """Answers `request` through `sink`: at once when refused, else by handing it to the engine."""

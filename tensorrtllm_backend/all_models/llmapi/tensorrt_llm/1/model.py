@@ -32,8 +32,6 @@ from contract import INVALID_REQUEST, RequestError
 from llm_engine import LLMEngine, TensorRTLLM
 from llmapi_contract import LlmApiError, TextLimits, is_stop_request, parse_text_request
 from triton_adapter import (
-    Counters,
-    EngineInfo,
     EngineModel,
     Responder,
     StatsPublisher,
@@ -103,8 +101,7 @@ class TritonPythonModel(EngineModel):
         cancel_ms = int(triton_config.get("cancellation_check_period_ms", nv.CANCELLATION_CHECK_PERIOD_MS))
         api = self._api(kind, triton_config)
         kind = "tensorrt_llm" if isinstance(api, TensorRTLLM) else api.kind
-        self.counters = Counters(self.model_name, kind)
-        self.info = EngineInfo(self.model_name, kind)
+        self._register_metrics(kind)
         self.adapters: dict[str, Any] = dict(triton_config.get("loras") or {})
         try:
             llm_args = api.update_llm_args_with_extra_dict({}, llm_yaml)
