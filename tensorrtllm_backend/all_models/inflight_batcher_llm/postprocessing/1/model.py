@@ -24,9 +24,8 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from config_params import param  # tensorrtllm_backend/config_params.py, copied beside
+from config_params import param, tokenizer  # tensorrtllm_backend/config_params.py, copied beside
 from detokenizer import IncrementalDetokenizer  # tensorrtllm_backend/detokenizer.py, copied beside
-from transformers import AutoTokenizer
 
 MAX_STATES = 65536
 STATE_TTL_S = 600.0
@@ -49,10 +48,7 @@ class TritonPythonModel:
 
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
-        tokenizer_dir = param(config, "tokenizer_dir")
-        if not tokenizer_dir:
-            raise pb_utils.TritonModelException("postprocessing: parameter tokenizer_dir is not set")
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.tokenizer = tokenizer(config, "postprocessing")
         self.skip_special = param(config, "skip_special_tokens", "true").lower() in {"1", "true", "yes"}
         IncrementalDetokenizer(self.tokenizer, self.skip_special)  # its byte table, built at load time
         self.states: OrderedDict[tuple[str, int], IncrementalDetokenizer] = OrderedDict()

@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from config_params import param  # tensorrtllm_backend/config_params.py, copied beside
-from transformers import AutoTokenizer
+from config_params import param, tokenizer  # tensorrtllm_backend/config_params.py, copied beside
 
 
 def _flag(value: str, default: bool) -> bool:
@@ -54,10 +53,7 @@ class TritonPythonModel:
 
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
-        tokenizer_dir = param(config, "tokenizer_dir")
-        if not tokenizer_dir:
-            raise pb_utils.TritonModelException("preprocessing: parameter tokenizer_dir is not set")
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.tokenizer = tokenizer(config, "preprocessing")
         self.add_special_tokens = _flag(param(config, "add_special_tokens"), True)
         configured = [int(part) for part in param(config, "end_ids").split(",") if part.strip()]
         eos = self.tokenizer.eos_token_id
