@@ -25,9 +25,12 @@ LLMAPI_MODELS = ("tensorrt_llm",)
 _HERE = Path(__file__).resolve().parent
 _STAND_IN = TEMPLATES_DIR / "tensorrt_llm" / "1"
 # Modules a model's code imports that live elsewhere (one copy in this tree): copied beside model.py.
+_PARAMS = _HERE / "config_params.py"
 SHARED_MODULES: dict[str, tuple[Path, ...]] = {
-    "postprocessing": (_HERE / "detokenizer.py",),
-    "tensorrt_llm": (_HERE / "grammars.py", _HERE / "lora.py", _HERE / "nvidia_backend.py"),
+    "preprocessing": (_PARAMS,),
+    "postprocessing": (_HERE / "detokenizer.py", _PARAMS),
+    "tensorrt_llm": (_HERE / "grammars.py", _HERE / "lora.py", _HERE / "nvidia_backend.py", _PARAMS),
+    "tensorrt_llm_bls": (_PARAMS,),
 }
 LLMAPI_SHARED_MODULES: dict[str, tuple[Path, ...]] = {
     "tensorrt_llm": (

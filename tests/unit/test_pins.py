@@ -20,7 +20,7 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tensorrtllm_backend import pinned
+from tensorrtllm_backend import nvidia_backend, nvidia_llmapi, pinned
 from trtllm_service.runtime import Runtime, check_tensorrt_llm
 from trtllm_service.triton.process import TritonStartupError
 
@@ -131,6 +131,12 @@ def test_the_pinned_tensorrt_llm_is_supported() -> None:
     assert pinned.supported(pinned.MIN_TENSORRT_LLM)
     check_tensorrt_llm(pinned.TENSORRT_LLM_VERSION)
     check_tensorrt_llm(None)  # not installed: the stand-in engines serve
+
+
+def test_nvidias_contracts_are_written_at_the_pinned_tag() -> None:
+    """nvidia_backend.py and nvidia_llmapi.py are copied beside model.py without pinned.py: each
+    names its tag, and both must name the pinned one."""
+    assert nvidia_backend.TAG == nvidia_llmapi.TAG == f"v{pinned.TENSORRT_LLM_VERSION}"
 
 
 class FakeTriton:

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from config_params import param, tokenizer  # tensorrtllm_backend/config_params.py, copied beside
 from detokenizer import IncrementalDetokenizer  # tensorrtllm_backend/detokenizer.py, copied beside
-from transformers import AutoTokenizer
 
 MAX_STATES = 65536
 STATE_TTL_S = 600.0
@@ -43,22 +43,13 @@ PASSTHROUGH = frozenset(
 )
 
 
-def _param(model_config: dict[str, Any], key: str, default: str = "") -> str:
-    """A string parameter of config.pbtxt; unfilled `${var}` placeholders count as unset."""
-    value = model_config.get("parameters", {}).get(key, {}).get("string_value", "")
-    return default if not value or value.startswith("${") else value
-
-
 class TritonPythonModel:
     """Detokenizes engine responses; passes log probs and logits through."""
 
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
-        tokenizer_dir = _param(config, "tokenizer_dir")
-        if not tokenizer_dir:
-            raise pb_utils.TritonModelException("postprocessing: parameter tokenizer_dir is not set")
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        self.skip_special = _param(config, "skip_special_tokens", "true").lower() in {"1", "true", "yes"}
+        self.tokenizer = tokenizer(config, "postprocessing")
+        self.skip_special = param(config, "skip_special_tokens", "true").lower() in {"1", "true", "yes"}
         IncrementalDetokenizer(self.tokenizer, self.skip_special)  # its byte table, built at load time
         self.states: OrderedDict[tuple[str, int], IncrementalDetokenizer] = OrderedDict()
 

@@ -13,13 +13,7 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from transformers import AutoTokenizer
-
-
-def _param(model_config: dict[str, Any], key: str, default: str = "") -> str:
-    """A string parameter of config.pbtxt; unfilled `${var}` placeholders count as unset."""
-    value = model_config.get("parameters", {}).get(key, {}).get("string_value", "")
-    return default if not value or value.startswith("${") else value
+from config_params import param, tokenizer  # tensorrtllm_backend/config_params.py, copied beside
 
 
 def _flag(value: str, default: bool) -> bool:
@@ -59,12 +53,9 @@ class TritonPythonModel:
 
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
-        tokenizer_dir = _param(config, "tokenizer_dir")
-        if not tokenizer_dir:
-            raise pb_utils.TritonModelException("preprocessing: parameter tokenizer_dir is not set")
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        self.add_special_tokens = _flag(_param(config, "add_special_tokens"), True)
-        configured = [int(part) for part in _param(config, "end_ids").split(",") if part.strip()]
+        self.tokenizer = tokenizer(config, "preprocessing")
+        self.add_special_tokens = _flag(param(config, "add_special_tokens"), True)
+        configured = [int(part) for part in param(config, "end_ids").split(",") if part.strip()]
         eos = self.tokenizer.eos_token_id
         self.end_ids = configured or ([int(eos)] if eos is not None else [])
         pad = self.tokenizer.pad_token_id

@@ -389,9 +389,14 @@ class EngineLoop:
         reason: str = "stop",
         stop_reason: int | str | None = None,
     ) -> None:
-        request = seq.request
         seq.finish_reason = reason
         seq.stop_reason = stop_reason
+        self._send_final(seq)
+        self.counters.finished(outcome)
+
+    def _send_final(self, seq: Sequence) -> None:
+        """The finished request's last responses (its finish and stop reasons set)."""
+        request = seq.request
         if request.streaming:
             if seq.unsent:
                 self._send_new(seq, final=False)
@@ -400,7 +405,6 @@ class EngineLoop:
         else:
             ids = seq.generated if request.exclude_input else request.input_ids + seq.generated
             self._send(seq, self._response(seq, ids, log_probs=seq.log_probs, first=True, final=True), True)
-        self.counters.finished(outcome)
 
     def _finish_beams(self, seq: Sequence, result: BeamResult) -> None:
         """The one final response of a beam search (it is never streamed): the best beams."""

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import nvidia_backend as nv
 import triton_python_backend_utils as pb_utils
+from config_params import param
 from contract import (
     INVALID_REQUEST,
     BackendError,
@@ -34,16 +35,11 @@ from engine import EngineLoop
 from engine_stats import snapshot
 from lora import CACHE_MISS, LoraCache, LoraError, from_rows
 from triton_adapter import (
-    Collector,
-    Counters,
-    EngineInfo,
+    EngineModel,
     Responder,
-    Sender,
     StatsPublisher,
+    input_getter,
     make_source,
-    mpi_rank,
-    param,
-    take_sigterm,
 )
 
 NUMPY_TYPES = {"TYPE_FP32": np.float32, "TYPE_FP16": np.float16}
@@ -80,18 +76,13 @@ def _error(exc: Exception, executor_id: int) -> Any:
     return pb_utils.TritonError(f"{INVALID_REQUEST}{exc}", pb_utils.TritonError.INVALID_ARG)
 
 
-class TritonPythonModel:
+class TritonPythonModel(EngineModel):
     """The stand-in engine: parses requests, hands them to the engine loop."""
 
     def initialize(self, args: dict[str, str]) -> None:
-        take_sigterm()
-        config = json.loads(args["model_config"])
-        model_name = args.get("model_name", "tensorrt_llm")
-        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
-        self.engine: Any = None
-        rank = mpi_rank()
-        if rank > 0:  # under mpirun only rank 0 serves; a stand-in has no shard to host
-            pb_utils.Logger.log_info(f"{model_name}: rank {rank} idles; rank 0 serves")
+        config = self._start(args)
+        if self.rank > 0:  # under mpirun only rank 0 serves; a stand-in has no shard to host
+            pb_utils.Logger.log_info(f"{self.model_name}: rank {self.rank} idles; rank 0 serves")
             return
         check_parameters(config)
         model_dir = param(config, "gpt_model_path")
@@ -128,8 +119,7 @@ class TritonPythonModel:
         self.executor_ids = itertools.count(1)  # the executor's request ids, in its error messages
         outputs = {output["name"]: output["data_type"] for output in config.get("output", [])}
         logits_dtype = NUMPY_TYPES.get(outputs.get("generation_logits", "TYPE_FP32"), np.float32)
-        self.counters = Counters(model_name, kind)
-        self.info = EngineInfo(model_name, kind)
+        self._register_metrics(kind)
         self.engine = EngineLoop(
             source,
             Responder(),
@@ -141,44 +131,27 @@ class TritonPythonModel:
         )
         last_spec: dict[str, int] = {}
         self.stats = StatsPublisher(
-            model_name, kind, "ensemble", lambda: [snapshot(self.engine, source, last_spec)]
+            self.model_name, kind, "ensemble", lambda: [snapshot(self.engine, source, last_spec)]
         )
-        pb_utils.Logger.log_info(f"{model_name}: {source.describe()}, max_seq_len {max_seq_len}")
+        pb_utils.Logger.log_info(f"{self.model_name}: {source.describe()}, max_seq_len {max_seq_len}")
 
-    def execute(self, requests: list[Any]) -> list[Any] | None:
-        collectors = []
-        for request in requests:
-            sink: Any = Sender(request.get_response_sender()) if self.decoupled else Collector()
-            collectors.append(sink)
-
-            inputs = {tensor.name(): tensor for tensor in request.inputs()}
-
-            def get(name: str, inputs: dict[str, Any] = inputs) -> np.ndarray | None:
-                tensor = inputs.get(name)
-                return None if tensor is None else tensor.as_numpy()
-
-            try:
-                if is_stop_request(get):
-                    if not request.request_id():
-                        raise BackendError(nv.STOP_WITHOUT_ID)
-                    self.engine.stop(request.request_id())
-                    self._acknowledge_stop(sink)
-                    continue
-                parsed = parse_request(
-                    get, request.request_id(), self.limits, request.requested_output_names()
-                )
-                if parsed.lora_task_id is not None:
-                    parsed.lora = self._adapter(parsed)
-            except (BackendError, RequestError, LoraError) as exc:
-                self.counters.finished("error")
-                sink.send(pb_utils.InferenceResponse(error=_error(exc, next(self.executor_ids))), True)
-                continue
-            self.engine.submit(parsed, sink)
-        if self.decoupled:
-            return None
-        for sink in collectors:
-            sink.done.wait()
-        return [sink.response for sink in collectors]
+    def _serve(self, request: Any, sink: Any) -> None:
+        get = input_getter(request)
+        try:
+            if is_stop_request(get):
+                if not request.request_id():
+                    raise BackendError(nv.STOP_WITHOUT_ID)
+                self.engine.stop(request.request_id())
+                self._acknowledge_stop(sink)
+                return
+            parsed = parse_request(get, request.request_id(), self.limits, request.requested_output_names())
+            if parsed.lora_task_id is not None:
+                parsed.lora = self._adapter(parsed)
+        except (BackendError, RequestError, LoraError) as exc:
+            self.counters.finished("error")
+            sink.send(pb_utils.InferenceResponse(error=_error(exc, next(self.executor_ids))), True)
+            return
+        self.engine.submit(parsed, sink)
 
     def _adapter(self, request: Any) -> Any:
         """The request's LoRA adapter: its weights when sent (cached under its task id), else the
@@ -194,9 +167,3 @@ class TritonPythonModel:
     def _acknowledge_stop(self, sink: Any) -> None:
         """A `stop` request itself is answered at once with an empty final response."""
         sink.send(None if self.decoupled else pb_utils.InferenceResponse(output_tensors=[]), True)
-
-    def finalize(self) -> None:
-        if getattr(self, "stats", None) is not None:
-            self.stats.stop()
-        if self.engine is not None:
-            self.engine.shutdown()

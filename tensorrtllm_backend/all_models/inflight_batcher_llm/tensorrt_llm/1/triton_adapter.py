@@ -1,8 +1,9 @@
 """Triton Python-backend pieces shared by our `tensorrt_llm` models (both flavours).
 
-Response senders and collectors, the responder that builds `InferenceResponse`s from arrays, the
-stand-in engine's counters and its engine-info gauge, and reading config parameters. The engine logic
-(engine.py, contract.py) imports no Triton; this is the one module that adapts it to Triton.
+What both models' TritonPythonModel do alike (EngineModel), response senders and collectors, the
+responder that builds `InferenceResponse`s from arrays, and the stand-in engine's counters and its
+engine-info gauge. The engine logic (engine.py, contract.py) imports no Triton; this is the one
+module that adapts it to Triton.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import os
 import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +23,6 @@ from engine import OUTCOMES
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 ENGINES = ("reference", "synthetic")
 """Stand-in engines: what serves the `tensorrt_llm` slot where TensorRT-LLM is not used."""
-
-
-def param(model_config: dict[str, Any], key: str, default: str = "") -> str:
-    """A string parameter of config.pbtxt; unfilled `${var}` placeholders count as unset."""
-    value = model_config.get("parameters", {}).get(key, {}).get("string_value", "")
-    return default if not value or value.startswith("${") else value
 
 
 class Sender:
@@ -61,6 +57,74 @@ class Collector:
 
     def is_cancelled(self) -> bool:
         return False
+
+
+class EngineModel:
+    """The part of TritonPythonModel that both `tensorrt_llm` models share.
+
+    `_start` begins initialize() and `_register_metrics` names the engine that serves; execute()
+    gives each request a sink (its response sender when decoupled, else a Collector that execute()
+    waits for) and hands both to the model's `_serve`; finalize() stops the stats thread and the
+    engine.
+    """
+
+    model_name = "tensorrt_llm"
+    decoupled = False
+    engine: Any = None
+    rank = 0
+    stats: StatsPublisher | None = None
+    counters: Counters
+    info: EngineInfo
+
+    def _start(self, args: dict[str, str]) -> dict[str, Any]:
+        """The first steps of initialize() (SIGTERM unblocked, this rank, the model's name and
+        transaction policy); returns the parsed model config."""
+        take_sigterm()
+        config = json.loads(args["model_config"])
+        self.model_name = args.get("model_name", "tensorrt_llm")
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        self.engine = None
+        self.rank = mpi_rank()
+        return config
+
+    def _register_metrics(self, kind: str) -> None:
+        """The metrics of the engine `kind` that serves: its request and token counters
+        (self.counters) and its trtllm_engine_info gauge."""
+        self.counters = Counters(self.model_name, kind)
+        self.info = EngineInfo(self.model_name, kind)
+
+    def _serve(self, request: Any, sink: Sender | Collector) -> None:
+        """Answers `request` through `sink`: at once when refused, else by handing it to the engine."""
+        raise NotImplementedError
+
+    def execute(self, requests: list[Any]) -> list[Any] | None:
+        collectors = []
+        for request in requests:
+            sink: Any = Sender(request.get_response_sender()) if self.decoupled else Collector()
+            collectors.append(sink)
+            self._serve(request, sink)
+        if self.decoupled:
+            return None
+        for sink in collectors:
+            sink.done.wait()
+        return [sink.response for sink in collectors]
+
+    def finalize(self) -> None:
+        if self.stats is not None:
+            self.stats.stop()
+        if self.engine is not None:
+            self.engine.shutdown()
+
+
+def input_getter(request: Any) -> Callable[[str], np.ndarray | None]:
+    """The request's input arrays by name (None for an input it did not send)."""
+    inputs = {tensor.name(): tensor for tensor in request.inputs()}
+
+    def get(name: str) -> np.ndarray | None:
+        tensor = inputs.get(name)
+        return None if tensor is None else tensor.as_numpy()
+
+    return get
 
 
 class Responder:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
+from config_params import param  # tensorrtllm_backend/config_params.py, copied beside
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -80,12 +81,6 @@ CLIENT_OUTPUTS = {
 }
 
 
-def _param(model_config: dict[str, Any], key: str, default: str = "") -> str:
-    """A string parameter of config.pbtxt; unfilled `${var}` placeholders count as unset."""
-    value = model_config.get("parameters", {}).get(key, {}).get("string_value", "")
-    return default if not value or value.startswith("${") else value
-
-
 class BlsError(RuntimeError):
     """A step of the pipeline failed; its message goes back to the client."""
 
@@ -115,8 +110,8 @@ class TritonPythonModel:
     def initialize(self, args: dict[str, str]) -> None:
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
-        self.accumulate = _param(config, "accumulate_tokens", "false").lower() in {"1", "true", "yes"}
-        self.engine = _param(config, "tensorrt_llm_model_name", "tensorrt_llm")
+        self.accumulate = param(config, "accumulate_tokens", "false").lower() in {"1", "true", "yes"}
+        self.engine = param(config, "tensorrt_llm_model_name", "tensorrt_llm")
         self.threads: set[threading.Thread] = set()
 
     def execute(self, requests: list[Any]) -> list[Any] | None:

@@ -25,7 +25,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import nvidia_llmapi as nv
 import triton_python_backend_utils as pb_utils
 import yaml
@@ -33,15 +32,11 @@ from contract import INVALID_REQUEST, RequestError
 from llm_engine import LLMEngine, TensorRTLLM
 from llmapi_contract import LlmApiError, TextLimits, is_stop_request, parse_text_request
 from triton_adapter import (
-    Collector,
-    Counters,
-    EngineInfo,
+    EngineModel,
     Responder,
-    Sender,
     StatsPublisher,
+    input_getter,
     make_source,
-    mpi_rank,
-    take_sigterm,
 )
 
 REQUIRE_ENV = "TRTLLM_REQUIRE_TENSORRT_LLM"
@@ -84,16 +79,11 @@ class LlmApiResponder(Responder):
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.CANCELLED))
 
 
-class TritonPythonModel:
+class TritonPythonModel(EngineModel):
     """Parses LLM API requests and hands them to the LLM model.yaml picks."""
 
     def initialize(self, args: dict[str, str]) -> None:
-        take_sigterm()
-        config = json.loads(args["model_config"])
-        self.model_name = args.get("model_name", "tensorrt_llm")
-        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
-        self.engine: Any = None
-        self.rank = mpi_rank()
+        self._start(args)
         version_dir = Path(args.get("model_repository", "")) / args.get("model_version", "1")
         llm_yaml, triton_config = read_model_yaml(version_dir / "model.yaml")
         kind = str(triton_config.get("engine", "tensorrt_llm"))
@@ -111,8 +101,7 @@ class TritonPythonModel:
         cancel_ms = int(triton_config.get("cancellation_check_period_ms", nv.CANCELLATION_CHECK_PERIOD_MS))
         api = self._api(kind, triton_config)
         kind = "tensorrt_llm" if isinstance(api, TensorRTLLM) else api.kind
-        self.counters = Counters(self.model_name, kind)
-        self.info = EngineInfo(self.model_name, kind)
+        self._register_metrics(kind)
         self.adapters: dict[str, Any] = dict(triton_config.get("loras") or {})
         try:
             llm_args = api.update_llm_args_with_extra_dict({}, llm_yaml)
@@ -216,49 +205,27 @@ class TritonPythonModel:
         self.engine.stop(request_id)
         sink.send(LlmApiResponder.cancelled(), True)
 
-    def execute(self, requests: list[Any]) -> list[Any] | None:
-        collectors = []
-        for request in requests:
-            sink: Any = Sender(request.get_response_sender()) if self.decoupled else Collector()
-            collectors.append(sink)
-            if self.engine is None:
-                sink.send(
-                    pb_utils.InferenceResponse(error=pb_utils.TritonError("rank > 0 does not serve")), True
-                )
-                continue
-            inputs = {tensor.name(): tensor for tensor in request.inputs()}
-
-            def get(name: str, inputs: dict[str, Any] = inputs) -> np.ndarray | None:
-                tensor = inputs.get(name)
-                return None if tensor is None else tensor.as_numpy()
-
-            try:
-                if is_stop_request(get):
-                    self._stop(request, sink)
-                    continue
-                parsed = parse_text_request(
-                    get, request.request_id(), self.limits, self._tokenize, self._detokenize
-                )
-                if parsed.lora_name is not None:
-                    self._adapter(parsed)
-            except LlmApiError as exc:  # upstream's refusal, as upstream sends it
-                self.counters.finished("error")
-                error = pb_utils.TritonError(f"{nv.GENERATE_ERROR}{exc}")
-                sink.send(pb_utils.InferenceResponse(error=error), True)
-                continue
-            except RequestError as exc:
-                self.counters.finished("error")
-                sink.send(LlmApiResponder().invalid(str(exc)), True)
-                continue
-            self.engine.submit_text(parsed, sink)
-        if self.decoupled:
-            return None
-        for sink in collectors:
-            sink.done.wait()
-        return [sink.response for sink in collectors]
-
-    def finalize(self) -> None:
-        if getattr(self, "stats", None) is not None:
-            self.stats.stop()
-        if self.engine is not None:
-            self.engine.shutdown()
+    def _serve(self, request: Any, sink: Any) -> None:
+        if self.engine is None:
+            sink.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("rank > 0 does not serve")), True)
+            return
+        get = input_getter(request)
+        try:
+            if is_stop_request(get):
+                self._stop(request, sink)
+                return
+            parsed = parse_text_request(
+                get, request.request_id(), self.limits, self._tokenize, self._detokenize
+            )
+            if parsed.lora_name is not None:
+                self._adapter(parsed)
+        except LlmApiError as exc:  # upstream's refusal, as upstream sends it
+            self.counters.finished("error")
+            error = pb_utils.TritonError(f"{nv.GENERATE_ERROR}{exc}")
+            sink.send(pb_utils.InferenceResponse(error=error), True)
+            return
+        except RequestError as exc:
+            self.counters.finished("error")
+            sink.send(LlmApiResponder().invalid(str(exc)), True)
+            return
+        self.engine.submit_text(parsed, sink)

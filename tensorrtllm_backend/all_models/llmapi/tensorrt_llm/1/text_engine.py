@@ -189,14 +189,7 @@ class TextEngineLoop(EngineLoop):
             state.pending.append(text)
         return False
 
-    def _finish(
-        self,
-        seq: Sequence,
-        outcome: str = "completed",
-        *,
-        reason: str = "stop",
-        stop_reason: int | str | None = None,
-    ) -> None:
+    def _send_final(self, seq: Sequence) -> None:
         """One final Update with everything not yet sent (a streamed request's last tokens too: the
         LLM API's last response carries the token that ended the request)."""
         state: _TextState = seq.extra
@@ -204,10 +197,8 @@ class TextEngineLoop(EngineLoop):
             held = state.matcher.flush()  # text kept back as a possible stop string start
             if held:
                 state.pending.append(held)
-        if isinstance(stop_reason, int) and (not seq.generated or seq.generated[-1] != stop_reason):
-            stop_reason = None  # the end id (never appended): the LLM API gives no stop reason
-        seq.finish_reason = reason
-        seq.stop_reason = stop_reason
+        if isinstance(seq.stop_reason, int) and (not seq.generated or seq.generated[-1] != seq.stop_reason):
+            seq.stop_reason = None  # the end id (never appended): the LLM API gives no stop reason
         new = seq.unsent if seq.request.streaming else len(seq.generated)
         ids = seq.generated[len(seq.generated) - new :]
         seq.unsent = 0
