@@ -9,6 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+BUSY = "Too many concurrent requests; please retry shortly."
+NOT_READY = "The inference server is not ready; please retry shortly."
+
 
 class APIError(Exception):
     """An error answered as an OpenAI error body with an HTTP status.
@@ -107,22 +110,12 @@ class APIError(Exception):
         return cls(404, f"The model '{model}' does not exist.", param="model", code="model_not_found")
 
     @classmethod
-    def rate_limited(
-        cls,
-        message: str = "Too many concurrent requests; please retry shortly.",
-        *,
-        retry_after: float | None = None,
-    ) -> APIError:
+    def rate_limited(cls, message: str = BUSY, *, retry_after: float | None = None) -> APIError:
         """429: over the concurrency or queue limit. Type and code are OpenAI's (``requests``/``rate_limit_exceeded``)."""
         return cls(429, message, type="requests", code="rate_limit_exceeded", retry_after=retry_after)
 
     @classmethod
-    def unavailable(
-        cls,
-        message: str = "The inference server is not ready; please retry shortly.",
-        *,
-        retry_after: float | None = None,
-    ) -> APIError:
+    def unavailable(cls, message: str = NOT_READY, *, retry_after: float | None = None) -> APIError:
         """503: the backend is starting, restarting or overloaded."""
         return cls(503, message, type="server_error", code="service_unavailable", retry_after=retry_after)
 

@@ -78,12 +78,7 @@ def test_the_doctor_probes_a_beam_packed_model_as_the_service_serves_it() -> Non
     from trtllm_service.doctor import BEAM_PACKED, UNSUPPORTED, FeatureProbe
 
     probe = FeatureProbe(SimpleNamespace(flavor=_flavor(4)))
-    (check,) = asyncio.run(_run(probe, [("logprobs", probe.logprobs)]))
+    (check,) = asyncio.run(probe.run(["logprobs"]))
     assert check.status == UNSUPPORTED and "Beam search does not support multiple logprobs" in check.detail
     line = BEAM_PACKED.format(width=4)
     assert "every request runs as a beam search over 4 beams" in line and "\n" not in line
-
-
-async def _run(probe: Any, probes: list[Any]) -> list[Any]:
-    probe.probes = lambda: probes
-    return await probe.run()

@@ -51,6 +51,7 @@ from trtllm_service.api.openai.protocol import (
     drop_unsupported,
     message_role,
     parse_request,
+    sent,
     unset,
 )
 from trtllm_service.relay.guided import GuideRequestError, checked, json_schema_guide
@@ -117,11 +118,10 @@ _OPENAI_ONLY = ("store", "prompt_cache_key", "safety_identifier")
 _SERVICE_TIERS = ("auto", "standard_only")
 
 
-def _apply_policy(data: Any, off_only: dict[str, Rule]) -> Any:
+def _apply_policy(body: Any, off_only: dict[str, Rule]) -> Any:
     """The parameter policy of the module docstring, before the fields are validated."""
-    if not isinstance(data, dict):
-        return data
-    data = {k: v for k, v in data.items() if v is not None}
+    if (data := sent(body)) is None:
+        return body
     for name in _OPENAI_ONLY:
         if name in data:
             raise request_error("unknown_parameter", f"Unrecognized request argument supplied: {name}", name)

@@ -70,6 +70,14 @@ FinishReason = Literal["stop", "length", "tool_calls"]
 _IGNORED_PARAMS = ("metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
 
 
+def sent(data: Any) -> dict[str, Any] | None:
+    """A request object's keys that carry a value (a JSON null is read as not sent, as OpenAI's and
+    Anthropic's APIs read it), or None for a body that is not an object (its model names the type)."""
+    if not isinstance(data, dict):
+        return None
+    return {k: v for k, v in data.items() if v is not None}
+
+
 def unset(value: Any) -> bool:
     """The "off" value of an unsupported parameter: harmless to accept."""
     return value is None or value is False or value == {} or value == [] or value == ""
@@ -181,10 +189,9 @@ class ChatMessage(StrictModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _normalize(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        data = {k: v for k, v in data.items() if v is not None}
+    def _normalize(cls, body: Any) -> Any:
+        if (data := sent(body)) is None:
+            return body
         for key in _MESSAGE_OFF_KEYS:
             if key in data:
                 if not unset(data[key]):
@@ -294,10 +301,9 @@ class OpenAIRequest(StrictModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _check_params(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        data = {k: v for k, v in data.items() if v is not None}
+    def _check_params(cls, body: Any) -> Any:
+        if (data := sent(body)) is None:
+            return body
         drop_unsupported(data, cls._unsupported)
         for name in _IGNORED_PARAMS:
             data.pop(name, None)
