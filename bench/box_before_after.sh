@@ -3,9 +3,11 @@
 # both sides see the same machine: after, before, before, after, ... (ROUNDS pairs).
 #
 # Here, once:  as bench/box_relay.sh says (.whl/ with tritonserver, numpy 1.26 and bentoml; .box/
-#              with box_env.sh and the before tree as head.tar.xz), and, since the box's Python no
-#              longer has them, grpcio, protobuf and psutil wheels for cp312 in .whl/grpc, installed
-#              by box_env.sh beside .whl/bento's:
+#              with box_env.sh and the before tree as head.tar.xz), and grpcio, protobuf and psutil
+#              wheels for cp312 in .whl/grpc. In .box/box_env.sh (a copy of ../shared/gpu/box_env.sh)
+#              add .whl/python_rapidjson-*.whl to the numpy/tritonclient install (the box's Python
+#              lacks python-rapidjson, which tritonclient.grpc imports) and install .whl/grpc/*.whl
+#              the same way as .whl/bento/*.whl:
 #              pip download --no-deps --only-binary=:all: --python-version 3.12 \
 #                --platform manylinux2014_x86_64 -d .whl/grpc grpcio==1.85.3 protobuf==6.33.6 psutil==7.2.2
 #              What travels must stay under 64 MiB: carry .whl/pytriton-trim.tar.xz and the numpy
