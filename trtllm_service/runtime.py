@@ -200,6 +200,10 @@ class Runtime:
                 "%s is served by the %s engine (%s flavour)", self.model_name, engine, self.flavor.name
             )
 
+    def kill_now(self) -> None:
+        """SIGKILL to the Triton this worker owns, and its whole tree (a stop that got stuck)."""
+        self.triton.kill_now()
+
     async def stop(self) -> None:
         owner = self.triton.owner
         await self.triton.stop()

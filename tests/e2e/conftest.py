@@ -173,9 +173,12 @@ class BentoService:
         return [p.pid for p in self.descendants() if _name(p) == "tritonserver"]
 
     def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = 60.0) -> None:
-        """Signals `bentoml serve` itself (as Ctrl-C or a container stop would), then cleans up."""
+        """Signals `bentoml serve` itself (as Ctrl-C or a container stop would), then cleans up:
+        what of its tree outlives it (a worker runs in a session of its own, its Triton in a group
+        of its own) is killed and named on stderr, rather than left running after the suite."""
         if self.process is None:
             return
+        tree = self.descendants()
         if self.process.poll() is None:
             self.process.send_signal(sig)
             with contextlib.suppress(subprocess.TimeoutExpired):
@@ -183,6 +186,15 @@ class BentoService:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
+        left = [p for p in tree if _lingers(p)]
+        for process in left:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        if left:
+            names = ", ".join(f"{_name(p)} ({p.pid})" for p in left)
+            print(
+                f"bentoml serve on {self.url} left {names} running after it stopped: killed", file=sys.stderr
+            )
 
 
 @contextlib.contextmanager
@@ -193,6 +205,13 @@ def serving(home: Path, workdir: Path, extra_env: dict[str, str] | None = None) 
         yield server
     finally:
         server.stop()
+
+
+def _lingers(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _name(process: psutil.Process) -> str:

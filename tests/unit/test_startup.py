@@ -123,3 +123,58 @@ def test_stopping_while_starting_ends_the_start() -> None:
         return runtime
 
     assert asyncio.run(scenario()).stopped == 1
+
+
+class StuckRuntime(FakeRuntime):
+    """A runtime whose stop never ends (a fake: the real stop cannot be made to hang on purpose;
+    a full suite once left a worker and its Triton running after one did, cause unknown)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.killed = 0
+        self.never = asyncio.Event()
+
+    async def stop(self) -> None:
+        await self.wait_forever()
+
+    async def wait_forever(self) -> None:
+        await self.never.wait()
+
+    def kill_now(self) -> None:
+        self.killed += 1
+
+
+def test_a_stuck_stop_is_bounded_logged_where_it_waits_and_kills_triton(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario() -> StuckRuntime:
+        runtime = StuckRuntime()
+        runtime.go.set()
+        startup: Startup[StuckRuntime] = Startup(lambda: runtime)
+        startup.begin(on_loaded=lambda r: None, on_ready=lambda r: None)
+        await startup.wait()
+        started = asyncio.get_running_loop().time()
+        await startup.stop(bound_s=0.3)
+        assert asyncio.get_running_loop().time() - started < 2
+        return runtime
+
+    with caplog.at_level(logging.ERROR, logger="trtllm_service"):
+        runtime = asyncio.run(scenario())
+    assert runtime.killed == 1
+    (record,) = [r for r in caplog.records if "stopping took over" in r.getMessage()]
+    message = record.getMessage()
+    assert "trtllm-stop: _stop" in message and "wait_forever (" in message and "test_startup.py" in message
+
+
+def test_a_stop_within_the_bound_kills_nothing() -> None:
+    async def scenario() -> FakeRuntime:
+        runtime = FakeRuntime()
+        runtime.go.set()
+        startup: Startup[FakeRuntime] = Startup(lambda: runtime)
+        startup.begin(on_loaded=lambda r: None, on_ready=lambda r: None)
+        await startup.wait()
+        await startup.stop(bound_s=5)
+        return runtime
+
+    runtime = asyncio.run(scenario())
+    assert runtime.stopped == 1 and not hasattr(runtime, "killed")

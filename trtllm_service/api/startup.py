@@ -15,15 +15,20 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from trtllm_service.errors import APIError
-from trtllm_service.triton.process import TritonStartupError
+from trtllm_service.triton.process import EXIT_TIMEOUT_S, TritonStartupError
 
 logger = logging.getLogger("trtllm_service")
 
 STARTING_RETRY_S = 1.0
 """Retry-After of a request that comes while the service starts."""
+
+STOP_BOUND_S = EXIT_TIMEOUT_S + 25.0
+"""The most the service's stop may take: Triton's own stop (its exit timeout, then SIGKILL to its
+group, then the log pump) fits well inside. Past it the stop is stuck somewhere: the worker logs
+where every task waits, kills Triton's process tree and lets the worker end."""
 
 
 class Startable(Protocol):
@@ -35,6 +40,8 @@ class Startable(Protocol):
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
+
+    def kill_now(self) -> None: ...
 
 
 R = TypeVar("R", bound=Startable)
@@ -111,8 +118,25 @@ class Startup(Generic[R]):
         if self._task is not None:
             await asyncio.shield(self._task)
 
-    async def stop(self) -> None:
-        """Ends a start still under way, then stops the runtime (Triton, when this worker owns it)."""
+    async def stop(self, bound_s: float = STOP_BOUND_S) -> None:
+        """Ends a start still under way, then stops the runtime (Triton, when this worker owns it),
+        within `bound_s`: a stop stuck past it must not leave this worker and its Triton running
+        after `bentoml serve` has gone."""
+        stopping = asyncio.get_running_loop().create_task(self._stop(), name="trtllm-stop")
+        done, _ = await asyncio.wait({stopping}, timeout=bound_s)
+        if done:
+            stopping.result()
+            return
+        logger.error(
+            "stopping took over %g s; killing Triton's process tree. Where each task waited:\n%s",
+            bound_s,
+            task_stacks(),
+        )
+        if self.runtime is not None:
+            self.runtime.kill_now()
+        stopping.cancel()  # not awaited: what is stuck may not end on cancellation either
+
+    async def _stop(self) -> None:
         task = self._task
         if task is not None and not task.done():
             task.cancel()
@@ -120,3 +144,21 @@ class Startup(Generic[R]):
                 await task
         if self.runtime is not None:
             await self.runtime.stop()
+
+
+def task_stacks() -> str:
+    """Every task of the running loop and where it waits, down its chain of awaits (a stuck stop's
+    diagnosis: Task.get_stack shows only a suspended coroutine's outermost frame)."""
+    lines = []
+    for task in asyncio.all_tasks():
+        chain = []
+        awaited: Any = task.get_coro()
+        while awaited is not None:
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+            if frame is None:  # a future, or a coroutine not written in Python
+                chain.append(repr(awaited)[:120])
+                break
+            chain.append(f"{frame.f_code.co_name} ({frame.f_code.co_filename}:{frame.f_lineno})")
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+        lines.append(f"  {task.get_name()}: " + " -> ".join(chain))
+    return "\n".join(sorted(lines))

@@ -161,6 +161,11 @@ class SharedTriton:
             self._publish(stopping=True)
         self._unlock()
 
+    def kill_now(self) -> None:
+        """SIGKILL to the Triton this worker owns and its whole tree; a follower owns none."""
+        if self.supervisor is not None and self.supervisor.triton is not None:
+            self.supervisor.triton.kill_now()
+
     # ---- ownership ----------------------------------------------------------------------------------
 
     def _try_lock(self) -> bool:
