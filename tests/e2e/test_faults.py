@@ -125,6 +125,7 @@ def assert_serving_again(server: BentoService, dead_tritonserver: int) -> None:
     assert dead_tritonserver not in server.tritonserver_pids()
 
 
+@pytest.mark.flavors("llmapi")  # the supervisor and the relay's error path do not depend on the flavour
 def test_triton_crash_mid_stream_then_recovery_then_sigterm(make_service: Any) -> None:
     """SIGKILL tritonserver during a long stream: readiness drops, the stream ends at once with an
     error, Triton comes back with nothing of the old one left, and SIGTERM then stops everything."""
@@ -209,6 +210,7 @@ def test_a_dead_engine_stub_mid_stream_restarts_triton(make_service: Any) -> Non
     stop_gracefully(server, lambda process: process.send_signal(signal.SIGTERM))
 
 
+@pytest.mark.flavors("llmapi")  # the supervisor counts restarts whatever the flavour
 def test_restarts_used_up_fail_the_liveness_probe(make_service: Any) -> None:
     """TRITON_MAX_RESTARTS=0 and Triton dies: nothing will bring it back inside this service, so
     /livez answers 503 in every worker (the orchestrator replaces the service) instead of the

@@ -125,6 +125,7 @@ def _lm_eval(
     return samples
 
 
+@pytest.mark.flavors("llmapi")  # a client of the API; the echo log-prob tests above run on both
 def test_lm_eval_harness_runs_against_the_service(
     service: Any, model_name: str, ref: Reference, packed_model_dir: Path, tmp_path: Path
 ) -> None:
