@@ -35,7 +35,7 @@ from trtllm_service.served_model import ModelNotFoundError as ModelNotFoundError
 from trtllm_service.served_model import default_model_tag as default_model_tag  # service.py, dev.sh
 from trtllm_service.settings import Settings
 from trtllm_service.triton.metrics import TRITON_RESTARTS, served_engine
-from trtllm_service.triton.process import TritonPorts, TritonStartupError, TritonSupervisor
+from trtllm_service.triton.process import ModelProbe, TritonPorts, TritonStartupError, TritonSupervisor
 from trtllm_service.triton.shared import SharedTriton
 from trtllm_service.versions import installed_tensorrt_llm, triton_version
 
@@ -143,6 +143,7 @@ class Runtime:
             stall_timeout_s=settings.triton_stall_timeout_s,
             verbose=settings.triton_log_verbose,
             on_restart=TRITON_RESTARTS.labels(self.model_name).inc,
+            probe=ModelProbe(self.flavor.probe[0], dict(self.flavor.probe[1])) if self.flavor.probe else None,
         )
 
     async def start(self) -> None:

@@ -432,6 +432,9 @@ class _Responder:
     def invalid(self, message: str) -> dict[str, str]:
         return {"invalid": message}
 
+    def probe(self, status: dict[str, Any]) -> dict[str, Any]:
+        return {"probe": status}
+
     def log(self, message: str) -> None:
         pass
 
@@ -567,3 +570,79 @@ def test_finding_llm_engine_shutdown_drains_requests_in_flight(demo_model_dir: P
     llm_engine.shutdown(timeout_s=20)  # waits for the request, then shuts the LLM down
     assert sink.done.is_set() and int(sink.responses[-1]["num_output_tokens"][0]) == 30
     assert all(set(r) == {"text_output", "num_output_tokens"} for r in sink.responses)
+
+
+class _ThreadRecordingSink(_Sink):
+    """A sink that notes which thread calls it (Triton's response sender in production)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.callers: set[str] = set()
+
+    def send(self, response: Any, final: bool) -> None:
+        self.callers.add(threading.current_thread().name)
+        super().send(response, final)
+
+    def is_cancelled(self) -> bool:
+        self.callers.add(threading.current_thread().name)
+        return super().is_cancelled()
+
+
+def test_only_a_requests_lane_calls_its_response_sender(demo_model_dir: Path, tokenizer: Any) -> None:
+    # A call into Triton's Python backend may block on the server; the loop must never make one,
+    # and no two threads may race on one sender (its final response frees it). So its lane sends
+    # and asks is_cancelled(); the watcher only asks the lane to.
+    api = _standin("synthetic", tokenizer)
+    api.step_delay_s = 0.01
+    llm_engine = LLMEngine(
+        api, {"model": str(demo_model_dir)}, _Responder(), _Counters(), cancel_check_s=0.02
+    )
+    try:
+        done, cancelled = _ThreadRecordingSink(), _ThreadRecordingSink()
+        request = _text_request(tokenizer.encode, streaming=True, sampling_param_max_tokens=np.int32(20))
+        llm_engine.submit_text(request, done)
+        endless = _text_request(
+            tokenizer.encode,
+            streaming=True,
+            sampling_param_max_tokens=np.int32(5000),
+            sampling_param_end_id=-1,
+        )
+        llm_engine.submit_text(endless, cancelled)
+        time.sleep(0.3)
+        cancelled.cancelled = True
+        assert done.done.wait(20) and cancelled.done.wait(20)
+        for sink in (done, cancelled):
+            assert sink.callers and all(name.startswith("llm-api-send-") for name in sink.callers), (
+                sink.callers
+            )
+        assert len(cancelled.text) < 5000
+    finally:
+        llm_engine.shutdown(timeout_s=20)
+
+
+def test_the_probe_is_answered_through_a_lane_with_the_engines_status(
+    demo_model_dir: Path, tokenizer: Any
+) -> None:
+    api = _standin("synthetic", tokenizer)
+    api.step_delay_s = 0.3  # a slow step: busy, not stuck
+    llm_engine = LLMEngine(
+        api, {"model": str(demo_model_dir)}, _Responder(), _Counters(), cancel_check_s=0.05
+    )
+    try:
+        idle = _ThreadRecordingSink()
+        llm_engine.probe(idle)
+        assert idle.done.wait(5)
+        assert idle.responses == [{"probe": {"in_flight": 0, "idle_s": 0.0, "busy": False}}]
+        assert all(name.startswith("llm-api-send-") for name in idle.callers)
+        working = _Sink()
+        request = _text_request(tokenizer.encode, streaming=True, sampling_param_max_tokens=np.int32(4))
+        llm_engine.submit_text(request, working)
+        time.sleep(0.15)
+        busy = _Sink()
+        llm_engine.probe(busy)
+        assert busy.done.wait(5)
+        status = busy.responses[0]["probe"]
+        assert status["in_flight"] == 1 and status["busy"] is True and 0 <= status["idle_s"] < 5
+        assert working.done.wait(20)
+    finally:
+        llm_engine.shutdown(timeout_s=20)

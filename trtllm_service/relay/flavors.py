@@ -85,6 +85,9 @@ class Flavor:
     reference_means_missing: ClassVar[bool] = False
     """Whether the reference engine answering means tensorrt_llm could not be imported where Triton
     runs (rather than being the engine that was packed)."""
+    probe: ClassVar[tuple[str, Mapping[str, object]] | None] = None
+    """(model, inputs) of the request the engine's model answers through its own threads without
+    the engine, for the supervisor (None: the model answers none, as NVIDIA's C++ backend)."""
 
     def __init__(
         self,
@@ -237,6 +240,7 @@ class LLMAPIFlavor(Flavor):
     exact_beams = True
     early_stopping = True
     reference_means_missing = True
+    probe = ("tensorrt_llm", {"probe": True})  # ours in production too: model.py is ours
 
     @classmethod
     def of_pack(cls, model_path: Path, info: PackInfo, *, vocab_size: int, tokenizer: Any) -> LLMAPIFlavor:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import re
@@ -37,6 +38,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 from tensorrtllm_backend import LAUNCHER, launcher
 from trtllm_service.versions import REQUIRE_TENSORRT_LLM, installed_tensorrt_llm
@@ -46,6 +50,50 @@ logger = logging.getLogger("trtllm_service.triton")
 _PR_SET_PDEATHSIG = 1
 _GLOG_ERROR = re.compile(r"^E\d{4} ")  # tritonserver's own ERROR log lines
 _GLOG_WARNING = re.compile(r"^[EW]\d{4} ")  # its ERROR and WARNING lines
+
+
+LOG_LINE_LIMIT = 16 * 1024
+"""The most bytes of one line of Triton's output that the service keeps (triton.log and its log):
+a model may log a client's whole input (a 600 KB grammar in an engine's error)."""
+LOG_READ_BYTES = 64 * 1024
+
+
+class LineCutter:
+    """Splits a byte stream into lines of at most `limit` bytes, however long a line runs: the part
+    past the limit is dropped, and its size said at the end of the kept part."""
+
+    def __init__(self, limit: int = LOG_LINE_LIMIT) -> None:
+        self.limit = limit
+        self._kept = bytearray()
+        self._dropped = 0
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The lines `chunk` completes (each ending in a newline)."""
+        lines = []
+        start = 0
+        while start < len(chunk):
+            end = chunk.find(b"\n", start)
+            piece = chunk[start:] if end < 0 else chunk[start:end]
+            room = self.limit - len(self._kept)
+            self._kept += piece[:room]
+            self._dropped += max(0, len(piece) - room)
+            if end < 0:
+                break
+            lines.append(self._take())
+            start = end + 1
+        return lines
+
+    def flush(self) -> list[bytes]:
+        """The last line, when the stream ended without a newline."""
+        return [self._take()] if self._kept or self._dropped else []
+
+    def _take(self) -> bytes:
+        line = bytes(self._kept)
+        if self._dropped:
+            line += f" ... ({self._dropped} more bytes cut by the service)".encode()
+        self._kept.clear()
+        self._dropped = 0
+        return line + b"\n"
 
 
 def triton_log_level(line: str) -> int:
@@ -326,19 +374,37 @@ class TritonProcess:
         return await _exit_code(self.process)
 
     async def _pump_log(self, process: asyncio.subprocess.Process) -> None:
-        """Copies Triton's output to the log file and the service log, keeping a tail for errors."""
+        """Copies Triton's output to the log file and the service log, keeping a tail for errors.
+
+        Reads chunks, never lines: a line longer than asyncio's readline limit (64 KiB) ended the
+        copy, and with nobody reading, Triton blocked on its next log write (in a Python-backend
+        stub's log request, holding the stub's IPC channel: the whole model froze). Lines are cut to
+        LOG_LINE_LIMIT, and nothing but the end of the stream stops the copy."""
         assert process.stdout is not None
+        cutter = LineCutter()
         with open(self.log_path, "ab") as log_file:
-            async for raw in process.stdout:
-                log_file.write(raw)
-                log_file.flush()
-                line = raw.decode("utf-8", "replace").rstrip()
-                self.tail.append(line)
-                if _GLOG_ERROR.match(line):
-                    self.errors.append(line)
-                level = triton_log_level(line)
-                if logger.isEnabledFor(level):
-                    logger.log(level, "[triton] %s", line)
+            while True:
+                chunk = await process.stdout.read(LOG_READ_BYTES)
+                lines = cutter.feed(chunk) if chunk else cutter.flush()
+                try:
+                    self._take_lines(lines, log_file)
+                except Exception:  # a full disk, say: keep draining, or Triton blocks
+                    logger.exception("copying Triton's output failed; its output is dropped")
+                if not chunk:
+                    return
+
+    def _take_lines(self, lines: list[bytes], log_file: Any) -> None:
+        for raw in lines:
+            log_file.write(raw)
+            line = raw.decode("utf-8", "replace").rstrip()
+            self.tail.append(line)
+            if _GLOG_ERROR.match(line):
+                self.errors.append(line)
+            level = triton_log_level(line)
+            if logger.isEnabledFor(level):
+                logger.log(level, "[triton] %s", line)
+        if lines:
+            log_file.flush()
 
     async def stop(self, timeout_s: float = EXIT_TIMEOUT_S + 5.0) -> None:
         """The stop signal to the server, SIGKILL to its whole group after `timeout_s`; safe to call twice."""
@@ -392,6 +458,51 @@ async def http_ok(host: str, port: int, path: str, timeout_s: float = 2.0) -> bo
             writer.close()
 
 
+@dataclass(frozen=True)
+class ModelProbe:
+    """A request a model answers through its own threads without its engine: sent to `model` with
+    `inputs` (Triton's generate_stream endpoint, JSON), answered with `output`, a JSON status:
+    requests in flight, `idle_s` without progress while there are any, and whether the engine is
+    `busy` in a step (None: it cannot say). Our `tensorrt_llm` models answer it
+    (tensorrtllm_backend's triton_adapter: PROBE_INPUT, PROBE_OUTPUT)."""
+
+    model: str
+    inputs: dict[str, object]
+    output: str = "probe_status"
+
+
+async def probe_model(host: str, port: int, probe: ModelProbe, timeout_s: float) -> dict[str, Any] | None:
+    """The model's answer to `probe`, or None when it gives none within `timeout_s` (or an error)."""
+    url = f"http://{host}:{port}/v2/models/{probe.model}/generate_stream"
+
+    async def ask(client: httpx.AsyncClient) -> dict[str, Any] | None:
+        async with client.stream("POST", url, json=probe.inputs) as response:
+            if response.status_code != 200:
+                return None
+            async for line in response.aiter_lines():
+                if line.startswith("data:"):
+                    value = json.loads(line[5:]).get(probe.output)
+                    value = value[0] if isinstance(value, list) else value
+                    status = json.loads(value) if isinstance(value, str) else None
+                    return status if isinstance(status, dict) else None
+        return None
+
+    try:
+        async with httpx.AsyncClient(timeout=timeout_s) as client:
+            return await asyncio.wait_for(ask(client), timeout_s)
+    except (httpx.HTTPError, OSError, asyncio.TimeoutError, ValueError):
+        return None
+
+
+def stuck_engine(status: dict[str, Any], stall_timeout_s: float) -> str | None:
+    """Why a model that answers its probe is stuck, or None: requests in flight, nothing produced
+    for `stall_timeout_s`, and the engine not inside a step (a long prefill is busy, not stuck)."""
+    in_flight, idle_s = int(status.get("in_flight") or 0), float(status.get("idle_s") or 0.0)
+    if in_flight > 0 and idle_s >= stall_timeout_s and status.get("busy") is not True:
+        return f"the engine made no progress for {idle_s:.0f} s with {in_flight} requests in flight"
+    return None
+
+
 class TritonSupervisor:
     """Starts Triton, waits for its models, watches it, restarts it when it dies or hangs.
 
@@ -401,6 +512,9 @@ class TritonSupervisor:
         run_dir: Where the log and the staged backends go.
         ports: Configured ports (0 = a free port, chosen again at every start).
         on_state_change: Called with the new readiness whenever it changes.
+        probe: A request the engine's model answers through its own threads (None: health probes
+            only): unanswered, it counts as a hang; answered, it tells a stuck engine (see
+            `stuck_engine`).
     """
 
     def __init__(
@@ -423,8 +537,10 @@ class TritonSupervisor:
         exit_timeout_s: float = EXIT_TIMEOUT_S,
         on_state_change: Callable[[bool], None] | None = None,
         on_restart: Callable[[], None] | None = None,
+        probe: ModelProbe | None = None,
     ) -> None:
         self.repository = repository
+        self.probe = probe
         self.models = tuple(models)
         self.run_dir = run_dir
         self.configured_ports = ports
@@ -569,9 +685,11 @@ class TritonSupervisor:
     async def _watch_one(self, triton: TritonProcess) -> str:
         """Waits until this run of Triton dies, hangs or loses a Python-backend stub; returns why.
 
-        A probe may take twice the probe interval, and it takes two unanswered probes in a row to
-        call Triton unready: a machine whose cores are all busy streaming can be slow to answer
-        once, and an unready Triton turns every new request away.
+        A hang is the server not answering its health probe, or the engine's model not answering
+        its own probe (`self.probe`: a wedged stub leaves the server healthy), or an engine stuck
+        with requests in flight. A probe may take twice the probe interval, and it takes two
+        unanswered probes in a row to call Triton unready: a machine whose cores are all busy
+        streaming can be slow to answer once, and an unready Triton turns every new request away.
         """
         exited = asyncio.ensure_future(triton.exited())
         unanswered_since: float | None = None
@@ -587,14 +705,21 @@ class TritonSupervisor:
                         f"the Python-backend stub of model instance {dead.instance!r} (pid {dead.pid}) "
                         "died; Triton fails that model's requests until it restarts"
                     )
-                healthy = await http_ok(
-                    self.host, self.ports.http, "/v2/health/ready", timeout_s=2 * self.probe_interval_s
-                )
+                timeout_s = 2 * self.probe_interval_s
+                silent = None
+                if not await http_ok(self.host, self.ports.http, "/v2/health/ready", timeout_s=timeout_s):
+                    silent = "tritonserver did not answer"
+                elif self.probe is not None:
+                    status = await probe_model(self.host, self.ports.http, self.probe, timeout_s)
+                    if status is None:
+                        silent = f"the model {self.probe.model!r} did not answer its probe (a wedged model)"
+                    elif (stuck := stuck_engine(status, self.stall_timeout_s)) is not None:
+                        return stuck
                 if exited.done():
                     continue
-                if healthy:
+                if silent is None:
                     if misses >= UNREADY_AFTER_MISSES:
-                        logger.warning("Triton answers health probes again")
+                        logger.warning("Triton answers its probes again")
                     unanswered_since, misses = None, 0
                     self._set_ready(True)
                     continue
@@ -605,10 +730,10 @@ class TritonSupervisor:
                 if misses < UNREADY_AFTER_MISSES:
                     continue
                 if misses == UNREADY_AFTER_MISSES:
-                    logger.warning("Triton does not answer health probes; not ready")
+                    logger.warning("%s; not ready", silent)
                 self._set_ready(False)
                 if now - unanswered_since >= self.stall_timeout_s:
-                    return f"tritonserver did not answer for {self.stall_timeout_s:.0f} s"
+                    return f"{silent} for {self.stall_timeout_s:.0f} s"
         finally:
             exited.cancel()
 

@@ -164,6 +164,10 @@ class EngineLoop:
         self.iterations = 0
         self.num_active = self.num_waiting = 0
         self.iteration_s = 0.0
+        # Read by the supervisor's probe (probe_status): inside source.step now, and when the engine
+        # last made progress (a round that gave tokens, or work arriving at an idle engine).
+        self.in_step = False
+        self.progress_at = time.monotonic()
         self._lanes: list[queue.SimpleQueue[tuple[Sink, Any, bool] | None]] = [
             queue.SimpleQueue() for _ in range(max(1, sender_lanes))
         ]
@@ -178,7 +182,19 @@ class EngineLoop:
 
     # ---- called from Triton's execute() ------------------------------------------------------
 
+    def probe_status(self) -> dict[str, Any]:
+        """Requests in flight (running, waiting for a slot, arrived), seconds without progress while
+        there are any, and whether the engine is inside a step (a long prefill is busy, not stuck)."""
+        in_flight = self.num_active + self.num_waiting + self._inbox.qsize()
+        return {
+            "in_flight": in_flight,
+            "idle_s": round(time.monotonic() - self.progress_at, 3) if in_flight else 0.0,
+            "busy": self.in_step,
+        }
+
     def submit(self, request: EngineRequest, sink: Sink) -> None:
+        if self.num_active + self.num_waiting == 0 and self._inbox.empty():
+            self.progress_at = time.monotonic()  # the clock of "no progress" starts with work
         seq = Sequence(request, sink, checked_at=time.monotonic())
         if request.return_perf_metrics:
             seq.perf = PerfMetrics(arrival_time_ns=time.time_ns())
@@ -239,7 +255,11 @@ class EngineLoop:
                 else:
                     live.append(seq)
             started = time.monotonic()
-            results = self.source.step(live) if live else []
+            self.in_step = True
+            try:
+                results = self.source.step(live) if live else []
+            finally:
+                self.in_step = False
             took_s = time.monotonic() - started
             tokens = 0
             for seq, result in zip(live, results, strict=True):
@@ -267,6 +287,8 @@ class EngineLoop:
                     finished.add(id(seq))
             if tokens:
                 self.counters.tokens(tokens)
+            if tokens or finished:
+                self.progress_at = time.monotonic()
             if finished:
                 for seq in active:
                     if id(seq) in finished:
@@ -274,7 +296,9 @@ class EngineLoop:
                 active = [seq for seq in active if id(seq) not in finished]
             self._count_round(bool(live), len(active), len(waiting), took_s)
             if self.step_delay_s and active:
+                self.in_step = True  # the delay stands for a slow step
                 time.sleep(self.step_delay_s)
+                self.in_step = False
 
     def _count_round(self, ran: bool, active: int, waiting: int, took_s: float) -> None:
         if ran:

@@ -37,8 +37,6 @@ from lora import CACHE_MISS, LoraCache, LoraError, from_rows
 from triton_adapter import (
     EngineModel,
     Responder,
-    StatsPublisher,
-    input_getter,
     make_source,
 )
 
@@ -130,13 +128,10 @@ class TritonPythonModel(EngineModel):
             logits_dtype=logits_dtype,
         )
         last_spec: dict[str, int] = {}
-        self.stats = StatsPublisher(
-            self.model_name, kind, "ensemble", lambda: [snapshot(self.engine, source, last_spec)]
-        )
+        self._publish(kind, "ensemble", lambda: [snapshot(self.engine, source, last_spec)])
         pb_utils.Logger.log_info(f"{self.model_name}: {source.describe()}, max_seq_len {max_seq_len}")
 
-    def _serve(self, request: Any, sink: Any) -> None:
-        get = input_getter(request)
+    def _serve(self, request: Any, get: Any, sink: Any) -> None:
         try:
             if is_stop_request(get):
                 if not request.request_id():

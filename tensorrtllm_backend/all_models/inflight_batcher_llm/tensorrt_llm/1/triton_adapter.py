@@ -1,9 +1,21 @@
 """Triton Python-backend pieces shared by our `tensorrt_llm` models (both flavours).
 
 What both models' TritonPythonModel do alike (EngineModel), response senders and collectors, the
-responder that builds `InferenceResponse`s from arrays, and the stand-in engine's counters and its
-engine-info gauge. The engine logic (engine.py, contract.py) imports no Triton; this is the one
-module that adapts it to Triton.
+responder that builds `InferenceResponse`s from arrays, the engine's counters and its engine-info
+gauge, and the probe the service's supervisor sends. The engine logic (engine.py, contract.py)
+imports no Triton; this is the one module that adapts it to Triton.
+
+Rules every thread here keeps, learnt from pytriton's stub (Triton 2.51, python_backend r24.10):
+- A custom metric call (`Metric.increment` / `set`) waits for the server while holding the GIL, and
+  it queues behind the stub's log messages: when the server blocks on a log write, the call stops
+  every Python thread of the stub, the main one included. So requests only count in Python
+  (`Counters`), and one thread (`MetricsPublisher`) makes every metric call, every FLUSH_S.
+- `send` drops, without the GIL, the outputs a request did not ask for: freeing their arrays there
+  crashes Python 3.12. So responses carry only requested outputs (the contracts see to it).
+- Metric families must go before the stub tears itself down (a family freed at interpreter exit
+  talks to a server that is gone: a segfault at every stop): `finalize` releases them.
+- Messages that may hold a client's input (an engine's error echoing a 600 KB grammar) are cut to
+  MESSAGE_LIMIT before they are logged or sent (`brief`).
 """
 
 from __future__ import annotations
@@ -12,6 +24,7 @@ import json
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,6 +36,22 @@ from engine import OUTCOMES
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 ENGINES = ("reference", "synthetic")
 """Stand-in engines: what serves the `tensorrt_llm` slot where TensorRT-LLM is not used."""
+MESSAGE_LIMIT = 500
+"""The most characters of a message logged or sent in an error (the rest is counted, not kept)."""
+FLUSH_S = 0.1
+"""How often the counters reach Triton's metrics."""
+PROBE_INPUT, PROBE_OUTPUT = "probe", "probe_status"
+"""Ours: a request with `probe` true is answered at once, through the model's own threads, with
+`probe_status` (JSON: requests in flight, seconds without progress, whether the engine is busy in
+a step), and never reaches the engine: the service's supervisor tells a wedged model from a slow one
+by it."""
+
+
+def brief(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """`text`, cut to `limit` characters with a note of how many were left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
 
 
 class Sender:
@@ -64,17 +93,17 @@ class EngineModel:
 
     `_start` begins initialize() and `_register_metrics` names the engine that serves; execute()
     gives each request a sink (its response sender when decoupled, else a Collector that execute()
-    waits for) and hands both to the model's `_serve`; finalize() stops the stats thread and the
-    engine.
+    waits for) and hands both to the model's `_serve`, or to `_probe` for the supervisor's probe;
+    finalize() stops the metrics thread and the engine, and releases the metrics.
     """
 
     model_name = "tensorrt_llm"
     decoupled = False
     engine: Any = None
     rank = 0
-    stats: StatsPublisher | None = None
-    counters: Counters
-    info: EngineInfo
+    metrics: MetricsPublisher | None = None
+    counters: Counters | None = None
+    info: EngineInfo | None = None
 
     def _start(self, args: dict[str, str]) -> dict[str, Any]:
         """The first steps of initialize() (SIGTERM unblocked, this rank, the model's name and
@@ -93,16 +122,32 @@ class EngineModel:
         self.counters = Counters(self.model_name, kind)
         self.info = EngineInfo(self.model_name, kind)
 
-    def _serve(self, request: Any, sink: Sender | Collector) -> None:
+    def _publish(self, kind: str, flavor: str, poll: Any = None) -> None:
+        """Starts the one thread that makes metric calls: the counters every FLUSH_S and, with
+        `poll`, the engine's iteration stats every second (see MetricsPublisher)."""
+        assert self.counters is not None
+        self.metrics = MetricsPublisher(self.model_name, kind, flavor, self.counters, poll)
+
+    def _serve(self, request: Any, get: Callable[[str], np.ndarray | None], sink: Sender | Collector) -> None:
         """Answers `request` through `sink`: at once when refused, else by handing it to the engine."""
         raise NotImplementedError
+
+    def _probe(self, sink: Sender | Collector) -> None:
+        """Answers the supervisor's probe with the engine's `probe_status()` (see PROBE_INPUT)."""
+        status = self.engine.probe_status() if self.engine is not None else {"in_flight": 0}
+        sink.send(probe_response(status), True)  # from execute(): the engine's loop is not involved
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
         collectors = []
         for request in requests:
             sink: Any = Sender(request.get_response_sender()) if self.decoupled else Collector()
             collectors.append(sink)
-            self._serve(request, sink)
+            get = input_getter(request)
+            probe = get(PROBE_INPUT)
+            if probe is not None and probe.size and bool(probe.reshape(-1)[0]):
+                self._probe(sink)
+            else:
+                self._serve(request, get, sink)
         if self.decoupled:
             return None
         for sink in collectors:
@@ -110,10 +155,14 @@ class EngineModel:
         return [sink.response for sink in collectors]
 
     def finalize(self) -> None:
-        if self.stats is not None:
-            self.stats.stop()
+        if self.metrics is not None:
+            self.metrics.stop()
         if self.engine is not None:
             self.engine.shutdown()
+        if self.counters is not None:
+            self.counters.flush()
+        # Released while the stub can still talk to the server (see the module docstring).
+        self.metrics = self.counters = self.info = None
 
 
 def input_getter(request: Any) -> Callable[[str], np.ndarray | None]:
@@ -127,23 +176,40 @@ def input_getter(request: Any) -> Callable[[str], np.ndarray | None]:
     return get
 
 
+def probe_response(status: dict[str, Any]) -> Any:
+    """The answer to a probe: `probe_status`, the status as JSON."""
+    payload = np.array([json.dumps(status).encode()], dtype=np.object_)
+    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(PROBE_OUTPUT, payload)])
+
+
 class Responder:
+    """Builds responses; messages are cut to MESSAGE_LIMIT (`brief`)."""
+
     def response(self, arrays: dict[str, np.ndarray]) -> Any:
         return pb_utils.InferenceResponse(
             output_tensors=[pb_utils.Tensor(name, array) for name, array in arrays.items()]
         )
 
     def error(self, message: str) -> Any:
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(message))
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(brief(message)))
+
+    def probe(self, status: dict[str, Any]) -> Any:
+        return probe_response(status)
 
     def log(self, message: str) -> None:
-        pb_utils.Logger.log_info(message)
+        pb_utils.Logger.log_info(brief(message))
 
 
 class Counters:
-    """trtllm_reference_requests_total{outcome} and trtllm_reference_generated_tokens_total."""
+    """trtllm_reference_requests_total{outcome} and trtllm_reference_generated_tokens_total.
+
+    `finished` and `tokens` only count, in Python, from any thread; `flush` (the metrics thread, and
+    finalize) hands what was counted since to Triton. See the module docstring for why."""
 
     def __init__(self, model_name: str, engine: str) -> None:
+        self._lock = threading.Lock()
+        self._finished: dict[str, int] = {}
+        self._tokens = 0
         labels = {"model": model_name, "engine": engine}
         # Families must outlive their metrics: keep both.
         self.requests_family = pb_utils.MetricFamily(
@@ -163,10 +229,23 @@ class Counters:
         self.token_metric = self.tokens_family.Metric(labels=labels)
 
     def finished(self, outcome: str) -> None:
-        self.outcomes[outcome].increment(1)
+        with self._lock:
+            self._finished[outcome] = self._finished.get(outcome, 0) + 1
 
     def tokens(self, count: int) -> None:
-        self.token_metric.increment(count)
+        with self._lock:
+            self._tokens += count
+
+    def flush(self) -> None:
+        """Adds what was counted since the last flush to Triton's metrics: tokens first, so a
+        request's tokens are there when its end is."""
+        with self._lock:
+            finished, tokens = self._finished, self._tokens
+            self._finished, self._tokens = {}, 0
+        if tokens:
+            self.token_metric.increment(tokens)
+        for outcome, count in finished.items():
+            self.outcomes[outcome].increment(count)
 
 
 def vocab_size(model_dir: str, fallback: int) -> int:
@@ -196,24 +275,34 @@ class EngineInfo:
         self.metric.set(1)
 
 
-class StatsPublisher:
-    """Polls the engine's iteration stats on a thread of its own and publishes them as Triton custom
-    metrics (engine_stats.py says which): `flavor` "llmapi" under trtllm-serve's names, "ensemble"
-    under the C++ backend's `nv_trt_llm_*` families. `poll()` returns the iteration-stats dicts since
-    the last call (the LLM API's `get_stats`). A family is made the first time it has a value, so
-    what the engine does not report (speculation, the synthetic engine's KV cache) never shows."""
+class MetricsPublisher:
+    """The one thread that makes the model's metric calls: every FLUSH_S it flushes `counters`, and
+    with `poll` it publishes the engine's iteration stats every `period_s` as Triton custom metrics
+    (engine_stats.py says which): `flavor` "llmapi" under trtllm-serve's names, "ensemble" under the
+    C++ backend's `nv_trt_llm_*` families. `poll()` returns the iteration-stats dicts since the last
+    call (the LLM API's `get_stats`). A family is made the first time it has a value, so what the
+    engine does not report (speculation, the synthetic engine's KV cache) never shows."""
 
-    def __init__(self, model_name: str, engine: str, flavor: str, poll: Any, period_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        engine: str,
+        flavor: str,
+        counters: Counters,
+        poll: Any = None,
+        period_s: float = 1.0,
+    ) -> None:
         from engine_stats import LlmApiStats
 
         self.model_name, self.engine, self.flavor = model_name, engine, flavor
+        self.counters = counters
         self.poll, self.period_s = poll, period_s
         self.llmapi = LlmApiStats()
         self.families: dict[str, Any] = {}  # families must outlive their metrics: keep both
         self.metrics: dict[tuple[str, str], Any] = {}
         self._warned = False
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="engine-stats", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="engine-metrics", daemon=True)
         self._thread.start()
 
     def _metric(self, name: str, kind: str, description: str, label: tuple[str, str] | None = None) -> Any:
@@ -255,7 +344,12 @@ class StatsPublisher:
                 metric.increment(value)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.period_s):
+        polled_at = time.monotonic()
+        while not self._stop.wait(FLUSH_S):
+            self.counters.flush()
+            if self.poll is None or time.monotonic() - polled_at < self.period_s:
+                continue
+            polled_at = time.monotonic()
             try:
                 polled = self.poll()
                 if isinstance(polled, (str, bytes)):
@@ -267,11 +361,13 @@ class StatsPublisher:
             except Exception as exc:  # a failed poll must not end the thread; said once
                 if not self._warned:
                     self._warned = True
-                    pb_utils.Logger.log_warn(f"{self.model_name}: engine stats unavailable: {exc}")
+                    pb_utils.Logger.log_warn(brief(f"{self.model_name}: engine stats unavailable: {exc}"))
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        self.families.clear()
+        self.metrics.clear()
 
 
 def make_source(

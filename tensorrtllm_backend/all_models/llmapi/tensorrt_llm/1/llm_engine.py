@@ -12,9 +12,11 @@ aborts it in the engine, and shutdown waits for requests in flight before the LL
 
 Responses leave through a few sender threads (lanes): each `send` of Triton's Python backend is a
 round trip to the server, which must not block the loop; a request keeps its lane, so its responses
-stay in order. At most MAX_QUEUED responses wait for the lanes: beyond that the loop reads no further
-results until they are sent, so an engine faster than Triton relays never builds a backlog that
-delays other requests' first tokens.
+stay in order, and its lane is the only thread that calls its response sender (the cancellation
+checks too: the watcher only asks for them), so no lock is held across a call into Triton. At most
+MAX_QUEUED responses wait for the lanes: beyond that the loop reads no further results until they
+are sent, so an engine faster than Triton relays never builds a backlog that delays other requests'
+first tokens. The loop never calls Triton: counts stay in Python (triton_adapter.Counters).
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ from typing import Any
 
 import nvidia_llmapi as nv
 from contract import RequestError
-from llmapi_contract import TextRequest, beam_arrays, text_arrays
+from llmapi_contract import LOGPROB_OUTPUTS, TOP_LOGPROB_OUTPUTS, TextRequest, beam_arrays, text_arrays
 
+TOKEN_OUTPUTS = frozenset(LOGPROB_OUTPUTS + TOP_LOGPROB_OUTPUTS)
+"""The outputs that need each new token's id and log probs."""
 SHUTDOWN_DRAIN_S = 30.0
 MAX_QUEUED = 64
 """The most responses waiting for the sender lanes before the loop waits for them."""
@@ -162,30 +166,40 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+CHECK = object()
+"""A lane item that asks the request's sender whether its client went away."""
+
+
 class _Live:
-    """A request in flight: its sink, the task serving it, and whether it was cancelled or stopped.
+    """A request in flight: its sink, its lane, the task serving it, and what became of it.
 
-    Triton frees a response sender with its final response: asking it `is_cancelled()` after that
-    crashes the server. `lock` keeps the watcher's question and the final send apart; `closed` says
-    the final response went."""
+    Only the request's lane calls its sink (its responses, and `is_cancelled()` when the watcher asks
+    for a check), so nothing else ever touches a response sender, and never one whose final response
+    went (`closed`: Triton frees the sender with it, and asking it then crashes the server)."""
 
-    __slots__ = ("cancelled", "closed", "lock", "request_id", "sink", "stopped", "task")
+    __slots__ = ("cancelled", "checking", "closed", "lane", "request_id", "sink", "stopped", "task")
 
-    def __init__(self, sink: Any, task: Any, request_id: str) -> None:
+    def __init__(self, sink: Any, lane: queue.SimpleQueue[Any], task: Any, request_id: str) -> None:
         self.sink = sink
+        self.lane = lane
         self.task = task
         self.request_id = request_id
         self.cancelled = False
         self.stopped = False
         self.closed = False
-        self.lock = threading.Lock()
+        self.checking = False  # a CHECK waits in its lane
 
 
 class LLMEngine:
     """Serves requests with `api.LLM(**llm_args)` (see the module docstring).
 
     `responder` builds Triton responses: `response(arrays)`, `error(message)` (NVIDIA's refusals and
-    failures) and `invalid(message)` (ours, INVALID_ARG); `counters` counts outcomes and tokens.
+    failures) and `invalid(message)` (ours, INVALID_ARG); `counters` counts outcomes and tokens (in
+    Python: the model's metrics thread publishes them).
+
+    Threads: the loop (the LLM API and every request's coroutine), `sender_lanes` lanes (each the
+    only caller of its requests' senders), and the watcher, which every `cancel_check_s` puts a
+    CHECK in the lane of each request not yet checked. None holds a lock while it calls Triton.
     """
 
     def __init__(
@@ -203,11 +217,9 @@ class LLMEngine:
         self.counters = counters
         self.cancel_check_s = cancel_check_s
         self.in_flight = 0
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # in_flight: execute() adds, the loop takes away
         self._live: dict[int, _Live] = {}
-        self._generated = 0  # tokens received (written on the loop only)
-        self._counted = 0  # of them, those added to the counter
-        self._count_lock = threading.Lock()
+        self._progress_at = time.monotonic()  # the last output from the engine, or work arriving
         self._next_lane = itertools.count()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, name="llm-api", daemon=True)
@@ -250,6 +262,8 @@ class LLMEngine:
 
     def submit_text(self, request: TextRequest, sink: Any) -> None:
         with self._lock:
+            if self.in_flight == 0:
+                self._progress_at = time.monotonic()  # the clock of "no progress" starts with work
             self.in_flight += 1
         lane = self._lanes[next(self._next_lane) % len(self._lanes)]
         asyncio.run_coroutine_threadsafe(self._serve(request, sink, lane), self.loop)
@@ -261,10 +275,30 @@ class LLMEngine:
                 live.cancelled = live.stopped = True
                 self.loop.call_soon_threadsafe(live.task.cancel)
 
+    def probe(self, sink: Any) -> None:
+        """Answers the supervisor's probe the way a request's responses go: the loop builds the
+        answer (probe_status) and a lane sends it, so a stuck loop or lane leaves it unanswered."""
+        asyncio.run_coroutine_threadsafe(self._probe(sink), self.loop)
+
+    def probe_status(self) -> dict[str, Any]:
+        """Requests in flight, seconds since the engine last gave an output while it had work, and
+        whether the engine says it is busy in a step (None where it cannot say: TensorRT-LLM)."""
+        busy = getattr(self.llm, "busy", None)
+        in_flight = self.in_flight
+        return {
+            "in_flight": in_flight,
+            "idle_s": round(time.monotonic() - self._progress_at, 3) if in_flight else 0.0,
+            "busy": busy() if callable(busy) else None,
+        }
+
     # ---- on the loop ---------------------------------------------------------------------------------
 
+    async def _probe(self, sink: Any) -> None:
+        live = _Live(sink, self._lanes[0], None, "")
+        self._lanes[0].put((live, self.responder.probe(self.probe_status()), True))
+
     async def _serve(self, request: TextRequest, sink: Any, lane: queue.SimpleQueue[Any]) -> None:
-        live = _Live(sink, asyncio.current_task(), request.request_id)
+        live = _Live(sink, lane, asyncio.current_task(), request.request_id)
 
         def send(payload: Any, final: bool) -> None:
             self._posted += 1
@@ -291,6 +325,7 @@ class LLMEngine:
             beams = bool(request.sampling.get("use_beam_search"))
             prompt = request.prompt_logprobs is not None  # prompt log probs: with the first response
             async for output in result:
+                self._progress_at = time.monotonic()
                 if self._posted - sum(self._sent) > MAX_QUEUED:
                     await self._room()
                 finished = output.finished
@@ -299,8 +334,7 @@ class LLMEngine:
                 if beams:  # one response: every beam (beam search is never streamed here)
                     if finished:
                         metrics = output.outputs[0].request_perf_metrics
-                        self._generated += sum(len(o.token_ids) for o in output.outputs)
-                        self._count_tokens()
+                        self.counters.tokens(sum(len(o.token_ids) for o in output.outputs))
                         send(beam_arrays(request, output.outputs, perf=metrics), True)
                         return
                     continue
@@ -313,10 +347,9 @@ class LLMEngine:
                 prompt = False
                 arrays = self._arrays(request, delta, completion, finished, tokens_sent, count, first)
                 if count > tokens_sent:
-                    self._generated += count - tokens_sent
+                    self.counters.tokens(count - tokens_sent)
                     tokens_sent = count
                 if finished:
-                    self._count_tokens()  # counted before the client hears the end
                     send(arrays, True)
                     return
                 send(arrays, False)
@@ -335,7 +368,6 @@ class LLMEngine:
             if result is not None and not result.finished:
                 result.abort()  # cancelled, or failed on our side: the engine must not run on
             del self._live[id(live)]
-            self._count_tokens()  # its tokens are counted before its end is
             self.counters.finished(outcome)
             with self._lock:
                 self.in_flight -= 1
@@ -380,7 +412,7 @@ class LLMEngine:
         prompt: Any = None,
     ) -> dict[str, Any]:
         ids = log_probs = top = None
-        if "output_ids" in request.outputs:
+        if not request.outputs.isdisjoint(TOKEN_OUTPUTS):
             ids, log_probs, top = token_log_probs(completion, start, end, request.top_logprobs)
         perf = (
             completion.request_perf_metrics
@@ -408,46 +440,41 @@ class LLMEngine:
         sent = self._sent
         while (item := lane.get()) is not None:
             live, payload, final = item
+            if payload is CHECK:
+                self._check(live)
+                continue
             try:
                 if payload.__class__ is dict:
                     payload = response(payload)
                 if final:
-                    with live.lock:
-                        live.closed = True
-                        live.sink.send(payload, True)
-                else:
-                    live.sink.send(payload, False)
+                    live.closed = True
+                live.sink.send(payload, final)
             except Exception as exc:  # a request whose client is gone: nothing to tell it
                 self.responder.log(f"llm-api: could not send a response: {exc}")
             sent[index] += 1
             if self._room_waiters:
                 self._roomy()
 
+    def _check(self, live: _Live) -> None:
+        """On the request's lane: asks its sender whether the client went away; aborts it if so."""
+        live.checking = False
+        if live.closed or live.cancelled:
+            return
+        try:
+            cancelled = live.sink.is_cancelled()
+        except Exception:  # its response sender is closed: it ends on its own
+            return
+        if cancelled:
+            live.cancelled = True
+            self.loop.call_soon_threadsafe(live.task.cancel)
+
     def _watch(self) -> None:
-        """Every cancel_check_s: aborts the requests whose client went away; counts the tokens."""
+        """Every cancel_check_s: a CHECK for each request in flight whose last one was answered."""
         while not self._stopping.wait(self.cancel_check_s):
             for live in list(self._live.values()):
-                if live.cancelled or live.closed:
-                    continue
-                with live.lock:
-                    if live.closed:
-                        continue
-                    try:
-                        cancelled = live.sink.is_cancelled()
-                    except Exception:  # its response sender is closed: it ends on its own
-                        continue
-                if cancelled:
-                    live.cancelled = True
-                    self.loop.call_soon_threadsafe(live.task.cancel)
-            self._count_tokens()
-
-    def _count_tokens(self) -> None:
-        """Adds the tokens received since the last call to the counter (the loop or the watcher)."""
-        with self._count_lock:
-            generated = self._generated
-            if generated > self._counted:
-                self.counters.tokens(generated - self._counted)
-                self._counted = generated
+                if not (live.checking or live.cancelled or live.closed):
+                    live.checking = True
+                    live.lane.put((live, CHECK, False))
 
     def shutdown(self, timeout_s: float = SHUTDOWN_DRAIN_S) -> None:
         """Waits for requests in flight (up to `timeout_s`), then shuts the LLM down."""
@@ -467,4 +494,3 @@ class LLMEngine:
                 lane.put(None)
             for sender in self._senders:
                 sender.join(timeout=timeout_s)
-            self._count_tokens()

@@ -725,6 +725,11 @@ class StandInLLM:
         for stats in self.get_stats(timeout):
             yield stats
 
+    def busy(self) -> bool:
+        """Whether the engine is inside a step now (ours: the supervisor's probe tells a long
+        prefill from a stuck engine by it; TensorRT-LLM's LLM has no such call)."""
+        return self._engine.in_step
+
     def shutdown(self) -> None:
         self._engine.shutdown()
 

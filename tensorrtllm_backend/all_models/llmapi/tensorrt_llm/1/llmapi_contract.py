@@ -38,7 +38,7 @@ while ours names a packed adapter alone: the one input whose meaning differs on 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,7 +115,7 @@ class TextRequest:
     input_ids: list[int]
     sampling: dict[str, Any]  # tensorrt_llm.SamplingParams keywords (guided decoding: see `guide`)
     streaming: bool
-    outputs: frozenset[str]
+    outputs: frozenset[str]  # the outputs its responses carry: enabled, and asked for (see `sent_outputs`)
     echo_prompt: str | None  # the prompt's text when it is to be echoed (exclude_input_from_output false)
     guide: tuple[str, str] | None = None  # (guided_decoding_guide_type, guide)
     top_logprobs: int = 0  # N of sampling_param_logprobs: the most likely tokens per step to return
@@ -176,14 +176,28 @@ def _prompt(get: GetInput, tokenize: Callable[[str], list[int]]) -> tuple[list[i
     return input_ids, texts[0]
 
 
+def sent_outputs(enabled: set[str], requested: Collection[str]) -> frozenset[str]:
+    """The outputs a request's responses carry: `text_output` and what its switches enable, less
+    what the caller did not ask for (Triton passes every output when the caller names none).
+
+    Never more: Triton's Python backend drops an unrequested output inside `send`, without the GIL,
+    and freeing its array there crashes the stub under Python 3.12 (pytriton 0.7's stub, Triton 2.51:
+    InferResponse::PruneOutputTensors -> ~PbTensor -> PyObject_Free with no thread state)."""
+    wanted = {"text_output", *enabled}
+    return frozenset(wanted & set(requested)) if requested else frozenset(wanted)
+
+
 def parse_text_request(
     get: GetInput,
     request_id: str,
     limits: TextLimits,
     tokenize: Callable[[str], list[int]],
     detokenize: Callable[[list[int]], str],
+    requested: Collection[str] = (),
 ) -> TextRequest:
-    """Validates one request; raises LlmApiError (upstream's refusal) or RequestError (ours)."""
+    """Validates one request; raises LlmApiError (upstream's refusal) or RequestError (ours).
+
+    `requested` names the outputs the caller asked for (`request.requested_output_names()`)."""
     input_ids, text = _prompt(get, tokenize)
     if min(input_ids) < 0 or max(input_ids) >= limits.vocab_size:
         raise RequestError(f"input_ids contains an id outside the vocabulary [0, {limits.vocab_size})")
@@ -287,7 +301,7 @@ def parse_text_request(
         input_ids=input_ids,
         sampling=sampling,
         streaming=streaming,
-        outputs=frozenset(outputs),
+        outputs=sent_outputs(outputs, requested),
         echo_prompt=(text if text is not None else detokenize(input_ids)) if echo else None,
         guide=parse_guide(get),
         top_logprobs=top,
@@ -316,8 +330,10 @@ def text_arrays(
     str()); cumulative_logprob is FP32, NaN when none was computed. `ids`, `log_probs` and `top` are
     the tokens this response adds, with their log probs and top log probs (rows of equal width).
     """
-    out = {"text_output": np.array([text.encode("utf-8")], dtype=np.object_)}
     wanted = request.outputs
+    out = {}
+    if "text_output" in wanted:
+        out["text_output"] = np.array([text.encode("utf-8")], dtype=np.object_)
     if "finish_reason" in wanted:
         out["finish_reason"] = np.array([str(finish_reason).encode()], dtype=np.object_)
     if "stop_reason" in wanted:
@@ -331,32 +347,40 @@ def text_arrays(
         out["num_output_tokens"] = np.array([generated], dtype=np.int32)
     if "output_ids" in wanted:
         out["output_ids"] = np.array(ids or [], dtype=np.int32)
+    if "output_log_probs" in wanted:
         out["output_log_probs"] = np.array(log_probs or [], dtype=np.float32)
-    if "top_log_probs" in wanted:
+    if "top_log_prob_ids" in wanted or "top_log_probs" in wanted:
         rows = top or []
         width = len(rows[0][0]) if rows else request.top_logprobs
-        out["top_log_prob_ids"] = np.array([r[0] for r in rows], dtype=np.int32).reshape(len(rows), width)
-        out["top_log_probs"] = np.array([r[1] for r in rows], dtype=np.float32).reshape(len(rows), width)
+        if "top_log_prob_ids" in wanted:
+            out["top_log_prob_ids"] = np.array([r[0] for r in rows], dtype=np.int32).reshape(len(rows), width)
+        if "top_log_probs" in wanted:
+            out["top_log_probs"] = np.array([r[1] for r in rows], dtype=np.float32).reshape(len(rows), width)
     if prompt is not None:  # the first response of a request with sampling_param_prompt_logprobs
         values, tops = prompt
-        out["prompt_log_probs"] = np.array(values, dtype=np.float32)
-        if "prompt_top_log_probs" in wanted:
-            width = min((len(row[0]) for row in tops), default=0)
+        if "prompt_log_probs" in wanted:
+            out["prompt_log_probs"] = np.array(values, dtype=np.float32)
+        width = min((len(row[0]) for row in tops), default=0)
+        if "prompt_top_log_prob_ids" in wanted:
             out["prompt_top_log_prob_ids"] = np.array(
                 [row[0][:width] for row in tops], dtype=np.int32
             ).reshape(len(tops), width)
+        if "prompt_top_log_probs" in wanted:
             out["prompt_top_log_probs"] = np.array(
                 [row[1][:width] for row in tops], dtype=np.float32
             ).reshape(len(tops), width)
     if perf is not None:  # the final response of a request with sampling_param_return_perf_metrics
-        out.update(perf_arrays(perf))
+        out.update(perf_arrays(perf, wanted))
     return out
 
 
-def perf_arrays(metrics: Any) -> dict[str, np.ndarray]:
-    """Upstream's perf outputs of a CompletionOutput.request_perf_metrics, typed as declared."""
+def perf_arrays(metrics: Any, wanted: Collection[str]) -> dict[str, np.ndarray]:
+    """Upstream's perf outputs of a CompletionOutput.request_perf_metrics that are `wanted`, typed as
+    declared."""
     out = {}
     for name, (path, dtype) in PERF_OUTPUTS.items():
+        if name not in wanted:
+            continue
         value: Any = metrics
         for part in path.split("."):
             value = getattr(value, part, None)
@@ -371,8 +395,10 @@ def perf_arrays(metrics: Any) -> dict[str, np.ndarray]:
 def beam_arrays(request: TextRequest, outputs: list[Any], *, perf: Any = None) -> dict[str, np.ndarray]:
     """The one response of a beam search: each returned beam a row (text, finish reason, stop reason,
     cumulative log prob, token count), best first, as upstream sends `[o.text for o in outputs]`."""
-    out = {"text_output": np.array([o.text.encode("utf-8") for o in outputs], dtype=np.object_)}
     wanted = request.outputs
+    out = {}
+    if "text_output" in wanted:
+        out["text_output"] = np.array([o.text.encode("utf-8") for o in outputs], dtype=np.object_)
     if "finish_reason" in wanted:
         out["finish_reason"] = np.array([str(o.finish_reason).encode() for o in outputs], dtype=np.object_)
     if "stop_reason" in wanted:
@@ -387,5 +413,5 @@ def beam_arrays(request: TextRequest, outputs: list[Any], *, perf: Any = None) -
     if "num_output_tokens" in wanted:
         out["num_output_tokens"] = np.array([len(o.token_ids) for o in outputs], dtype=np.int32)
     if perf is not None:
-        out.update(perf_arrays(perf))
+        out.update(perf_arrays(perf, wanted))
     return out

@@ -31,13 +31,7 @@ import yaml
 from contract import INVALID_REQUEST, RequestError
 from llm_engine import LLMEngine, TensorRTLLM
 from llmapi_contract import LlmApiError, TextLimits, is_stop_request, parse_text_request
-from triton_adapter import (
-    EngineModel,
-    Responder,
-    StatsPublisher,
-    input_getter,
-    make_source,
-)
+from triton_adapter import EngineModel, Responder, brief, make_source
 
 REQUIRE_ENV = "TRTLLM_REQUIRE_TENSORRT_LLM"
 ENGINES = ("tensorrt_llm", "reference", "synthetic")
@@ -71,7 +65,7 @@ class LlmApiResponder(Responder):
     """Responses of the LLM API model: NVIDIA's errors as upstream sends them, ours as INVALID_ARG."""
 
     def invalid(self, message: str) -> Any:
-        error = pb_utils.TritonError(f"{INVALID_REQUEST}{message}", pb_utils.TritonError.INVALID_ARG)
+        error = pb_utils.TritonError(brief(f"{INVALID_REQUEST}{message}"), pb_utils.TritonError.INVALID_ARG)
         return pb_utils.InferenceResponse(error=error)
 
     @staticmethod
@@ -111,7 +105,7 @@ class TritonPythonModel(EngineModel):
                 api, llm_args, LlmApiResponder(), self.counters, cancel_check_s=cancel_ms / 1000.0
             )
         except Exception as exc:
-            pb_utils.Logger.log_error(f"{self.model_name}: failed to start the LLM: {exc}")
+            pb_utils.Logger.log_error(brief(f"{self.model_name}: failed to start the LLM: {exc}"))
             raise pb_utils.TritonModelException(f"tensorrt_llm: failed to start the LLM: {exc}") from exc
         max_seq_len = int(getattr(self.engine.llm.args, "max_seq_len", 0) or 0) or 1 << 20
         config_path = Path(model_dir) / "config.json"
@@ -122,16 +116,16 @@ class TritonPythonModel(EngineModel):
             streaming_allowed=self.decoupled,
             end_ids=_end_ids(str(triton_config.get("end_ids", ""))),
         )
-        self.stats = self._publish_stats(kind)
+        self._publish(kind, "llmapi", self._stats_poll())
         pb_utils.Logger.log_info(f"{self.model_name}: {self.engine.describe()}, max_seq_len {max_seq_len}")
 
-    def _publish_stats(self, kind: str) -> StatsPublisher | None:
-        """The LLM's iteration stats (`get_stats`, with enable_iter_perf_stats in model.yaml) as
-        trtllm-serve's metrics (engine_stats.py), polled every second."""
+    def _stats_poll(self) -> Any:
+        """The LLM's iteration stats (`get_stats`, with enable_iter_perf_stats in model.yaml), for
+        trtllm-serve's metrics (engine_stats.py), polled every second; None without them."""
         llm = self.engine.llm
         if not getattr(llm.args, "enable_iter_perf_stats", False) or not hasattr(llm, "get_stats"):
             return None
-        return StatsPublisher(self.model_name, kind, "llmapi", lambda: llm.get_stats(timeout=0.5))
+        return lambda: llm.get_stats(timeout=0.5)
 
     def _api(self, kind: str, triton_config: dict[str, Any]) -> Any:
         """TensorRT-LLM's LLM API, or the stand-in over the `kind` (or fallback) engine."""
@@ -205,23 +199,34 @@ class TritonPythonModel(EngineModel):
         self.engine.stop(request_id)
         sink.send(LlmApiResponder.cancelled(), True)
 
-    def _serve(self, request: Any, sink: Any) -> None:
+    def _probe(self, sink: Any) -> None:
+        """The supervisor's probe, answered through the LLM's loop and a sender lane (see LLMEngine.probe)."""
+        if self.engine is None:
+            super()._probe(sink)
+        else:
+            self.engine.probe(sink)
+
+    def _serve(self, request: Any, get: Any, sink: Any) -> None:
         if self.engine is None:
             sink.send(pb_utils.InferenceResponse(error=pb_utils.TritonError("rank > 0 does not serve")), True)
             return
-        get = input_getter(request)
         try:
             if is_stop_request(get):
                 self._stop(request, sink)
                 return
             parsed = parse_text_request(
-                get, request.request_id(), self.limits, self._tokenize, self._detokenize
+                get,
+                request.request_id(),
+                self.limits,
+                self._tokenize,
+                self._detokenize,
+                request.requested_output_names(),
             )
             if parsed.lora_name is not None:
                 self._adapter(parsed)
         except LlmApiError as exc:  # upstream's refusal, as upstream sends it
             self.counters.finished("error")
-            error = pb_utils.TritonError(f"{nv.GENERATE_ERROR}{exc}")
+            error = pb_utils.TritonError(brief(f"{nv.GENERATE_ERROR}{exc}"))
             sink.send(pb_utils.InferenceResponse(error=error), True)
             return
         except RequestError as exc:
