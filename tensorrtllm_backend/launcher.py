@@ -25,8 +25,10 @@ unless told otherwise.
 tritonserver is looked up in this order: ``--tritonserver``, ``$TRITONSERVER``, ``PATH``,
 ``/opt/tritonserver/bin/tritonserver``, the build inside the ``nvidia-pytriton`` wheel. The
 pytriton build needs its libraries on LD_LIBRARY_PATH and a Python backend stub that matches the
-running interpreter; the launcher stages a per-launch backend directory for it and removes it on
-exit.
+Python its models run under; the launcher stages a per-launch backend directory for it and removes
+it on exit. That Python is ``$TRITON_PYTHON`` (``STUB_PYTHON_ENV``: a virtual environment's
+``python3``, whose version picks the stub and whose environment the models import from) or else
+the running interpreter.
 
 The logic of ``scripts/launch_triton_server.py`` (``LAUNCHER``), the entry point that users, the
 service and mpirun's ranks run by path; the service imports this module. It imports only the standard
@@ -97,6 +99,44 @@ class LauncherError(Exception):
     """A problem reported as one line on stderr, exit status 2."""
 
 
+STUB_PYTHON_ENV = "TRITON_PYTHON"
+"""The Python whose environment pytriton's Python-backend stub runs models in (default: the running one)."""
+
+
+@dataclass(frozen=True)
+class StubPython:
+    """The Python a pytriton build's stub must match: its version, its bin directory (first on the
+    server's PATH: the stub's embedded interpreter takes its environment from the `python3` there)
+    and its libpython directory (first on LD_LIBRARY_PATH)."""
+
+    version: str
+    bin_dir: str
+    lib_dir: str | None
+
+    @classmethod
+    def of(cls, environ: Mapping[str, str]) -> StubPython:
+        chosen = environ.get(STUB_PYTHON_ENV)
+        if not chosen:
+            version = f"{sys.version_info.major}.{sys.version_info.minor}"
+            return cls(version, os.path.dirname(sys.executable), sysconfig.get_config_var("LIBDIR"))
+        python = Path(chosen).expanduser()
+        if not (python.is_file() and os.access(python, os.X_OK)):
+            raise LauncherError(f"${STUB_PYTHON_ENV} {chosen!r} is not an executable file")
+        if not (python.parent / "python3").is_file():
+            raise LauncherError(
+                f"${STUB_PYTHON_ENV} {chosen!r} has no python3 beside it (use a virtual environment's python3)"
+            )
+        ask = "import sys, sysconfig; print('%d.%d' % sys.version_info[:2]); print(sysconfig.get_config_var('LIBDIR'))"
+        try:
+            found = subprocess.run(
+                [str(python), "-I", "-c", ask], capture_output=True, text=True, timeout=60, check=True
+            )
+            version, lib_dir = found.stdout.split()[:2]
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+            raise LauncherError(f"${STUB_PYTHON_ENV} {chosen!r} does not run: {exc}") from None
+        return cls(version, str(python.parent), lib_dir)
+
+
 @dataclass(frozen=True)
 class TritonInstall:
     """A tritonserver binary and what it needs to run.
@@ -165,22 +205,22 @@ def _describe(binary: Path, source: str, environ: Mapping[str, str]) -> TritonIn
     if stubs.is_dir() and (python_backend / "libtriton_python.so").is_file():
         # nvidia-pytriton: <site-packages>/pytriton/tritonserver/{bin,backends,python_backend_stubs}
         site_packages = root.parent.parent
-        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        python = StubPython.of(environ)
         ld_path = _join_paths(
             # The interpreter's own libpython first: otherwise the stub may load a system
             # libpython of the same soname and fail on C extensions such as _ssl.
-            sysconfig.get_config_var("LIBDIR"),
+            python.lib_dir,
             str(site_packages / "nvidia_pytriton.libs"),
             environ.get("LD_LIBRARY_PATH"),
         )
-        path = _join_paths(os.path.dirname(sys.executable), environ.get("PATH", os.defpath))
+        path = _join_paths(python.bin_dir, environ.get("PATH", os.defpath))
         return TritonInstall(
             binary=str(binary),
             env={"LD_LIBRARY_PATH": ld_path, "PATH": path},
             backend_dir=None,
             source=source,
             python_backend=str(python_backend),
-            python_stub=str(stubs / version / "triton_python_backend_stub"),
+            python_stub=str(stubs / python.version / "triton_python_backend_stub"),
         )
     backends = root / "backends"
     return TritonInstall(
@@ -282,8 +322,7 @@ def stage_backends(install: TritonInstall, workdir: str | os.PathLike[str]) -> T
     stub = Path(install.python_stub)
     if not stub.is_file():
         raise LauncherError(
-            f"{install.source} has no Python backend stub for Python "
-            f"{sys.version_info.major}.{sys.version_info.minor} (looked for {stub})"
+            f"{install.source} has no Python backend stub for Python {stub.parent.name} (looked for {stub})"
         )
     check_stub_numpy(install)
     backends = Path(workdir) / "backends"

@@ -25,6 +25,7 @@ the stand-in in Triton's Python backend.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 TAG = "v1.2.1"
@@ -286,14 +287,15 @@ TYPE_OVERRIDES: dict[str, str] = {"lora_weights": "${lora_weights_data_type}"}
 engine's adapter rows do not fit; upstream's docs have users edit the type, packing fills it."""
 
 
-def config_io() -> str:
-    """The `input [...]` and `output [...]` blocks of config.pbtxt: NVIDIA's, with TYPE_OVERRIDES."""
+def config_io(extra_inputs: Sequence[str] = (), extra_outputs: Sequence[str] = ()) -> str:
+    """The `input [...]` and `output [...]` blocks of config.pbtxt: NVIDIA's, with TYPE_OVERRIDES,
+    and then `extra_*` (config lines of tensors that are not NVIDIA's: a stand-in's own)."""
     inputs = [replace(t, datatype=TYPE_OVERRIDES[t.name]) if t.name in TYPE_OVERRIDES else t for t in INPUTS]
     lines = ["input ["]
-    lines += [f"  {t.config_line()}," for t in inputs]
+    lines += [f"  {line}," for line in [*(t.config_line() for t in inputs), *extra_inputs]]
     lines[-1] = lines[-1].rstrip(",")
     lines += ["]", "output ["]
-    lines += [f"  {t.config_line(output=True)}," for t in OUTPUTS]
+    lines += [f"  {line}," for line in [*(t.config_line(output=True) for t in OUTPUTS), *extra_outputs]]
     lines[-1] = lines[-1].rstrip(",")
     lines.append("]")
     return "\n".join(lines)

@@ -245,12 +245,22 @@ def repository_values(
     return values
 
 
+STAND_IN_PROBE_IO = (
+    ('{ name: "probe" data_type: TYPE_BOOL dims: [ 1 ] optional: true }',),
+    ('{ name: "probe_status" data_type: TYPE_STRING dims: [ -1 ] }',),
+)
+"""The ensemble's stand-in `tensorrt_llm` model answers the supervisor's probe (triton_adapter's
+PROBE_INPUT, PROBE_OUTPUT), as the llmapi model does (its config.pbtxt declares them)."""
+
+
 def fill_model_config(model: str, values: Mapping[str, str], templates: Path = TEMPLATES_DIR) -> str:
     """The filled config.pbtxt of one model; only the values it declares are applied."""
     source = templates / model / "config.pbtxt"
     text = source.read_text()
     if "engine_io" in placeholders(text):  # the tensors of NVIDIA's tensorrt_llm model, from its table
-        text = fill_text(text, {"engine_io": config_io()}, source=str(source))
+        # and, where our Python stand-in fills the slot, its probe (NVIDIA's C++ backend has none)
+        ours = STAND_IN_PROBE_IO if values.get("triton_backend") == "python" else ((), ())
+        text = fill_text(text, {"engine_io": config_io(*ours)}, source=str(source))
     wanted = placeholders(text)
     filled = fill_text(
         text, {key: value for key, value in values.items() if key in wanted}, source=str(source)

@@ -261,6 +261,33 @@ def test_discovery_pytriton_last(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
     assert child["HOME"] == "/h" and child["LD_LIBRARY_PATH"] == install.env["LD_LIBRARY_PATH"]
 
 
+def test_triton_python_picks_the_stub_and_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    # TRITON_PYTHON: the models run under another Python than the launcher's (a venv's python3):
+    # its version picks the stub, its bin/ goes first on PATH, its libpython first on LD_LIBRARY_PATH.
+    bundled = fake_pytriton(tmp_path / "site")
+    venv = tmp_path / "venv" / "bin"
+    venv.mkdir(parents=True)
+    python = venv / "python3"
+    python.write_text("#!/bin/sh\necho 3.12; echo /opt/py312/lib\n")
+    python.chmod(0o755)
+    monkeypatch.setenv("TRITON_PYTHON", str(python))
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/existing/lib")
+    install = find_tritonserver(str(bundled))
+    assert install.python_stub is not None and Path(install.python_stub).parent.name == "3.12"
+    assert install.env["PATH"].split(os.pathsep)[0] == str(venv)
+    assert install.env["LD_LIBRARY_PATH"].split(os.pathsep)[0] == "/opt/py312/lib"
+    monkeypatch.setenv("TRITON_PYTHON", str(tmp_path / "nope"))
+    with pytest.raises(LauncherError, match="TRITON_PYTHON"):
+        find_tritonserver(str(bundled))
+    alone = tmp_path / "alone" / "python3.12"
+    alone.parent.mkdir()
+    alone.write_bytes(python.read_bytes())
+    alone.chmod(0o755)
+    monkeypatch.setenv("TRITON_PYTHON", str(alone))
+    with pytest.raises(LauncherError, match="no python3 beside it"):
+        find_tritonserver(str(bundled))
+
+
 def test_discovery_pytriton_layout_recognised_when_explicit(tmp_path: Path):
     bundled = fake_pytriton(tmp_path / "site")
     install = find_tritonserver(str(bundled))

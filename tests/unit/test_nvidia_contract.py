@@ -137,9 +137,13 @@ def test_finding_num_tokens_exist_and_count_this_response() -> None:
 
 
 def test_the_engine_config_declares_nvidias_inputs_and_outputs() -> None:
-    config = engine_config()
+    config = engine_config(triton_backend="tensorrtllm")  # NVIDIA's C++ backend: its tensors, no more
     inputs = {i.name: i for i in config.input}
     assert len(inputs) == 62 and len(config.output) == 21
+    # Our Python stand-in in the slot adds only its probe (the supervisor's), optional.
+    ours = engine_config()
+    assert {i.name for i in ours.input} - set(inputs) == {"probe"} and ours.input[-1].optional
+    assert {o.name for o in ours.output} - {o.name for o in config.output} == {"probe_status"}
     assert {name for name, i in inputs.items() if not i.optional} == {"input_lengths", "request_output_len"}
     for name, dtype in {
         "input_ids": "TYPE_INT32",

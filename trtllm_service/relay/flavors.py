@@ -281,6 +281,9 @@ class EnsembleFlavor(Flavor):
     exact_beams = False
     early_stopping = False
     legacy = pinned.ENSEMBLE_LEGACY_WARNING
+    # Answered where our stand-in fills the engine slot (its config declares `probe`); the
+    # supervisor sends it only then. The inputs NVIDIA's contract requires come along.
+    probe = ("tensorrt_llm", {"probe": True, "input_lengths": 1, "request_output_len": 1})
 
     def __init__(
         self,

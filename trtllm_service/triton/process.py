@@ -130,7 +130,15 @@ def _proc_stat(pid: int) -> tuple[str, int] | None:
 
 
 def _is_stub(argv: list[bytes]) -> bool:
-    return bool(argv) and os.path.basename(argv[0].decode(errors="replace")) == PYTHON_STUB
+    """Whether a command line is a Python-backend stub's: the stub itself, or the stub run by a
+    dynamic loader (`ld-linux-x86-64.so.2 ... --argv0 <stub> <binary> ...`: how tests/py312 runs the
+    image's Python's stub on a machine with an older glibc)."""
+    if not argv:
+        return False
+    program = os.path.basename(argv[0].decode(errors="replace"))
+    if program.startswith("ld-linux") and b"--argv0" in argv[:-1]:
+        program = os.path.basename(argv[argv.index(b"--argv0") + 1].decode(errors="replace"))
+    return program == PYTHON_STUB
 
 
 @dataclass(frozen=True)
@@ -494,6 +502,16 @@ async def probe_model(host: str, port: int, probe: ModelProbe, timeout_s: float)
         return None
 
 
+async def declares_probe(host: str, port: int, probe: ModelProbe, timeout_s: float = 10.0) -> bool:
+    """Whether the model's config declares the probe's input (NVIDIA's C++ backend does not)."""
+    try:
+        async with httpx.AsyncClient(timeout=timeout_s) as client:
+            config = (await client.get(f"http://{host}:{port}/v2/models/{probe.model}/config")).json()
+    except (httpx.HTTPError, OSError, ValueError):
+        return False
+    return any(tensor.get("name") == "probe" for tensor in config.get("input", []))
+
+
 def stuck_engine(status: dict[str, Any], stall_timeout_s: float) -> str | None:
     """Why a model that answers its probe is stuck, or None: requests in flight, nothing produced
     for `stall_timeout_s`, and the engine not inside a step (a long prefill is busy, not stuck)."""
@@ -541,6 +559,7 @@ class TritonSupervisor:
     ) -> None:
         self.repository = repository
         self.probe = probe
+        self._probing = False  # the model of this run of Triton declares the probe
         self.models = tuple(models)
         self.run_dir = run_dir
         self.configured_ports = ports
@@ -620,6 +639,9 @@ class TritonSupervisor:
             await self.triton.stop()
             raise
         self.stubs = PythonStub.find(self.triton.pid) if self.triton.pid else []
+        self._probing = self.probe is not None and await declares_probe(
+            self.host, self.ports.http, self.probe
+        )
         self._ready_since = time.monotonic()
         self._set_ready(True)
 
@@ -709,7 +731,7 @@ class TritonSupervisor:
                 silent = None
                 if not await http_ok(self.host, self.ports.http, "/v2/health/ready", timeout_s=timeout_s):
                     silent = "tritonserver did not answer"
-                elif self.probe is not None:
+                elif self.probe is not None and self._probing:
                     status = await probe_model(self.host, self.ports.http, self.probe, timeout_s)
                     if status is None:
                         silent = f"the model {self.probe.model!r} did not answer its probe (a wedged model)"

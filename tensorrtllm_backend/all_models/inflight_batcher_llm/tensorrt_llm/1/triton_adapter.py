@@ -159,10 +159,10 @@ class EngineModel:
             self.metrics.stop()
         if self.engine is not None:
             self.engine.shutdown()
-        if self.counters is not None:
-            self.counters.flush()
         # Released while the stub can still talk to the server (see the module docstring).
-        self.metrics = self.counters = self.info = None
+        for metrics in (self.counters, self.info):
+            if metrics is not None:
+                metrics.release()
 
 
 def input_getter(request: Any) -> Callable[[str], np.ndarray | None]:
@@ -242,10 +242,18 @@ class Counters:
         with self._lock:
             finished, tokens = self._finished, self._tokens
             self._finished, self._tokens = {}, 0
-        if tokens:
+        if tokens and self.token_metric is not None:
             self.token_metric.increment(tokens)
         for outcome, count in finished.items():
-            self.outcomes[outcome].increment(count)
+            if outcome in self.outcomes:
+                self.outcomes[outcome].increment(count)
+
+    def release(self) -> None:
+        """Drops the metric families now (finalize), whoever still holds this object: one freed at
+        the stub's exit crashes it."""
+        self.flush()
+        self.outcomes, self.token_metric = {}, None
+        self.requests_family = self.tokens_family = None
 
 
 def vocab_size(model_dir: str, fallback: int) -> int:
@@ -273,6 +281,10 @@ class EngineInfo:
         )
         self.metric = self.family.Metric(labels={"model": model_name, "engine": engine})
         self.metric.set(1)
+
+    def release(self) -> None:
+        """Drops the family now (finalize): see Counters.release."""
+        self.metric = self.family = None
 
 
 class MetricsPublisher:
