@@ -74,6 +74,14 @@ CASES: list[tuple[str, str, bytes, dict[str, str], int, str]] = [
     ("n of 10,000, completions", "/v1/completions", raw({"model": MODEL, "prompt": "hi", "n": 10_000}), JSON, 400, "'n'"),
     ("integer past 64 bits in a schema", "/generate", raw({"prompt": "hi", "json_schema": {"type": "object", "properties": {"a": {"type": "integer", "maximum": 10**40}}}}), JSON, 400, "json_schema"),
     ("10,000 prompts", "/v1/completions", raw({"model": MODEL, "prompt": ["hi"] * 10_000, "max_tokens": 1}), JSON, 400, "prompts"),
+    ("guided_json text 2,000 deep", CHAT, raw(chat(guided_json='{"a":' * 2000 + "1" + "}" * 2000)), JSON, 400, "guided_json"),
+    ("tool call arguments 100,000 deep", CHAT, raw(chat(messages=[
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[" * 100_000}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ])), JSON, 400, "arguments"),
+    ("nested JSON, tokenize", "/tokenize", b"[" * 100_000, JSON, 400, "recursion limit"),
+    ("lone surrogate, tokenize", "/tokenize", b'{"prompt": "ab\\ud800cd"}', JSON, 400, "parse the JSON body"),
 ]  # fmt: skip
 
 

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tensorrtllm_backend.grammars import GuideError, check
+from trtllm_service import jsontext
 
 Guide = tuple[str, str]
 """(guided_decoding_guide_type, guided_decoding_guide)."""
@@ -34,7 +35,7 @@ def json_schema_guide(schema: Any, param: str) -> Guide:
     """A JSON Schema (an object, or its JSON text) as a guide."""
     if isinstance(schema, str):
         try:
-            schema = json.loads(schema)
+            schema = jsontext.loads(schema)
         except ValueError as exc:
             raise GuideRequestError(f"The JSON schema is not valid JSON: {exc}.", param) from None
     if not isinstance(schema, (dict, bool)):
