@@ -8,10 +8,9 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import AsyncGenerator
-from typing import Annotated, Any
+from typing import Any
 
 import bentoml
-from annotated_types import Ge, Le
 from starlette.responses import JSONResponse
 
 from tensorrtllm_backend.stop_strings import StopStringError, check_stop
@@ -21,13 +20,24 @@ from trtllm_service.api.bentoml_patches import (
     arrange_middlewares,
     cancel_request_timers,
     expose_server_send,
-    forbid_unknown_fields,
+    read_strictly,
 )
 from trtllm_service.api.error_shape import ErrorShapeMiddleware, is_anthropic
 from trtllm_service.api.heap import freeze_startup_heap
 from trtllm_service.api.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
 from trtllm_service.api.metrics import RequestMetrics, count_rejected
 from trtllm_service.api.openai import routes as openai_routes
+from trtllm_service.api.openai.protocol import (
+    MaxTokens,
+    Penalty,
+    RepetitionPenalty,
+    Seed,
+    Temperature,
+    TopK,
+    TopP,
+    engine_seed,
+    engine_top_k,
+)
 from trtllm_service.api.openapi import DocumentedService, describe, openai_routes_of
 from trtllm_service.api.shutdown import Drain
 from trtllm_service.api.startup import Startup
@@ -130,14 +140,14 @@ class TRTLLM:
         self,
         prompt: str,
         system_prompt: str | None = None,
-        max_tokens: Annotated[int, Ge(1)] | None = None,
-        temperature: Annotated[float, Ge(0), Le(2)] | None = None,
-        top_p: Annotated[float, Ge(0), Le(1)] | None = None,
-        top_k: Annotated[int, Ge(0)] | None = None,
-        repetition_penalty: Annotated[float, Ge(0.01)] | None = None,
-        presence_penalty: Annotated[float, Ge(-2), Le(2)] | None = None,
-        frequency_penalty: Annotated[float, Ge(-2), Le(2)] | None = None,
-        seed: Annotated[int, Ge(0)] | None = None,
+        max_tokens: MaxTokens | None = None,
+        temperature: Temperature | None = None,
+        top_p: TopP | None = None,
+        top_k: TopK | None = None,
+        repetition_penalty: RepetitionPenalty | None = None,
+        presence_penalty: Penalty | None = None,
+        frequency_penalty: Penalty | None = None,
+        seed: Seed | None = None,
         stop: list[str] | None = None,
         ignore_eos: bool = False,
         json_schema: dict[str, Any] | None = None,
@@ -181,11 +191,11 @@ class TRTLLM:
                 max_tokens=max_tokens,
                 temperature=temperature,
                 top_p=top_p,
-                top_k=top_k,
+                top_k=engine_top_k(top_k),
                 repetition_penalty=repetition_penalty,
                 presence_penalty=presence_penalty,
                 frequency_penalty=frequency_penalty,
-                seed=seed,
+                seed=engine_seed(seed),
                 stop=stops,
                 ignore_eos=ignore_eos,
                 lora=adapter,
@@ -216,8 +226,9 @@ class TRTLLM:
 # `generate` returns its stream rather than being a generator (so errors before the first chunk
 # can still be JSON responses with a status): tell BentoML and its clients that it streams.
 TRTLLM.apis["generate"].is_stream = True
-# Its body as strict about names as /v1's: a field it does not know is a 400 naming it, not ignored.
-forbid_unknown_fields(TRTLLM.apis["generate"].input_spec)
+# Its body read by /v1's rules: a field it does not know is a 400 naming it, not ignored, and no
+# value is coerced (`"10"` and `true` are not numbers); the fields' ranges are /v1's (protocol.py).
+read_strictly(TRTLLM.apis["generate"].input_spec)
 
 # vLLM's /tokenize and /detokenize, at the root as vLLM serves them (after the service's own routes).
 TRTLLM.mount_asgi_app(openai_routes.root_app, path="/")

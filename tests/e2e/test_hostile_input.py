@@ -82,6 +82,10 @@ CASES: list[tuple[str, str, bytes, dict[str, str], int, str]] = [
     ])), JSON, 400, "arguments"),
     ("nested JSON, tokenize", "/tokenize", b"[" * 100_000, JSON, 400, "recursion limit"),
     ("lone surrogate, tokenize", "/tokenize", b'{"prompt": "ab\\ud800cd"}', JSON, 400, "parse the JSON body"),
+    ("max_tokens as a string, generate", "/generate", raw({"prompt": "hi", "max_tokens": "10"}), JSON, 400, "max_tokens"),
+    ("max_tokens as a boolean, generate", "/generate", raw({"prompt": "hi", "max_tokens": True}), JSON, 400, "max_tokens"),
+    ("max_tokens as a string, chat", CHAT, raw(chat(max_tokens="10")), JSON, 400, "max_tokens"),
+    ("max_tokens as a boolean, chat", CHAT, raw(chat(max_tokens=True)), JSON, 400, "max_tokens"),
 ]  # fmt: skip
 
 
@@ -127,6 +131,16 @@ def test_a_7mb_prompt_under_the_cap_is_refused_without_tokenizing(synthetic_serv
     )
     assert answer.status_code == 400 and answer.json()["error"]["code"] == "context_length_exceeded"
     assert time.monotonic() - started < 2, "the prompt was tokenized"
+
+
+def test_generate_takes_values_as_the_v1_routes_do(synthetic_service: BentoService) -> None:
+    """One rule for both (the fields' types and ranges are said once, in protocol.py): a negative
+    seed, a 64-bit seed, is served on /generate as on /v1; a string or a boolean for a number is
+    refused by both (test_hostile_requests_get_clear_4xx_and_reach_nothing)."""
+    with httpx.Client(base_url=synthetic_service.url, timeout=30) as client:
+        assert client.post(CHAT, json=chat(seed=-1)).status_code == 200
+        answer = client.post("/generate", json={"prompt": "hi", "max_tokens": 4, "seed": -1})
+        assert answer.status_code == 200, answer.text[:300]
 
 
 def test_fuzz_every_route_of_the_openapi_document(synthetic_service: BentoService) -> None:

@@ -124,11 +124,14 @@ def arrange_middlewares(outermost: type, limiter: type) -> None:
     ServiceAppFactory.middlewares = property(middlewares)  # type: ignore[method-assign,assignment]
 
 
-def forbid_unknown_fields(input_model: Any) -> None:
+def read_strictly(input_model: Any) -> None:
     """Makes the pydantic model BentoML 1.4 builds from an API's signature (`apis[name].input_spec`)
-    refuse fields it does not declare (it ignores them): a misspelt `max_new_tokens` is then a 400
-    naming it, as on `/v1`, instead of a request served with the default."""
-    if input_model.model_config.get("extra") == "forbid":
+    read a body as `/v1`'s models do: a field it does not declare is refused (BentoML ignores it),
+    so a misspelt `max_new_tokens` is a 400 naming it instead of a request served with the default;
+    and no value is coerced (BentoML's lax mode takes `"10"` and `true` as numbers)."""
+    config = input_model.model_config
+    if config.get("extra") == "forbid" and config.get("strict"):
         return
-    input_model.model_config["extra"] = "forbid"
+    config["extra"] = "forbid"
+    config["strict"] = True
     input_model.model_rebuild(force=True)

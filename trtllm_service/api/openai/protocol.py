@@ -33,7 +33,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Collection, Mapping
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -66,6 +66,31 @@ _INT32_MAX = (1 << 31) - 1  # token ids travel as INT32
 _UINT64_MASK = (1 << 64) - 1
 
 FinishReason = Literal["stop", "length", "tool_calls"]
+
+# The sampling fields' types and ranges, said once: `SamplingFields` (every /v1 route, Anthropic's
+# messages) and /generate's signature (service.py) take them, so that a value one accepts the other
+# does too; both read them strictly (`"10"` and `true` are not numbers).
+MaxTokens = Annotated[int, Field(ge=1)]
+Temperature = Annotated[float, Field(ge=0, le=2)]
+TopP = Annotated[float, Field(gt=0, le=1)]
+TopK = Annotated[int, Field(ge=-1, description="Extension: >= 1, or -1/0 for unset")]
+RepetitionPenalty = Annotated[float, Field(gt=0, description="Extension: 1.0 is off")]
+Penalty = Annotated[float, Field(ge=-2, le=2)]
+Seed = Annotated[
+    int, Field(ge=-(1 << 63), le=_UINT64_MASK, description="Any 64-bit integer; negative ones as unsigned")
+]
+
+
+def engine_top_k(top_k: int | None) -> int | None:
+    """A request's top_k for the engine: -1 and 0 (and none) mean no top-k."""
+    return None if top_k in (None, -1, 0) else top_k
+
+
+def engine_seed(seed: int | None) -> int | None:
+    """A request's seed for the engine, whose seed is unsigned 64-bit: a negative seed is its two's
+    complement."""
+    return None if seed is None else seed & _UINT64_MASK
+
 
 _IGNORED_PARAMS = ("metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
 
@@ -320,13 +345,13 @@ class SamplingFields(OpenAIRequest):
 
     _guide: Guide | None = None  # what the answer must look like (set by the endpoint's checks)
 
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1, description="Extension: >= 1, or -1/0 for unset")
-    repetition_penalty: float | None = Field(None, gt=0, description="Extension: 1.0 is off")
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    seed: int | None = Field(None, ge=-(1 << 63), le=_UINT64_MASK)
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    seed: Seed | None = None
     stop: str | list[str] | None = Field(None, description=f"Up to {MAX_STOP_STRINGS} non-empty stop strings")
     stop_token_ids: list[int] | None = Field(
         None,
@@ -519,12 +544,11 @@ class SamplingFields(OpenAIRequest):
             max_tokens=self.max_new_tokens,
             temperature=None if beams else self.temperature,
             top_p=self.top_p,
-            top_k=None if self.top_k in (None, -1, 0) else self.top_k,
+            top_k=engine_top_k(self.top_k),
             repetition_penalty=self.repetition_penalty,
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
-            # The engine's seed is unsigned 64-bit; negative seeds map to their two's complement.
-            seed=None if self.seed is None else self.seed & _UINT64_MASK,
+            seed=engine_seed(self.seed),
             min_tokens=self.min_tokens,
             stop=self.stop_strings(),
             ignore_eos=self.ignore_eos,
@@ -547,7 +571,7 @@ class RequestBase(SamplingFields):
     """Fields and checks shared by chat and text completions: the token limit, streaming options and
     structured output."""
 
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: MaxTokens | None = None
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = Field(
         None, description="{'type': 'json_object'} or {'type': 'json_schema', 'json_schema': {...}}"
