@@ -18,6 +18,7 @@ from trtllm_service.api import deployment
 from trtllm_service.api.auth import APIKeyMiddleware, APIKeys
 from trtllm_service.api.bentoml_patches import (
     arrange_middlewares,
+    bound_endpoint_labels,
     cancel_request_timers,
     expose_server_send,
     read_strictly,
@@ -62,6 +63,7 @@ DRAIN = Drain(SETTINGS.shutdown_grace_s)  # SIGTERM: requests in flight finish, 
 tune_request_tracing()  # before BentoML builds the app: no span per chunk, none built unread
 cancel_request_timers()  # BentoML's request timeout would hold every request's context for 600 s
 expose_server_send()  # streamed chunks skip the middlewares' send wrappers (api/streaming.py)
+bound_endpoint_labels()  # BentoML's request metrics by route: unknown paths cannot grow /metrics
 
 
 # Runtime settings only (the image and what goes into it are bentofile.yaml's): traffic and GPUs

@@ -8,7 +8,9 @@ are valid cost milliseconds whatever `max_tokens` they draw.
 from __future__ import annotations
 
 import json
+import re
 import time
+import uuid
 from typing import Any
 
 import httpx
@@ -131,6 +133,23 @@ def test_a_7mb_prompt_under_the_cap_is_refused_without_tokenizing(synthetic_serv
     )
     assert answer.status_code == 400 and answer.json()["error"]["code"] == "context_length_exceeded"
     assert time.monotonic() - started < 2, "the prompt was tokenized"
+
+
+def test_unknown_paths_add_no_metric_labels(synthetic_service: BentoService) -> None:
+    """Requests for paths the service does not have (and for templated ones) leave BentoML's
+    `bentoml_service_request_*` label set as it was: a stranger cannot grow /metrics."""
+    url = synthetic_service.url
+    marks = [uuid.uuid4().hex for _ in range(40)]
+    with httpx.Client(base_url=url, timeout=30) as client:
+        for mark in marks:
+            client.get(f"/{mark}/x")
+            client.post(f"/v1/{mark}", json={})
+            client.get(f"/v1/models/{mark}")
+        text = client.get("/metrics").text
+    assert not any(mark in text for mark in marks), "a request's path became a metric label"
+    endpoints = set(re.findall(r'^bentoml_service_request_total\{[^}]*endpoint="([^"]*)"', text, re.M))
+    assert "other" in endpoints and "/v1/models/{model}" in endpoints, endpoints
+    assert len(endpoints) < 40, endpoints
 
 
 def test_generate_takes_values_as_the_v1_routes_do(synthetic_service: BentoService) -> None:
