@@ -46,7 +46,7 @@ from trtllm_service.api.streaming import PushBody, TextFraming, first_text, quie
 from trtllm_service.api.tracing import tune_request_tracing
 from trtllm_service.errors import APIError
 from trtllm_service.packed_model import read_pack_info
-from trtllm_service.relay.guided import GuideRequestError, checked, json_schema_guide
+from trtllm_service.relay.guided import GuideRequestError, json_schema_guide
 from trtllm_service.relay.request import SamplingParams
 from trtllm_service.request_ids import RequestIdLogFilter, RequestIdMiddleware
 from trtllm_service.runtime import Runtime, default_model_tag, run_dir
@@ -179,15 +179,12 @@ class TRTLLM:
             except StopStringError as exc:
                 raise APIError.bad_request(str(exc), param="stop") from None
             try:
-                guide = (
-                    None
-                    if json_schema is None
-                    else checked(json_schema_guide(json_schema, "json_schema"), "json_schema")
-                )
+                guide = None if json_schema is None else json_schema_guide(json_schema, "json_schema")
             except GuideRequestError as exc:
                 raise APIError.bad_request(str(exc), param=exc.param) from None
             if guide is not None:
                 runtime.flavor.check_guide("json_schema")
+                await runtime.check_guide(guide, "json_schema")
             params = SamplingParams(
                 guide=guide,
                 max_tokens=max_tokens,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 import uuid
 from typing import Any
@@ -84,11 +85,16 @@ CASES: list[tuple[str, str, bytes, dict[str, str], int, str]] = [
     ])), JSON, 400, "arguments"),
     ("nested JSON, tokenize", "/tokenize", b"[" * 100_000, JSON, 400, "recursion limit"),
     ("lone surrogate, tokenize", "/tokenize", b'{"prompt": "ab\\ud800cd"}', JSON, 400, "parse the JSON body"),
+    ("guided_choice of 2,001", CHAT, raw(chat(guided_choice=[f"c{i}" for i in range(2001)])), JSON, 400, "guided_choice"),
+    ("regex the engine cannot lex", CHAT, raw(chat(guided_regex="(x{1000}){1000}")), JSON, 400, "guided_regex"),
+    ("grammar of 2,100 alternatives", "/v1/completions", raw({"model": MODEL, "prompt": "hi", "max_tokens": 4, "guided_grammar": "root ::= " + " | ".join(f'"a" "{i}"' for i in range(2100))}), JSON, 400, "guided_grammar"),
     ("max_tokens as a string, generate", "/generate", raw({"prompt": "hi", "max_tokens": "10"}), JSON, 400, "max_tokens"),
     ("max_tokens as a boolean, generate", "/generate", raw({"prompt": "hi", "max_tokens": True}), JSON, 400, "max_tokens"),
     ("max_tokens as a string, chat", CHAT, raw(chat(max_tokens="10")), JSON, 400, "max_tokens"),
     ("max_tokens as a boolean, chat", CHAT, raw(chat(max_tokens=True)), JSON, 400, "max_tokens"),
 ]  # fmt: skip
+"""Error bodies quote at most this much of what was sent (a 600 KB grammar must not come back)."""
+MAX_ERROR_BODY = 1024
 
 
 def engine_requests(service: BentoService) -> float:
@@ -114,6 +120,9 @@ def test_hostile_requests_get_clear_4xx_and_reach_nothing(
                 answer = client.post(path, content=body, headers=headers)
                 took = time.monotonic() - started
                 assert answer.status_code == status, answer.text[:300]
+                assert len(answer.content) <= MAX_ERROR_BODY, (
+                    f"{len(answer.content)} bytes: {answer.text[:300]}"
+                )
                 error = answer.json()["error"]
                 assert says in json.dumps(answer.json()), answer.text[:300]
                 if isinstance(error, dict):  # OpenAI's shape (BentoML's own 400s carry a string)
@@ -150,6 +159,34 @@ def test_unknown_paths_add_no_metric_labels(synthetic_service: BentoService) -> 
     endpoints = set(re.findall(r'^bentoml_service_request_total\{[^}]*endpoint="([^"]*)"', text, re.M))
     assert "other" in endpoints and "/v1/models/{model}" in endpoints, endpoints
     assert len(endpoints) < 40, endpoints
+
+
+def test_a_heavy_guide_is_checked_off_the_event_loop(synthetic_service: BentoService) -> None:
+    """A 540 KB grammar takes seconds to check: meanwhile /livez answers at once, and the answer
+    is a short 400 naming the field (the engine's limit of 2,000 items per row)."""
+    url = synthetic_service.url
+    grammar = "root ::= " + " | ".join(f'"w{i}"' for i in range(50_000))
+    body = chat(guided_grammar=grammar)
+    answers: list[httpx.Response] = []
+    sender = threading.Thread(
+        target=lambda: answers.append(httpx.post(f"{url}{CHAT}", json=body, timeout=120))
+    )
+    waits = []
+    with httpx.Client(base_url=url, timeout=30) as probe:
+        probe.get("/livez")
+        sender.start()
+        while sender.is_alive():
+            started = time.monotonic()
+            assert probe.get("/livez").status_code == 200
+            waits.append(time.monotonic() - started)
+            time.sleep(0.05)
+    [answer] = answers
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "guided_grammar", answer.text[
+        :300
+    ]
+    assert len(answer.content) <= MAX_ERROR_BODY, answer.text[:300]
+    print(f"/livez while the grammar was checked: {len(waits)} probes, slowest {max(waits):.3f} s")
+    assert max(waits) < 1.0, f"/livez waited {max(waits):.1f} s while a guide was checked"
 
 
 def test_generate_takes_values_as_the_v1_routes_do(synthetic_service: BentoService) -> None:

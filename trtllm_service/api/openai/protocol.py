@@ -51,7 +51,6 @@ from trtllm_service.errors import APIError
 from trtllm_service.relay.guided import (
     Guide,
     GuideRequestError,
-    checked,
     choice_guide,
     guide_field,
     json_schema_guide,
@@ -344,6 +343,7 @@ class SamplingFields(OpenAIRequest):
     """
 
     _guide: Guide | None = None  # what the answer must look like (set by the endpoint's checks)
+    _guide_path: str | None = None  # the field it came from (what a 400 about it names)
 
     temperature: Temperature | None = None
     top_p: TopP | None = None
@@ -498,6 +498,12 @@ class SamplingFields(OpenAIRequest):
         return guide_field(self)
 
     @property
+    def guide_path(self) -> str:
+        """Where in the request the guide is (`response_format.json_schema.schema`), for the 400 of
+        a guide the engine cannot use."""
+        return self._guide_path or self.guide_param
+
+    @property
     def logprob_count(self) -> int | None:
         """None: no log probs; N: each generated token's, with the N most likely."""
         return None
@@ -585,7 +591,8 @@ class RequestBase(SamplingFields):
 
     @model_validator(mode="after")
     def _check_guide(self) -> RequestBase:
-        """At most one structured-output field, and a schema or grammar llguidance compiles."""
+        """At most one structured-output field, read as its guide (compiled later, off the event
+        loop: `GenerationServing.params`)."""
         given = [
             name
             for name in _GUIDE_FIELDS
@@ -601,7 +608,7 @@ class RequestBase(SamplingFields):
         self._guide = None
         if given:
             try:
-                self._guide = checked(*self._requested_guide(given[0]))
+                self._guide, self._guide_path = self._requested_guide(given[0])
             except GuideRequestError as exc:
                 raise request_error("invalid_value", str(exc), *exc.param.split(".")) from None
         return self
@@ -678,10 +685,8 @@ class ToolUse:
                     "tool_choice",
                 )
             schema = tool_calls.call_schema(functions, named)
-            try:
-                self._guide = checked(("json_schema", json.dumps(schema)), "tools")
-            except GuideRequestError as exc:
-                raise request_error("invalid_value", str(exc), "tools") from None
+            self._guide = ("json_schema", json.dumps(schema))
+            self._guide_path = "tools"  # type: ignore[attr-defined]
 
     @property
     def tool_mode(self) -> Literal["auto", "forced"] | None:
