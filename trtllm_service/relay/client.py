@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from tritonclient.grpc import service_pb2
 
 from tensorrtllm_backend import nvidia_llmapi as nvllm
+from tensorrtllm_backend.grammars import brief
 from tensorrtllm_backend.lora import CACHE_MISS
 from trtllm_service.errors import APIError
 from trtllm_service.relay.grpc_http2 import CANCELLED, OK, UNAVAILABLE, GrpcConnection
@@ -346,6 +347,10 @@ def _marker(template: str) -> str:
     return template.split("{", 1)[0]
 
 
+GUIDED_DECODING_MARKER = "guided decoding"
+"""In the message of a request the engine failed because its guide broke one of llguidance's limits
+while it generated (the service checks a guide's first steps only: relay/guided.py)."""
+
 ENGINE_REQUEST_ERRORS: tuple[tuple[str, str | None, str, str | None], ...] = (
     (
         "should not exceed max_num_tokens",
@@ -362,6 +367,13 @@ ENGINE_REQUEST_ERRORS: tuple[tuple[str, str | None, str, str | None], ...] = (
         "use_beam_search",
     ),
     (nvllm.BEAM_MULTIPLE_LOGPROBS, None, "Beam search returns no top log probs.", "logprobs"),
+    (
+        GUIDED_DECODING_MARKER,
+        "invalid_value",
+        "The engine could not follow the request's guide (response_format, guided_*, a forced tool "
+        "call) past one of its limits.",
+        None,
+    ),
     (nvllm.TOPK_OUT_OF_RANGE, None, "More top log probs than the vocabulary has.", "logprobs"),
     *(
         (_marker(template), None, "The engine refused a sampling parameter.", None)
@@ -387,11 +399,13 @@ ENGINE_RETRY_S = 5
 
 
 def engine_refusal(message: str) -> APIError:
-    """The client's error for an error response of Triton: a 400 for a request our models refused or
+    """The client's error for an error response of Triton, its message brief (a few hundred
+    characters): a 400 for a request our models refused or
     NVIDIA's LLM API refused for what the request asked (ENGINE_REQUEST_ERRORS), a 503 with
     Retry-After while a dead Python-backend stub is being replaced, for the executor's capacity
     failures and for any other error the LLM API's model sends ("Error generating request: ...":
     the executor failed the request, not the client), else a 500 with Triton's message."""
+    message = brief(message)  # an engine's message may quote a whole grammar, or its parser's state
     if INVALID_REQUEST_MARKER in message:
         return APIError.bad_request(
             message[message.index(INVALID_REQUEST_MARKER) + len(INVALID_REQUEST_MARKER) :]
