@@ -51,6 +51,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("trtllm_service.relay")
 
 STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
+UNAVAILABLE_MESSAGE = "The inference server is unavailable (its connection ended); please retry."
+"""A stream whose connection to Triton ended (Triton died, restarted or hung)."""
 INVALID_REQUEST_MARKER = "invalid request: "
 """Our Triton models start the message of a refused request with this (in-stream errors carry no
 gRPC status code)."""
@@ -197,7 +199,9 @@ class EngineStream:
         if status == OK and self._final:
             return
         if status in (UNAVAILABLE, CANCELLED):
-            error = APIError.unavailable(f"The inference server is unavailable: {message}", retry_after=1)
+            # `message` names Triton's loopback address ("connection to 127.0.0.1:56403 lost"):
+            # the log has it (GrpcConnection), the client does not need it.
+            error = APIError.unavailable(UNAVAILABLE_MESSAGE, retry_after=1)
         elif status == OK:
             error = APIError.unavailable("The inference server closed the stream early.", retry_after=1)
         else:
@@ -480,7 +484,8 @@ class TritonRelay:
         try:
             connection = await GrpcConnection.open(*where)
         except (OSError, asyncio.TimeoutError) as exc:
-            error = APIError.unavailable(f"The inference server is unreachable: {exc}", retry_after=1)
+            logger.warning("Triton's gRPC port %s:%d is unreachable: %s", *where, exc)
+            error = APIError.unavailable("The inference server is unreachable; please retry.", retry_after=1)
             self._opening.set_exception(error)
             self._opening.exception()  # retrieved: waiters re-raise it
             raise error from None
