@@ -21,6 +21,7 @@ from trtllm_service.api.bentoml_patches import (
     bound_endpoint_labels,
     cancel_request_timers,
     expose_server_send,
+    own_prometheus_dir,
     read_strictly,
 )
 from trtllm_service.api.error_shape import ErrorShapeMiddleware, is_anthropic
@@ -64,6 +65,7 @@ tune_request_tracing()  # before BentoML builds the app: no span per chunk, none
 cancel_request_timers()  # BentoML's request timeout would hold every request's context for 600 s
 expose_server_send()  # streamed chunks skip the middlewares' send wrappers (api/streaming.py)
 bound_endpoint_labels()  # BentoML's request metrics by route: unknown paths cannot grow /metrics
+own_prometheus_dir()  # in `bentoml serve` itself: metrics of its own, whoever else shares BENTOML_HOME
 
 
 # Runtime settings only (the image and what goes into it are bentofile.yaml's): traffic and GPUs

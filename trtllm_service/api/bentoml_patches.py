@@ -1,5 +1,6 @@
 """Changes to BentoML 1.4 that the service applies when it is imported: a leak fixed, a fast path,
-the middlewares' order (`arrange_middlewares`), its metrics' labels bounded, bodies read strictly.
+the middlewares' order (`arrange_middlewares`), its metrics' labels bounded and directory its own,
+bodies read strictly.
 
 BentoML's `TimeoutMiddleware` (the service's `traffic.timeout`) schedules a timer per request and
 never cancels it: each request's context (its tracing span, scope and futures, about 5 KB) stays
@@ -16,6 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger("trtllm_service")
@@ -121,6 +125,35 @@ def bound_endpoint_labels() -> None:
     middleware._setup = _setup  # type: ignore[method-assign]
     middleware.__call__ = __call__  # type: ignore[method-assign]
     middleware._bounds_labels = True  # type: ignore[attr-defined]
+
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+SERVE_DIR_PREFIX = "serve-"
+
+
+def own_prometheus_dir() -> Path | None:
+    """Gives this `bentoml serve` a Prometheus directory of its own, `<BentoML's>/serve-<its pid>`;
+    the directory, or None in a worker (which finds it in PROMETHEUS_MULTIPROC_DIR).
+
+    BentoML keeps every service's metrics in one directory under BENTOML_HOME and empties it when a
+    service starts: a second service on the same home deleted the first one's files, and the first
+    then served the second's series. `bentoml serve` imports the service before it prepares that
+    directory, which is when this runs; directories of services no longer running are removed.
+    """
+    if MULTIPROC_ENV in os.environ:
+        return None
+    from bentoml._internal.configuration.containers import BentoMLContainer
+
+    from tensorrtllm_backend.launcher import pid_alive
+
+    shared = Path(BentoMLContainer.prometheus_multiproc_dir.get())
+    for stale in shared.glob(f"{SERVE_DIR_PREFIX}*"):
+        pid = stale.name.removeprefix(SERVE_DIR_PREFIX)
+        if pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    own = shared / f"{SERVE_DIR_PREFIX}{os.getpid()}"
+    BentoMLContainer.prometheus_multiproc_dir.set(str(own))
+    return own
 
 
 def expose_server_send() -> None:
