@@ -77,7 +77,9 @@ class Runtime:
         self.settings = settings
         self.info = read_pack_info(self.model_path)
         self.tokenizer = _load_tokenizer(self.model_path / "tokenizer")
-        self.formatter = PromptFormatter(self.tokenizer)
+        self.formatter = PromptFormatter(
+            self.tokenizer, content_special_tokens=settings.content_special_tokens
+        )
         IncrementalDetokenizer(self.tokenizer)  # builds the byte table now, not in a first request
         self.reasoning = style_of(self.info.reasoning_parser)  # pack_model.py --reasoning-parser
         max_seq_len = int(self.info.max_seq_len or self.info.max_input_len or 2048)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from trtllm_service.chat.template import ContentSpecialTokens
+
 
 def default_workers() -> int:
     """One HTTP worker per 8 cores, 1 to 8.
@@ -91,6 +93,11 @@ class Settings(BaseModel, frozen=True):
     max_body_bytes: int = Field(
         8 * 1024 * 1024, ge=1024, description="TRTLLM_MAX_BODY_BYTES: larger request bodies get a 413"
     )
+    content_special_tokens: ContentSpecialTokens = Field(
+        "control",
+        description="TRTLLM_CONTENT_SPECIAL_TOKENS: special-token text in a request's messages is the "
+        "template's control tokens (control, as Hugging Face and vLLM) or plain text (text)",
+    )
     workers: int = Field(
         default_factory=default_workers,
         ge=1,
@@ -131,6 +138,7 @@ class Settings(BaseModel, frozen=True):
             "shutdown_grace_s": "TRTLLM_SHUTDOWN_GRACE",
             "max_body_bytes": "TRTLLM_MAX_BODY_BYTES",
             "workers": "TRTLLM_WORKERS",
+            "content_special_tokens": "TRTLLM_CONTENT_SPECIAL_TOKENS",
         }
         raw = {field: env[var] for field, var in names.items() if env.get(var, "") != ""}
         try:
