@@ -26,6 +26,8 @@ from trtllm_service.api.bentoml_patches import (
 )
 from trtllm_service.api.error_shape import ErrorShapeMiddleware, is_anthropic
 from trtllm_service.api.heap import freeze_startup_heap
+from trtllm_service.api.http_limits import ConnectionLimits
+from trtllm_service.api.http_limits import install as install_connection_limits
 from trtllm_service.api.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
 from trtllm_service.api.metrics import RequestMetrics, count_rejected
 from trtllm_service.api.openai import routes as openai_routes
@@ -66,6 +68,15 @@ cancel_request_timers()  # BentoML's request timeout would hold every request's 
 expose_server_send()  # streamed chunks skip the middlewares' send wrappers (api/streaming.py)
 bound_endpoint_labels()  # BentoML's request metrics by route: unknown paths cannot grow /metrics
 own_prometheus_dir()  # in `bentoml serve` itself: metrics of its own, whoever else shares BENTOML_HOME
+# Requests read within limits (header and body timeouts, header size): uvicorn has none of its own.
+install_connection_limits(
+    ConnectionLimits(
+        header_timeout_s=SETTINGS.header_timeout_s,
+        body_timeout_s=SETTINGS.body_timeout_s,
+        max_header_bytes=SETTINGS.max_header_bytes,
+        max_headers=SETTINGS.max_headers,
+    )
+)
 
 
 # Runtime settings only (the image and what goes into it are bentofile.yaml's): traffic and GPUs
