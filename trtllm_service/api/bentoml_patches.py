@@ -221,10 +221,14 @@ def read_strictly(input_model: Any) -> None:
     """Makes the pydantic model BentoML 1.4 builds from an API's signature (`apis[name].input_spec`)
     read a body as `/v1`'s models do: a field it does not declare is refused (BentoML ignores it),
     so a misspelt `max_new_tokens` is a 400 naming it instead of a request served with the default;
-    and no value is coerced (BentoML's lax mode takes `"10"` and `true` as numbers)."""
+    and no value is coerced (BentoML's lax mode takes `"10"` and `true` as numbers). Its schema is
+    written in the OpenAPI 3.0 dialect of the service's document, as /v1's bodies are."""
+    from trtllm_service.api.bodies import openapi30_tree
+
     config = input_model.model_config
     if config.get("extra") == "forbid" and config.get("strict"):
         return
     config["extra"] = "forbid"
     config["strict"] = True
+    config["json_schema_extra"] = openapi30_tree  # /v1's ranges (exclusive bounds) in OpenAPI 3.0's words
     input_model.model_rebuild(force=True)
