@@ -26,7 +26,7 @@ from trtllm_service.api.bentoml_patches import (
 )
 from trtllm_service.api.error_shape import ErrorShapeMiddleware, is_anthropic
 from trtllm_service.api.heap import freeze_startup_heap
-from trtllm_service.api.http_limits import ConnectionLimits
+from trtllm_service.api.http_limits import ConnectionLimits, quiet_client_gone
 from trtllm_service.api.http_limits import install as install_connection_limits
 from trtllm_service.api.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
 from trtllm_service.api.metrics import RequestMetrics, count_rejected
@@ -113,6 +113,7 @@ class TRTLLM:
         the tokenizer is loaded and Triton is ready."""
         share_bentoml_log_handlers(logger)
         quiet_cut_streams()
+        quiet_client_gone()
         DRAIN.install()
         self.startup.begin(on_loaded=self._loaded, on_ready=self._ready)
         if serving_elsewhere(run_dir(SETTINGS)):

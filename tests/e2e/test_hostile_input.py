@@ -330,6 +330,7 @@ def test_slow_and_huge_clients_are_cut(synthetic_service: BentoService, subtests
         sent, answer = huge_header(url, b"GET /livez HTTP/1.1\r\nHost: x\r\n" + many + b"\r\n")
         assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
     assert served(synthetic_service)
+    assert "ClientDisconnect" not in synthetic_service.log(), "a cut request was logged with a traceback"
 
 
 def test_a_slow_sse_reader_is_not_cut(synthetic_service: BentoService) -> None:

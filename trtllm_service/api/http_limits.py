@@ -61,6 +61,28 @@ def error_bytes(error: APIError) -> bytes:
 _REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large"}
 
 
+class ClientGoneLogFilter(logging.Filter):
+    """BentoML logs a request whose client left before its body was read (a stalled body cut by
+    the body timeout, a client that gave up) as "Exception on /generate [POST]" with a traceback:
+    one line instead, at INFO (a client can cause it at will)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from starlette.requests import ClientDisconnect
+
+        if record.exc_info and isinstance(record.exc_info[1], ClientDisconnect):
+            record.msg = f"the client left before its request was read ({record.getMessage()})"
+            record.args, record.exc_info, record.exc_text = (), None, None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+def quiet_client_gone() -> None:
+    """Installs `ClientGoneLogFilter` on BentoML's HTTP app logger (once)."""
+    bentoml_log = logging.getLogger("bentoml._internal.server.http_app")
+    if not any(isinstance(f, ClientGoneLogFilter) for f in bentoml_log.filters):
+        bentoml_log.addFilter(ClientGoneLogFilter())
+
+
 def install(limits: ConnectionLimits) -> bool:
     """Makes uvicorn serve HTTP/1.1 with `limits` (its "auto" protocol, BentoML's choice, and
     "httptools"); False, with a warning, where uvicorn has no httptools protocol to bound."""
@@ -91,6 +113,7 @@ def bounded_protocol(base: type, limits: ConnectionLimits) -> type:
             self._head_read = 0  # bytes fed while a head is incomplete
             self._head_size = 0  # the head's bytes as parsed: the URL and each header line
             self._header_count = 0
+            self._heads = 0  # heads completed on this connection
             self._refusal: APIError | None = None
             self._timer: asyncio.TimerHandle | None = None
 
@@ -157,10 +180,10 @@ def bounded_protocol(base: type, limits: ConnectionLimits) -> type:
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
-            counting = self._expecting_head
+            counting, heads = self._expecting_head, self._heads
             super().data_received(data)
-            if counting and self._expecting_head and self._refusal is None:
-                self._head_read += len(data)  # all of it head: the head is still incomplete
+            if counting and self._heads == heads and self._refusal is None:
+                self._head_read += len(data)  # all of it head: no head was completed in it
                 if self._head_read > limits.max_header_bytes:
                     self._refuse(self._too_large())
 
@@ -194,6 +217,7 @@ def bounded_protocol(base: type, limits: ConnectionLimits) -> type:
 
         def on_headers_complete(self) -> None:
             self._expecting_head = False
+            self._heads += 1
             self._disarm()
             too_large = self._header_count > limits.max_headers or self._head_size > limits.max_header_bytes
             self._head_read = self._head_size = self._header_count = 0
