@@ -8,10 +8,9 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import AsyncGenerator
-from typing import Annotated, Any
+from typing import Any
 
 import bentoml
-from annotated_types import Ge, Le
 from starlette.responses import JSONResponse
 
 from tensorrtllm_backend.stop_strings import StopStringError, check_stop
@@ -19,15 +18,30 @@ from trtllm_service.api import deployment
 from trtllm_service.api.auth import APIKeyMiddleware, APIKeys
 from trtllm_service.api.bentoml_patches import (
     arrange_middlewares,
+    bound_endpoint_labels,
     cancel_request_timers,
     expose_server_send,
-    forbid_unknown_fields,
+    own_prometheus_dir,
+    read_strictly,
 )
 from trtllm_service.api.error_shape import ErrorShapeMiddleware, is_anthropic
 from trtllm_service.api.heap import freeze_startup_heap
+from trtllm_service.api.http_limits import ConnectionLimits, quiet_client_gone
+from trtllm_service.api.http_limits import install as install_connection_limits
 from trtllm_service.api.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
 from trtllm_service.api.metrics import RequestMetrics, count_rejected
 from trtllm_service.api.openai import routes as openai_routes
+from trtllm_service.api.openai.protocol import (
+    MaxTokens,
+    Penalty,
+    RepetitionPenalty,
+    Seed,
+    Temperature,
+    TopK,
+    TopP,
+    engine_seed,
+    engine_top_k,
+)
 from trtllm_service.api.openapi import DocumentedService, describe, openai_routes_of
 from trtllm_service.api.shutdown import Drain
 from trtllm_service.api.startup import Startup
@@ -35,7 +49,7 @@ from trtllm_service.api.streaming import PushBody, TextFraming, first_text, quie
 from trtllm_service.api.tracing import tune_request_tracing
 from trtllm_service.errors import APIError
 from trtllm_service.packed_model import read_pack_info
-from trtllm_service.relay.guided import GuideRequestError, checked, json_schema_guide
+from trtllm_service.relay.guided import GuideRequestError, json_schema_guide
 from trtllm_service.relay.request import SamplingParams
 from trtllm_service.request_ids import RequestIdLogFilter, RequestIdMiddleware
 from trtllm_service.runtime import Runtime, default_model_tag, run_dir
@@ -52,6 +66,17 @@ DRAIN = Drain(SETTINGS.shutdown_grace_s)  # SIGTERM: requests in flight finish, 
 tune_request_tracing()  # before BentoML builds the app: no span per chunk, none built unread
 cancel_request_timers()  # BentoML's request timeout would hold every request's context for 600 s
 expose_server_send()  # streamed chunks skip the middlewares' send wrappers (api/streaming.py)
+bound_endpoint_labels()  # BentoML's request metrics by route: unknown paths cannot grow /metrics
+own_prometheus_dir()  # in `bentoml serve` itself: metrics of its own, whoever else shares BENTOML_HOME
+# Requests read within limits (header and body timeouts, header size): uvicorn has none of its own.
+install_connection_limits(
+    ConnectionLimits(
+        header_timeout_s=SETTINGS.header_timeout_s,
+        body_timeout_s=SETTINGS.body_timeout_s,
+        max_header_bytes=SETTINGS.max_header_bytes,
+        max_headers=SETTINGS.max_headers,
+    )
+)
 
 
 # Runtime settings only (the image and what goes into it are bentofile.yaml's): traffic and GPUs
@@ -88,6 +113,7 @@ class TRTLLM:
         the tokenizer is loaded and Triton is ready."""
         share_bentoml_log_handlers(logger)
         quiet_cut_streams()
+        quiet_client_gone()
         DRAIN.install()
         self.startup.begin(on_loaded=self._loaded, on_ready=self._ready)
         if serving_elsewhere(run_dir(SETTINGS)):
@@ -130,14 +156,14 @@ class TRTLLM:
         self,
         prompt: str,
         system_prompt: str | None = None,
-        max_tokens: Annotated[int, Ge(1)] | None = None,
-        temperature: Annotated[float, Ge(0), Le(2)] | None = None,
-        top_p: Annotated[float, Ge(0), Le(1)] | None = None,
-        top_k: Annotated[int, Ge(0)] | None = None,
-        repetition_penalty: Annotated[float, Ge(0.01)] | None = None,
-        presence_penalty: Annotated[float, Ge(-2), Le(2)] | None = None,
-        frequency_penalty: Annotated[float, Ge(-2), Le(2)] | None = None,
-        seed: Annotated[int, Ge(0)] | None = None,
+        max_tokens: MaxTokens | None = None,
+        temperature: Temperature | None = None,
+        top_p: TopP | None = None,
+        top_k: TopK | None = None,
+        repetition_penalty: RepetitionPenalty | None = None,
+        presence_penalty: Penalty | None = None,
+        frequency_penalty: Penalty | None = None,
+        seed: Seed | None = None,
         stop: list[str] | None = None,
         ignore_eos: bool = False,
         json_schema: dict[str, Any] | None = None,
@@ -167,25 +193,22 @@ class TRTLLM:
             except StopStringError as exc:
                 raise APIError.bad_request(str(exc), param="stop") from None
             try:
-                guide = (
-                    None
-                    if json_schema is None
-                    else checked(json_schema_guide(json_schema, "json_schema"), "json_schema")
-                )
+                guide = None if json_schema is None else json_schema_guide(json_schema, "json_schema")
             except GuideRequestError as exc:
                 raise APIError.bad_request(str(exc), param=exc.param) from None
             if guide is not None:
                 runtime.flavor.check_guide("json_schema")
+                await runtime.check_guide(guide, "json_schema")
             params = SamplingParams(
                 guide=guide,
                 max_tokens=max_tokens,
                 temperature=temperature,
                 top_p=top_p,
-                top_k=top_k,
+                top_k=engine_top_k(top_k),
                 repetition_penalty=repetition_penalty,
                 presence_penalty=presence_penalty,
                 frequency_penalty=frequency_penalty,
-                seed=seed,
+                seed=engine_seed(seed),
                 stop=stops,
                 ignore_eos=ignore_eos,
                 lora=adapter,
@@ -216,8 +239,9 @@ class TRTLLM:
 # `generate` returns its stream rather than being a generator (so errors before the first chunk
 # can still be JSON responses with a status): tell BentoML and its clients that it streams.
 TRTLLM.apis["generate"].is_stream = True
-# Its body as strict about names as /v1's: a field it does not know is a 400 naming it, not ignored.
-forbid_unknown_fields(TRTLLM.apis["generate"].input_spec)
+# Its body read by /v1's rules: a field it does not know is a 400 naming it, not ignored, and no
+# value is coerced (`"10"` and `true` are not numbers); the fields' ranges are /v1's (protocol.py).
+read_strictly(TRTLLM.apis["generate"].input_spec)
 
 # vLLM's /tokenize and /detokenize, at the root as vLLM serves them (after the service's own routes).
 TRTLLM.mount_asgi_app(openai_routes.root_app, path="/")

@@ -16,6 +16,7 @@ beside the Triton models that use it (one copy in this tree); llguidance is impo
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
@@ -60,12 +61,82 @@ def grammar(guide_type: str, guide: str) -> str:
     raise GuideError(f"unknown guided decoding type {guide_type!r} (one of {', '.join(GUIDE_TYPES)})")
 
 
-def check(guide_type: str, guide: str, tokenizer: Any = None) -> str:
-    """The compiled grammar of a guide; GuideError with llguidance's message when it is refused."""
+MAX_ERROR_CHARS = 300
+"""The most of llguidance's message an error keeps: it appends its parser's state, and quotes the
+grammar, hundreds of kilobytes for a large one."""
+
+
+def brief(message: str) -> str:
+    """llguidance's message without its parser state, at most MAX_ERROR_CHARS characters."""
+    message = message.split("\n<state>", 1)[0].strip()
+    return message if len(message) <= MAX_ERROR_CHARS else message[: MAX_ERROR_CHARS - 3] + "..."
+
+
+def llguidance_tokenizer(hf_tokenizer: Any, vocab_size: int) -> Any:
+    """The model's tokenizer as llguidance reads it (a Hugging Face fast tokenizer; the engine's
+    vocabulary size, which may pad the tokenizer's), for `matcher`."""
+    from llguidance.hf import from_tokenizer
+
+    return from_tokenizer(hf_tokenizer, n_vocab=vocab_size)
+
+
+def matcher(tokenizer: Any, guide_type: str, guide: str) -> Any:
+    """The llguidance matcher of a guide, as the engine makes it: over the model's tokenizer
+    (`llguidance.hf.from_tokenizer`), with llguidance's default limits (those of TensorRT-LLM's
+    llguidance backend: 2,000 parser items per row, the lexer's fuel, ...). GuideError when the
+    grammar is refused."""
     from llguidance import LLMatcher
 
-    compiled = grammar(guide_type, guide)
-    error = LLMatcher.validate_grammar(compiled, tokenizer)
-    if error and not error.startswith("WARNING"):
-        raise GuideError(error)
-    return compiled
+    made = LLMatcher(tokenizer, grammar(guide_type, guide), log_level=0)
+    if made.is_error():
+        raise GuideError(brief(made.get_error()))
+    return made
+
+
+def first_steps(made: Any, probes: Sequence[int]) -> None:
+    """Runs a new matcher through what an engine's first steps can meet: the tokens the grammar
+    forces, then (each on a copy) every token of `probes` the grammar allows next (the one-byte
+    tokens: the prefix shared by the most alternatives). GuideError with the engine's error where
+    one of them breaks a limit a compiled grammar does not show: a row of more than 2,000 items (a
+    choice among that many strings), a lexer out of fuel (`(x{1000}){1000}`)."""
+
+    def advance(step: Any, token: int | None = None) -> None:
+        if token is not None:
+            step.consume_token(token)
+        if not step.is_error():
+            forced = step.compute_ff_tokens()
+            if forced:
+                step.consume_tokens(forced)
+        if step.is_error():
+            raise GuideError(brief(step.get_error()))
+
+    advance(made)
+    allowed = made.compute_logit_bias()
+    if made.is_error():
+        raise GuideError(brief(made.get_error()))
+    for token in probes:
+        if token < len(allowed) and allowed[token]:
+            advance(made.deep_copy(), token)
+
+
+def check(guide_type: str, guide: str, tokenizer: Any = None, probes: Sequence[int] = ()) -> None:
+    """GuideError (llguidance's message, brief) for a guide the engine would refuse: compiled
+    alone, or with the model's llguidance `tokenizer` as the engine makes it and through its
+    first steps (`first_steps` over `probes`)."""
+    from llguidance import LLMatcher
+
+    if tokenizer is None:
+        error = LLMatcher.validate_grammar(grammar(guide_type, guide), None)
+        if error and not error.startswith("WARNING"):
+            raise GuideError(brief(error))
+        return
+    first_steps(matcher(tokenizer, guide_type, guide), probes)
+
+
+def one_byte_tokens(tokenizer: Any) -> list[int]:
+    """The ids of an llguidance tokenizer's tokens that stand for one byte (special ones excluded)."""
+    return [
+        token
+        for token in range(tokenizer.vocab_size)
+        if not tokenizer.is_special_token(token) and len(tokenizer.decode_bytes([token])) == 1
+    ]

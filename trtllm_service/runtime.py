@@ -28,6 +28,7 @@ from trtllm_service.errors import APIError
 from trtllm_service.packed_model import end_ids, layout_runtime_repository, read_pack_info, vocab_size
 from trtllm_service.relay.client import EngineStream, TritonRelay
 from trtllm_service.relay.flavors import Flavor, flavor_of
+from trtllm_service.relay.guided import Guide, GuideChecker, GuideRequestError
 from trtllm_service.relay.logprobs import TokenTexts
 from trtllm_service.relay.prompting import ChatPrompt, RequestPreparer
 from trtllm_service.relay.request import EngineLimits, GenerationRequest, SamplingParams
@@ -76,7 +77,9 @@ class Runtime:
         self.settings = settings
         self.info = read_pack_info(self.model_path)
         self.tokenizer = _load_tokenizer(self.model_path / "tokenizer")
-        self.formatter = PromptFormatter(self.tokenizer)
+        self.formatter = PromptFormatter(
+            self.tokenizer, content_special_tokens=settings.content_special_tokens
+        )
         IncrementalDetokenizer(self.tokenizer)  # builds the byte table now, not in a first request
         self.reasoning = style_of(self.info.reasoning_parser)  # pack_model.py --reasoning-parser
         max_seq_len = int(self.info.max_seq_len or self.info.max_input_len or 2048)
@@ -87,6 +90,7 @@ class Runtime:
             vocab_size=vocab_size(self.model_path) or len(self.tokenizer),
         )
         self.preparer = RequestPreparer(self.formatter, self.limits)
+        self.guides = GuideChecker(self.tokenizer, self.limits.vocab_size)
         self.flavor: Flavor = flavor_of(
             self.model_path, self.info, vocab_size=self.limits.vocab_size, tokenizer=self.tokenizer
         )
@@ -209,6 +213,7 @@ class Runtime:
         owner = self.triton.owner
         await self.triton.stop()
         await self.relay.close()
+        self.guides.close()
         if owner and self._run_dir_owned:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 
@@ -242,6 +247,16 @@ class Runtime:
         """The prompt tokens `prepare_chat` would send for these messages (the same rendering)."""
         prompt = ChatPrompt(messages, tools, reasoning_effort)
         return len(await self._maybe_in_thread(prompt.size, self.preparer.chat_ids, prompt))
+
+    async def check_guide(self, guide: Guide | None, param: str) -> None:
+        """A 400 naming `param` for a guide the engine would refuse (relay/guided.GuideChecker;
+        off the event loop)."""
+        if guide is None:
+            return
+        try:
+            await self.guides.check(guide, param)
+        except GuideRequestError as exc:
+            raise APIError.bad_request(str(exc), param=exc.param, code="invalid_value") from None
 
     async def prepare_prompts(
         self, prompts: Sequence[str], params: SamplingParams

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from trtllm_service.chat.template import ContentSpecialTokens
+
 
 def default_workers() -> int:
     """One HTTP worker per 8 cores, 1 to 8.
@@ -91,6 +93,27 @@ class Settings(BaseModel, frozen=True):
     max_body_bytes: int = Field(
         8 * 1024 * 1024, ge=1024, description="TRTLLM_MAX_BODY_BYTES: larger request bodies get a 413"
     )
+    header_timeout_s: float = Field(
+        20.0,
+        gt=0,
+        description="TRTLLM_HEADER_TIMEOUT: seconds a request's headers may take to arrive, from the "
+        "connection's start or the request's first byte; then 408 and the connection closed",
+    )
+    body_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="TRTLLM_BODY_TIMEOUT: seconds a request's body may send nothing; then 408 and the "
+        "connection closed",
+    )
+    max_header_bytes: int = Field(
+        32 * 1024, ge=1024, description="TRTLLM_MAX_HEADER_BYTES: a request's head, larger gets a 431"
+    )
+    max_headers: int = Field(100, ge=8, description="TRTLLM_MAX_HEADERS: header lines; more get a 431")
+    content_special_tokens: ContentSpecialTokens = Field(
+        "control",
+        description="TRTLLM_CONTENT_SPECIAL_TOKENS: special-token text in a request's messages is the "
+        "template's control tokens (control, as Hugging Face and vLLM) or plain text (text)",
+    )
     workers: int = Field(
         default_factory=default_workers,
         ge=1,
@@ -131,6 +154,11 @@ class Settings(BaseModel, frozen=True):
             "shutdown_grace_s": "TRTLLM_SHUTDOWN_GRACE",
             "max_body_bytes": "TRTLLM_MAX_BODY_BYTES",
             "workers": "TRTLLM_WORKERS",
+            "content_special_tokens": "TRTLLM_CONTENT_SPECIAL_TOKENS",
+            "header_timeout_s": "TRTLLM_HEADER_TIMEOUT",
+            "body_timeout_s": "TRTLLM_BODY_TIMEOUT",
+            "max_header_bytes": "TRTLLM_MAX_HEADER_BYTES",
+            "max_headers": "TRTLLM_MAX_HEADERS",
         }
         raw = {field: env[var] for field, var in names.items() if env.get(var, "") != ""}
         try:

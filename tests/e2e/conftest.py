@@ -252,8 +252,15 @@ def synthetic_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def synthetic_service(
     synthetic_home: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BentoService]:
-    """`bentoml serve .` on the synthetic token source, shared by the load and hostile-input tests."""
-    server = BentoService(synthetic_home, tmp_path_factory.mktemp("serve_synthetic")).start()
+    """`bentoml serve .` on the synthetic token source, shared by the load and hostile-input tests:
+    hardened as a public deployment would be (short header and body read timeouts, special-token
+    text in messages kept as text), which the hostile-input tests check."""
+    hardened = {
+        "TRTLLM_HEADER_TIMEOUT": "3",
+        "TRTLLM_BODY_TIMEOUT": "3",
+        "TRTLLM_CONTENT_SPECIAL_TOKENS": "text",
+    }
+    server = BentoService(synthetic_home, tmp_path_factory.mktemp("serve_synthetic"), hardened).start()
     try:
         yield server
     finally:

@@ -9,6 +9,7 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,9 +89,9 @@ def stop_gracefully(server: BentoService, send: Any, timeout: float = 45.0) -> N
 class StreamReader(threading.Thread):
     """Reads a /generate stream in the background, recording how and when it ended."""
 
-    def __init__(self, url: str, body: dict[str, Any]) -> None:
+    def __init__(self, url: str, body: dict[str, Any], path: str = "/generate") -> None:
         super().__init__(daemon=True)
-        self.url, self.body = url, body
+        self.url, self.body, self.path = url, body, path
         self.chunks: list[bytes] = []
         self.status: int | None = None
         self.error: BaseException | None = None
@@ -100,7 +101,7 @@ class StreamReader(threading.Thread):
 
     def run(self) -> None:
         try:
-            with httpx.stream("POST", f"{self.url}/generate", json=self.body, timeout=120) as response:
+            with httpx.stream("POST", f"{self.url}{self.path}", json=self.body, timeout=120) as response:
                 self.status = response.status_code
                 for chunk in response.iter_raw():
                     self.chunks.append(chunk)
@@ -128,15 +129,22 @@ def assert_serving_again(server: BentoService, dead_tritonserver: int) -> None:
 @pytest.mark.flavors("llmapi")  # the supervisor and the relay's error path do not depend on the flavour
 def test_triton_crash_mid_stream_then_recovery_then_sigterm(make_service: Any) -> None:
     """SIGKILL tritonserver during a long stream: readiness drops, the stream ends at once with an
-    error, Triton comes back with nothing of the old one left, and SIGTERM then stops everything."""
+    error that does not name Triton's address, Triton comes back with nothing of the old one left
+    (its Python backend's shared memory included), and SIGTERM then stops everything."""
     server = make_service(FAST_RESTART)
     readyz = f"{server.url}/readyz"
     first_triton = triton_processes(server)
     [tritonserver] = server.tritonserver_pids()
+    regions = shm_regions(tritonserver)
+    assert regions(), "no shared-memory region of the Python backend found"
 
     reader = StreamReader(server.url, LONG_REQUEST)
     reader.start()
+    chat = {"messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 1500, "stream": True}
+    sse = StreamReader(server.url, {**chat, "ignore_eos": True}, path="/v1/chat/completions")
+    sse.start()
     assert reader.streaming.wait(60), f"the stream did not start: {reader.status} {reader.error}"
+    assert sse.streaming.wait(60), f"the SSE stream did not start: {sse.status} {sse.error}"
     killed_at = time.monotonic()
     os.kill(tritonserver, signal.SIGKILL)
 
@@ -144,12 +152,17 @@ def test_triton_crash_mid_stream_then_recovery_then_sigterm(make_service: Any) -
     assert reader.done.wait(10), "the in-flight stream did not end after Triton died"
     assert reader.ended_at is not None and reader.ended_at - killed_at < 5, "the stream ended late"
     assert reader.status == 200
+    assert sse.done.wait(10), "the SSE stream did not end after Triton died"
+    error_event = b"".join(sse.chunks).decode().strip().splitlines()[-1]
+    assert "service_unavailable" in error_event, error_event
+    assert "127.0.0.1" not in error_event and str(server.triton_grpc_port) not in error_event, error_event
 
     assert_serving_again(server, tritonserver)
     left = wait_gone(first_triton, timeout=10)
     assert not left, f"processes of the killed Triton are still running:\n{describe(left)}"
 
     stop_gracefully(server, lambda process: process.send_signal(signal.SIGTERM))
+    assert not regions(), f"shared memory left in /dev/shm by the service's Tritons: {regions()}"
     log = server.log()
     assert "a streamed answer was cut short (503): The inference server is unavailable" in log, log[-3000:]
     assert "Exception in ASGI application" not in log, "the cut stream was logged with a traceback"
@@ -160,6 +173,14 @@ def test_triton_crash_mid_stream_then_recovery_then_sigterm(make_service: Any) -
         f"the stream broken by the crash ended like a complete answer ({len(reader.chunks)} chunks, "
         f"error {reader.error!r}): a client cannot tell it was cut short"
     )
+
+
+def shm_regions(tritonserver: int) -> Callable[[], list[str]]:
+    """What lists the shared-memory regions of the Python backend of this Triton and of every
+    later one its service starts (they share the prefix on tritonserver's command line)."""
+    [config] = [a for a in psutil.Process(tritonserver).cmdline() if "shm-region-prefix-name=" in a]
+    prefix = config.split("shm-region-prefix-name=", 1)[1].split(",")[0]
+    return lambda: sorted(p.name for p in Path("/dev/shm").glob(f"{prefix}*"))
 
 
 def engine_stub(server: BentoService) -> psutil.Process:

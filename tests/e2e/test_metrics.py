@@ -7,6 +7,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import bentoml
 import httpx
@@ -91,7 +92,7 @@ def test_request_metrics_count_what_was_asked_across_two_workers(
     again = scrape(service.url)
     assert sample(again, counted, **labels) == sample(text, counted, **labels) == 16
     # Both workers took requests: each process that counted has its own samples file.
-    files = list((service.home / "prometheus_multiproc_dir").glob("gauge_livesum_*.db"))
+    files = list((service.home / "prometheus_multiproc_dir").rglob("gauge_livesum_*.db"))  # serve-<pid>/
     assert len(files) == 2, files
     assert "nv_inference_request_success" in text  # Triton's, appended
     assert "trtllm_reference_requests_total{" in text
@@ -105,6 +106,30 @@ def test_metrics_include_triton_and_engine_counters(service: BentoService) -> No
     assert "bentoml_service_request_total" in metrics  # BentoML's own
     assert "nv_inference_request_success" in metrics  # Triton's, per model
     assert sample(metrics, "trtllm_reference_requests_total", model="tensorrt_llm", outcome="completed") >= 1
+
+
+@pytest.mark.flavors("llmapi")  # BentoML's metrics directory does not depend on the flavour
+def test_two_services_sharing_one_bentoml_home_keep_their_own_metrics(
+    service: BentoService, bentoml_home: Path, tmp_path: Path
+) -> None:
+    """`bentoml serve` empties BentoML's Prometheus directory under BENTOML_HOME when it starts: a
+    second service on the same home must neither wipe the first one's counts nor show them."""
+    counted = "bentoml_service_request_total"
+
+    def models_requests(url: str, times: int = 0) -> float:
+        for _ in range(times):
+            assert httpx.get(f"{url}/v1/models", timeout=30).status_code == 200
+        return sample(scrape(url), counted, endpoint="/v1/models", http_response_code="200")
+
+    before = models_requests(service.url, 3)
+    other = BentoService(bentoml_home, tmp_path)
+    other.env["BENTOML_HOME"] = str(service.home)  # the first service's home, shared
+    other.start()
+    try:
+        assert models_requests(other.url, 7) == 7
+        assert models_requests(service.url, 2) == before + 2
+    finally:
+        other.stop()
 
 
 @pytest.fixture(scope="module")

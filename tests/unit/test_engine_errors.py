@@ -109,3 +109,19 @@ def test_executor_trouble_is_a_503_with_retry_after(said: str) -> None:
     error = _llmapi_error_of(f"Error generating request: {said}")
     assert error.status == 503 and error.headers() == {"Retry-After": "5"}
     assert said in error.message and error.code == "service_unavailable"
+
+
+def test_a_guide_the_engine_could_not_follow_is_a_brief_400() -> None:
+    """What llguidance says mid-generation (the reference engine's words; the service checks a
+    guide's first steps only) is the client's fault, not the engine's: a 400 that is not retried,
+    without the parser's state and the grammar it quotes (645 KB for a 624 KB grammar)."""
+    state = "\n<state>\nTokens: ⟦c⟧\n" + "root ::= " + " | ".join(f'"w{i}"' for i in range(50_000))
+    said = "guided decoding: Parser Error: Current row has 2002 items; max is 2000" + state
+    error = _llmapi_error_of(f"Error generating request: {said}")
+    assert error.status == 400 and error.code == "invalid_value" and error.retry_after is None
+    assert "max is 2000" in error.message and len(error.message) < 600, error.message
+
+
+def test_every_engine_message_is_brief() -> None:
+    error = _llmapi_error_of("Error generating request: something internal " + "x" * 100_000)
+    assert error.status == 503 and len(error.message) < 600

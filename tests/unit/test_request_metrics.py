@@ -29,3 +29,39 @@ def test_each_request_counts_once_under_its_model_route_status_and_reason() -> N
     assert _sample("trtllm:request_generation_tokens_sum", model_name="metrics-test") == 27
     assert _sample("trtllm:inter_token_latency_seconds_count", model_name="metrics-test") == 3
     assert _sample("trtllm:request_prompt_tokens_count", model_name="other-model") == 0
+
+
+def test_endpoint_labels_are_route_templates_or_other() -> None:
+    """BentoML's request metrics get a bounded label: a route's template, or "other" for a path no
+    route serves (/v1's catch-all 404 included)."""
+    from fastapi import FastAPI
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Mount, Route
+
+    from trtllm_service.api.metrics import OTHER, EndpointLabels
+
+    def endpoint(request: object) -> Response:
+        return Response()
+
+    v1 = FastAPI()
+    v1.add_api_route("/models", endpoint)
+    v1.add_api_route("/models/{model}", endpoint)
+    v1.add_api_route("/{path:path}", endpoint)  # the OpenAI-shaped 404 of unknown /v1 paths
+    app = Starlette(
+        routes=[
+            Route("/generate", endpoint, methods=["POST"]),
+            Mount("/static_content", app=lambda scope, receive, send: None),
+            Mount("/v1", app=v1),
+        ]
+    )
+    labels = EndpointLabels()
+    assert labels.of("/generate") == OTHER  # nothing learnt yet
+    labels.learn(app)
+    assert labels.of("/generate") == "/generate"
+    assert labels.of("/v1/models") == "/v1/models"
+    assert labels.of("/v1/models/any-name") == "/v1/models/{model}"
+    assert labels.of("/static_content/swagger.css") == "/static_content/{path}"
+    for path in ("/v1/no-such-route", "/v1/models/a/b", "/x\x00y", "/a" * 1000, "/generate/"):
+        assert labels.of(path) == OTHER, path
+    assert len(labels._cache) <= 4

@@ -53,3 +53,35 @@ def test_workers_default_to_one_per_8_cores_and_can_be_set() -> None:
     assert Settings.from_env({"TRTLLM_WORKERS": "3"}).workers == 3
     with pytest.raises(SettingsError, match="TRTLLM_WORKERS"):
         Settings.from_env({"TRTLLM_WORKERS": "0"})
+
+
+def test_every_variable_is_documented_once_in_the_readmes_configuration_table() -> None:
+    """Each environment variable settings.py reads has one row (or one name in a row) of the
+    README's configuration table."""
+    import re
+    from pathlib import Path
+
+    import trtllm_service.settings as module
+
+    root = Path(module.__file__).resolve().parents[1]
+    names = set(re.findall(r'"((?:TRTLLM|TRITON)_[A-Z_]+)"', Path(module.__file__).read_text()))
+    readme = (root / "README.md").read_text()
+    section = readme[readme.index("## Configuration") : readme.index("### CORS")]
+    rows = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    assert len(names) > 20
+    for name in sorted(names):
+        assert sum(row.count(f"`{name}`") for row in rows) == 1, name
+
+
+def test_request_reading_limits_and_special_tokens_mode() -> None:
+    settings = Settings.from_env({})
+    assert (settings.header_timeout_s, settings.body_timeout_s) == (20.0, 30.0)
+    assert (settings.max_header_bytes, settings.max_headers, settings.content_special_tokens) == (
+        32768,
+        100,
+        "control",
+    )
+    assert Settings.from_env({"TRTLLM_CONTENT_SPECIAL_TOKENS": "text"}).content_special_tokens == "text"
+    for name, value in (("TRTLLM_CONTENT_SPECIAL_TOKENS", "plain"), ("TRTLLM_HEADER_TIMEOUT", "0")):
+        with pytest.raises(SettingsError, match=name):
+            Settings.from_env({name: value})

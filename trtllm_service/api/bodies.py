@@ -78,6 +78,18 @@ def openapi30(node: dict[str, Any]) -> dict[str, Any]:
     return node
 
 
+def openapi30_tree(node: Any) -> Any:
+    """Every schema node under `node` said the OpenAPI 3.0 way (`openapi30`), in place."""
+    if isinstance(node, dict):
+        for value in node.values():
+            openapi30_tree(value)
+        openapi30(node)
+    elif isinstance(node, list):
+        for item in node:
+            openapi30_tree(item)
+    return node
+
+
 def body_doc(model: type[BaseModel], example: dict[str, Any]) -> dict[str, Any]:
     media = {"schema": inline_schema(model), "example": example}
     return {"requestBody": {"required": True, "content": {"application/json": media}}}

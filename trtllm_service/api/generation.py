@@ -127,7 +127,7 @@ class GenerationServing:
         except APIError as exc:
             return error_response(exc)
         try:
-            params = self.params(request, adapter, "top_logprobs")  # type: ignore[arg-type]
+            params = await self.params(request, adapter, "top_logprobs")  # type: ignore[arg-type]
             effort = request.reasoning_effort
             if effort is not None and not self.runtime.formatter.takes_reasoning_effort:
                 raise APIError.bad_request(
@@ -164,9 +164,12 @@ class GenerationServing:
             written.prompt_tokens,
         )
 
-    def params(self, request: SamplingFields, adapter: str | None, logprobs_param: str) -> SamplingParams:
+    async def params(
+        self, request: SamplingFields, adapter: str | None, logprobs_param: str
+    ) -> SamplingParams:
         """A request's sampling parameters (with its LoRA adapter), once it is known that the engine
-        can serve them: 400s naming the field otherwise."""
+        can serve them, its guide included (checked off the event loop): 400s naming the field
+        otherwise."""
         flavor = self.runtime.flavor
         # a beam-packed model: every request searches beams
         params = flavor.fill_beam_search(replace(request.sampling_params(), lora=adapter))
@@ -176,6 +179,7 @@ class GenerationServing:
         )
         if params.guide is not None:
             flavor.check_guide(request.guide_param)
+            await self.runtime.check_guide(params.guide, request.guide_path)
         return params
 
     async def respond(

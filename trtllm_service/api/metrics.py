@@ -11,7 +11,9 @@ tokens after the first.
 from __future__ import annotations
 
 import logging
+import re
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -203,9 +205,66 @@ class RequestMetrics:
 
 
 GENERATION_ROUTES = frozenset({"/generate", "/v1/chat/completions", "/v1/completions"})
+OTHER = "other"
+"""The label of every path the service does not route (so that clients cannot grow a label set)."""
 
 
 def count_rejected(model: str, path: str, status: int) -> None:
-    """A request refused before its handler ran (401, 429). Unknown paths count as "other", so that
-    clients cannot grow the metric's label set."""
-    REQUESTS.labels(model, path if path in GENERATION_ROUTES else "other", str(status), "").inc()
+    """A request refused before its handler ran (401, 429). Unknown paths count as `OTHER`."""
+    REQUESTS.labels(model, path if path in GENERATION_ROUTES else OTHER, str(status), "").inc()
+
+
+class EndpointLabels:
+    """A request path as a label from a bounded set: the template of the route it matches (a
+    parameter stays `{model}`), `OTHER` for any path no route serves (a catch-all route, such as
+    /v1's OpenAI-shaped 404, serves none).
+
+    The routes are read from the ASGI app the first time one is given (`learn`): BentoML's own,
+    the API's, and those of every mounted app.
+    """
+
+    CACHE_SIZE = 1024
+    """Paths whose label is remembered (the service's own routes fill a handful of entries)."""
+
+    def __init__(self) -> None:
+        self._routes: list[tuple[re.Pattern[str], str]] | None = None
+        self._cache: dict[str, str] = {}
+
+    @property
+    def learnt(self) -> bool:
+        return self._routes is not None
+
+    def learn(self, app: Any) -> None:
+        """Reads the routes of `app` (a Starlette app or router), once."""
+        if self._routes is None and app is not None:
+            self._routes = list(_route_templates(getattr(app, "routes", ()), ""))
+
+    def of(self, path: str) -> str:
+        """The label of a request for `path`."""
+        label = self._cache.get(path)
+        if label is not None:
+            return label
+        label = next((template for regex, template in self._routes or () if regex.match(path)), OTHER)
+        if label != OTHER and len(self._cache) < self.CACHE_SIZE:
+            self._cache[path] = label
+        return label
+
+
+def _route_templates(routes: Any, prefix: str) -> Iterator[tuple[re.Pattern[str], str]]:
+    """(regex, template) of every route under `prefix`, mounted apps' included, in routing order."""
+    from starlette.routing import Mount, compile_path
+
+    for route in routes:
+        path = getattr(route, "path", None)
+        if not isinstance(path, str) or ":path}" in path:  # a catch-all names no endpoint
+            continue
+        if isinstance(route, Mount):
+            children = getattr(route.app, "routes", None)
+            if children:
+                yield from _route_templates(children, prefix + path)
+            else:  # static files and the like: one label for the mount
+                template = f"{prefix}{path}/{{path}}"
+                yield re.compile(f"^{re.escape(prefix + path)}/"), template
+            continue
+        template = prefix + path
+        yield compile_path(template)[0], template

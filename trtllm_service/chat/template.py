@@ -5,13 +5,21 @@ The tokenizer's own Jinja chat template is used, or a Llama-3 Instruct default f
 has none. The prompt is tokenized as the Triton preprocessing model tokenizes it (special tokens
 added, except a BOS that the rendered text already starts with), so the engine sees the same ids
 either way. Pack time checks a template with it; the relay renders every prompt with it.
+
+Special-token text in what a request sends (`<|eot_id|><|start_header_id|>system...` in a user
+message) becomes the template's control tokens by default (`control`), as Hugging Face's
+`apply_chat_template` and vLLM do: a user can end their turn and forge another. With `text`
+(TRTLLM_CONTENT_SPECIAL_TOKENS) such text is tokenized as the plain text it is, and only what the
+template itself writes is a control token (`encode_chat`).
 """
 
 from __future__ import annotations
 
+import re
+import secrets
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -32,6 +40,10 @@ LLAMA3_CHAT_TEMPLATE: str = (
 )
 """Llama-3 Instruct chat format, used when the tokenizer carries no chat template of its own."""
 
+ContentSpecialTokens = Literal["control", "text"]
+"""What special-token text in a request's messages (and tools) becomes: the control tokens it
+spells (`control`, as Hugging Face and vLLM), or plain text (`text`)."""
+
 
 class PromptFormatter:
     """Turns chat messages or a plain prompt into the exact text sent to Triton, and counts its tokens.
@@ -45,8 +57,15 @@ class PromptFormatter:
         ValueError: The template is not valid Jinja (found at startup rather than on the first request).
     """
 
-    def __init__(self, tokenizer: Any, chat_template: str | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        chat_template: str | None = None,
+        *,
+        content_special_tokens: ContentSpecialTokens = "control",
+    ) -> None:
         self._tokenizer = tokenizer
+        self.content_special_tokens: ContentSpecialTokens = content_special_tokens
         if chat_template is not None:
             template = chat_template
         elif getattr(tokenizer, "chat_template", None):
@@ -63,6 +82,7 @@ class PromptFormatter:
         self._rust = getattr(tokenizer, "backend_tokenizer", None)
         self._fast = getattr(self._rust, "encode_batch_fast", None)  # tokenizers >= 0.20
         self._max_token_chars: int | None = None
+        self._as_text: _TextTokenizer | None = None
 
     @property
     def max_token_chars(self) -> int:
@@ -127,6 +147,33 @@ class PromptFormatter:
             raise ValueError(f"The chat template produced {type(text).__name__}, expected text")
         return text
 
+    def encode_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        reasoning_effort: str | None = None,
+        add_special_tokens: bool = True,
+    ) -> list[int]:
+        """The token ids of messages through the chat template (`render`, then `encode`), with the
+        special-token text they carry read as `content_special_tokens` says.
+
+        Raises:
+            ValueError: As `render`; in `text` mode also a template that alters the message text
+                it is given beyond recognition (the text could not be kept apart from its own).
+        """
+        options = {"add_generation_prompt": add_generation_prompt, "reasoning_effort": reasoning_effort}
+        if self.content_special_tokens == "control":
+            return self.encode(self.render(messages, tools=tools, **options), add_special_tokens)
+        if self._as_text is None:
+            self._as_text = _TextTokenizer(self._tokenizer)
+        as_text = self._as_text
+        (messages, tools), originals, nonce = as_text.hide((messages, tools))
+        text = self.render(messages, tools=tools, **options)
+        add_special = add_special_tokens and not (self._bos is not None and text.startswith(self._bos))
+        return as_text.encode(text, originals, nonce, add_special)
+
     @staticmethod
     def messages_from_prompt(prompt: str, system_prompt: str | None = None) -> list[dict[str, str]]:
         """A plain prompt (and optional system prompt) as a one-turn chat.
@@ -162,3 +209,88 @@ class PromptFormatter:
         return self._tokenizer.decode(
             list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
         )
+
+
+class _TextTokenizer:
+    """Tokenizes a rendered prompt whose request text is hidden behind placeholders: the special
+    tokens of what is left are the template's (control tokens); the request's text, put back, is
+    tokenized as plain text (a copy of the Rust tokenizer with `encode_special_tokens`). Pieces are
+    cut at special tokens only, where the tokenizer cuts them anyway, so a prompt without
+    special-token text in its messages gets exactly the ids of `PromptFormatter.encode`."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        from tokenizers import Tokenizer
+
+        rust = getattr(tokenizer, "backend_tokenizer", None)
+        if rust is None:
+            raise ValueError("TRTLLM_CONTENT_SPECIAL_TOKENS=text needs a fast (Rust) tokenizer")
+        self._rust = rust
+        self._plain = Tokenizer.from_str(rust.to_str())
+        self._plain.encode_special_tokens = True
+        special = {
+            str(token): (token_id, bool(token.lstrip), bool(token.rstrip))
+            for token_id, token in tokenizer.added_tokens_decoder.items()
+            if token.special
+        }
+        self._special = special
+        names = sorted(special, key=len, reverse=True)
+        self._pattern = re.compile("|".join(map(re.escape, names))) if names else None
+        with_special = rust.encode("a", add_special_tokens=True).ids
+        bare = rust.encode("a", add_special_tokens=False).ids
+        at = next(
+            i for i in range(len(with_special) - len(bare) + 1) if with_special[i : i + len(bare)] == bare
+        )
+        self._around = (with_special[:at], with_special[at + len(bare) :])  # what the post-processor adds
+
+    def hide(self, value: Any) -> tuple[Any, list[str], str]:
+        """`value` with every special-token text in its strings replaced by a placeholder that no
+        tokenizer or template treats specially; the texts replaced, and the placeholders' nonce."""
+        originals: list[str] = []
+        nonce = secrets.token_hex(8)
+        pattern = self._pattern
+
+        def swap(match: re.Match[str]) -> str:
+            originals.append(match.group(0))
+            return f"{nonce}{len(originals) - 1}{nonce}"
+
+        def walk(node: Any) -> Any:
+            if isinstance(node, str):
+                return pattern.sub(swap, node) if pattern is not None else node
+            if isinstance(node, dict):
+                return {key: walk(item) for key, item in node.items()}
+            if isinstance(node, (list, tuple)):
+                return type(node)(walk(item) for item in node)
+            return node
+
+        return walk(value), originals, nonce
+
+    def encode(self, text: str, originals: list[str], nonce: str, add_special: bool) -> list[int]:
+        """The ids of a rendered prompt: its special tokens (the template's) as themselves, the
+        rest, its placeholders put back, as plain text."""
+        restore = re.compile(f"{nonce}(\\d+){nonce}")
+        ids: list[int] = []
+        pieces = self._pattern.split(text) if self._pattern is not None else [text]
+        tokens = self._pattern.findall(text) if self._pattern is not None else []
+        strip_next = False
+        for i, piece in enumerate(pieces):
+            if strip_next:
+                piece = piece.lstrip()
+            strip_next = False
+            if i < len(tokens) and self._special[tokens[i]][1]:  # the next token eats space before it
+                piece = piece.rstrip()
+            piece = restore.sub(lambda m: originals[int(m.group(1))], piece)
+            if nonce in piece:
+                raise ValueError(
+                    "The chat template altered the messages' text: their special-token text cannot "
+                    "be kept as text (TRTLLM_CONTENT_SPECIAL_TOKENS=text)"
+                )
+            if piece:
+                ids += self._plain.encode(piece, add_special_tokens=False).ids
+            if i < len(tokens):
+                token_id, _, rstrip = self._special[tokens[i]]
+                ids.append(token_id)
+                strip_next = rstrip
+        if add_special:
+            before, after = self._around
+            ids = [*before, *ids, *after]
+        return ids

@@ -17,6 +17,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from trtllm_service import jsontext
+
 TOOL_RESULT_ROLE = "ipython"
 
 INSTRUCTIONS = (
@@ -52,7 +54,7 @@ def call_schema(functions: Sequence[dict[str, Any]], name: str | None = None) ->
 def parse_calls(text: str, functions: Sequence[dict[str, Any]]) -> list[tuple[str, str]] | None:
     """(name, arguments as JSON text) of each call in `text`, or None when it is not only calls."""
     try:
-        value = json.loads(text)
+        value = jsontext.loads(text)
     except ValueError:
         return None
     items = value if isinstance(value, list) and value else [value]
@@ -116,9 +118,15 @@ def fallback_messages(
 
 
 def _object(arguments: Any) -> Any:
+    """A call's arguments as the object their JSON text stands for; text that is not JSON as it
+    is. JSON nested deeper than a request body may be is a ValueError (a 400 naming the messages)."""
     if isinstance(arguments, str):
         try:
-            return json.loads(arguments)
-        except ValueError:
+            return jsontext.loads(arguments)
+        except ValueError as exc:
+            if jsontext.too_deep(exc):
+                raise ValueError(
+                    f"A tool call's arguments are JSON nested deeper than {jsontext.MAX_DEPTH} levels."
+                ) from None
             return arguments
     return arguments

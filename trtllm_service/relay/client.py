@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 from tritonclient.grpc import service_pb2
 
 from tensorrtllm_backend import nvidia_llmapi as nvllm
+from tensorrtllm_backend.grammars import brief
 from tensorrtllm_backend.lora import CACHE_MISS
 from trtllm_service.errors import APIError
 from trtllm_service.relay.grpc_http2 import CANCELLED, OK, UNAVAILABLE, GrpcConnection
@@ -50,6 +51,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("trtllm_service.relay")
 
 STREAM_INFER = "/inference.GRPCInferenceService/ModelStreamInfer"
+UNAVAILABLE_MESSAGE = "The inference server is unavailable (its connection ended); please retry."
+"""A stream whose connection to Triton ended (Triton died, restarted or hung)."""
 INVALID_REQUEST_MARKER = "invalid request: "
 """Our Triton models start the message of a refused request with this (in-stream errors carry no
 gRPC status code)."""
@@ -196,7 +199,9 @@ class EngineStream:
         if status == OK and self._final:
             return
         if status in (UNAVAILABLE, CANCELLED):
-            error = APIError.unavailable(f"The inference server is unavailable: {message}", retry_after=1)
+            # `message` names Triton's loopback address ("connection to 127.0.0.1:56403 lost"):
+            # the log has it (GrpcConnection), the client does not need it.
+            error = APIError.unavailable(UNAVAILABLE_MESSAGE, retry_after=1)
         elif status == OK:
             error = APIError.unavailable("The inference server closed the stream early.", retry_after=1)
         else:
@@ -346,6 +351,10 @@ def _marker(template: str) -> str:
     return template.split("{", 1)[0]
 
 
+GUIDED_DECODING_MARKER = "guided decoding"
+"""In the message of a request the engine failed because its guide broke one of llguidance's limits
+while it generated (the service checks a guide's first steps only: relay/guided.py)."""
+
 ENGINE_REQUEST_ERRORS: tuple[tuple[str, str | None, str, str | None], ...] = (
     (
         "should not exceed max_num_tokens",
@@ -362,6 +371,13 @@ ENGINE_REQUEST_ERRORS: tuple[tuple[str, str | None, str, str | None], ...] = (
         "use_beam_search",
     ),
     (nvllm.BEAM_MULTIPLE_LOGPROBS, None, "Beam search returns no top log probs.", "logprobs"),
+    (
+        GUIDED_DECODING_MARKER,
+        "invalid_value",
+        "The engine could not follow the request's guide (response_format, guided_*, a forced tool "
+        "call) past one of its limits.",
+        None,
+    ),
     (nvllm.TOPK_OUT_OF_RANGE, None, "More top log probs than the vocabulary has.", "logprobs"),
     *(
         (_marker(template), None, "The engine refused a sampling parameter.", None)
@@ -387,11 +403,13 @@ ENGINE_RETRY_S = 5
 
 
 def engine_refusal(message: str) -> APIError:
-    """The client's error for an error response of Triton: a 400 for a request our models refused or
+    """The client's error for an error response of Triton, its message brief (a few hundred
+    characters): a 400 for a request our models refused or
     NVIDIA's LLM API refused for what the request asked (ENGINE_REQUEST_ERRORS), a 503 with
     Retry-After while a dead Python-backend stub is being replaced, for the executor's capacity
     failures and for any other error the LLM API's model sends ("Error generating request: ...":
     the executor failed the request, not the client), else a 500 with Triton's message."""
+    message = brief(message)  # an engine's message may quote a whole grammar, or its parser's state
     if INVALID_REQUEST_MARKER in message:
         return APIError.bad_request(
             message[message.index(INVALID_REQUEST_MARKER) + len(INVALID_REQUEST_MARKER) :]
@@ -466,7 +484,8 @@ class TritonRelay:
         try:
             connection = await GrpcConnection.open(*where)
         except (OSError, asyncio.TimeoutError) as exc:
-            error = APIError.unavailable(f"The inference server is unreachable: {exc}", retry_after=1)
+            logger.warning("Triton's gRPC port %s:%d is unreachable: %s", *where, exc)
+            error = APIError.unavailable("The inference server is unreachable; please retry.", retry_after=1)
             self._opening.set_exception(error)
             self._opening.exception()  # retrieved: waiters re-raise it
             raise error from None

@@ -224,6 +224,8 @@ class GrpcConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         reason = f"connection to {self.authority} lost" + (f": {exc}" if exc else "")
+        if self._calls and not self.closed:  # where it is and why, for the log (not the clients)
+            logger.warning("%s with %d requests open", reason, len(self._calls))
         self._fail_all(reason)
         if self._lost is not None and not self._lost.done():
             self._lost.set_result(None)

@@ -2,18 +2,26 @@
 
 OpenAI's `response_format` (`json_object`, `json_schema`) and vLLM's `guided_json`,
 `guided_regex`, `guided_choice`, `guided_grammar` all become one guide: a pair of TensorRT-LLM's
-guided-decoding type and text (`tensorrtllm_backend.grammars`), compiled here once with
-llguidance so that a schema or grammar the engine would refuse is a 400 naming the field, before
-anything reaches Triton.
+guided-decoding type and text (`tensorrtllm_backend.grammars`). The request's models read it
+(cheap: its JSON, its shape); `GuideChecker` then compiles it as the engine will, over the model's
+tokenizer with the engine's limits and through its first steps, so that a schema or grammar the
+engine would refuse, at once or on its first token, is a short 400 naming the field before anything
+reaches Triton. That takes up to seconds for a large grammar: it runs in threads of its own.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from tensorrtllm_backend.grammars import GuideError, check
+from tensorrtllm_backend import grammars
+from tensorrtllm_backend.grammars import GuideError
+from trtllm_service import jsontext
 
 Guide = tuple[str, str]
 """(guided_decoding_guide_type, guided_decoding_guide)."""
@@ -34,7 +42,7 @@ def json_schema_guide(schema: Any, param: str) -> Guide:
     """A JSON Schema (an object, or its JSON text) as a guide."""
     if isinstance(schema, str):
         try:
-            schema = json.loads(schema)
+            schema = jsontext.loads(schema)
         except ValueError as exc:
             raise GuideRequestError(f"The JSON schema is not valid JSON: {exc}.", param) from None
     if not isinstance(schema, (dict, bool)):
@@ -49,14 +57,61 @@ def choice_guide(choices: Sequence[str], param: str) -> Guide:
     return "ebnf_grammar", "root ::= " + " | ".join(json.dumps(choice) for choice in dict.fromkeys(choices))
 
 
-def checked(guide: Guide, param: str) -> Guide:
-    """`guide`, once llguidance compiles it; GuideRequestError blaming `param` (the request field
-    it came from) with llguidance's message otherwise."""
-    try:
-        check(*guide)
-    except GuideError as exc:
-        raise GuideRequestError(f"'{param}' cannot be used for guided decoding: {exc}", param) from None
-    return guide
+class GuideChecker:
+    """Checks guides as the engine will use them (`grammars.matcher`, `grammars.first_steps`),
+    off the event loop: llguidance releases the GIL while it compiles, and a grammar of half a
+    megabyte takes seconds.
+
+    Args:
+        tokenizer: The model's Hugging Face tokenizer.
+        vocab_size: The engine's vocabulary size.
+        threads: Guides checked at once; more wait (a flood of large grammars takes these threads,
+            not the event loop nor the threads that tokenize long prompts).
+    """
+
+    REMEMBERED = 256
+    """Guides recently found good, not checked again (an application sends the same schema)."""
+    REMEMBERED_CHARS = 64 * 1024
+    """Guides longer than this are checked every time (they are not worth the memory)."""
+
+    def __init__(self, tokenizer: Any, vocab_size: int, *, threads: int = 2) -> None:
+        self._hf_tokenizer = tokenizer
+        self._vocab_size = vocab_size
+        self._made: tuple[Any, list[int]] | None = None  # llguidance's tokenizer, its one-byte tokens
+        self._making = threading.Lock()
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="guide-check")
+        self._good: OrderedDict[Guide, None] = OrderedDict()
+
+    def _tokenizer(self) -> tuple[Any, list[int]]:
+        with self._making:
+            if self._made is None:
+                made = grammars.llguidance_tokenizer(self._hf_tokenizer, self._vocab_size)
+                self._made = made, grammars.one_byte_tokens(made)
+            return self._made
+
+    def check_now(self, guide: Guide, param: str) -> None:
+        """Checks `guide` in the calling thread; GuideRequestError blaming `param` (the request
+        field it came from) with llguidance's message, brief."""
+        if guide in self._good:
+            return
+        tokenizer, probes = self._tokenizer()
+        try:
+            grammars.check(*guide, tokenizer=tokenizer, probes=probes)
+        except GuideError as exc:
+            raise GuideRequestError(f"'{param}' cannot be used for guided decoding: {exc}", param) from None
+        if len(guide[1]) <= self.REMEMBERED_CHARS:
+            self._good[guide] = None
+            while len(self._good) > self.REMEMBERED:
+                self._good.popitem(last=False)
+
+    async def check(self, guide: Guide, param: str) -> None:
+        """`check_now` in one of the checker's threads."""
+        if guide in self._good:
+            return
+        await asyncio.get_running_loop().run_in_executor(self._pool, self.check_now, guide, param)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def guide_field(request: Any) -> str:

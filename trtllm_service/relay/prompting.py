@@ -86,12 +86,11 @@ class RequestPreparer:
         param = prompt.param
         self.check_text(list(_message_texts(prompt.messages, param)), param=param)
         try:
-            text = self.formatter.render(
+            return self.formatter.encode_chat(
                 prompt.messages, tools=prompt.tools, reasoning_effort=prompt.reasoning_effort
             )
         except ValueError as exc:
             raise APIError.bad_request(str(exc), param=param) from None
-        return self.formatter.encode(text)
 
     def prompts(
         self, prompts: Sequence[str | Sequence[int]], params: SamplingParams

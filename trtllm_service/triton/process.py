@@ -43,6 +43,7 @@ from typing import Any
 import httpx
 
 from tensorrtllm_backend import LAUNCHER, launcher
+from trtllm_service.triton.shm import remove_regions
 from trtllm_service.versions import REQUIRE_TENSORRT_LLM, installed_tensorrt_llm
 
 logger = logging.getLogger("trtllm_service.triton")
@@ -435,6 +436,7 @@ class TritonProcess:
         self.kill_now()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(_exit_code(process), 5)
+        remove_regions(self.command)  # what a killed Triton leaves in /dev/shm (triton/shm.py)
         if self._pump is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._pump, 5)

@@ -54,7 +54,7 @@ from trtllm_service.api.openai.protocol import (
     sent,
     unset,
 )
-from trtllm_service.relay.guided import GuideRequestError, checked, json_schema_guide
+from trtllm_service.relay.guided import GuideRequestError, json_schema_guide
 
 __all__ = [
     "COUNT_TOKENS_ROUTE",
@@ -395,7 +395,7 @@ class MessagesRequest(ToolUse, _Conversation, SamplingFields):
         if fmt is not None:
             try:
                 path = "output_config.format.schema"
-                self._guide = checked(json_schema_guide(fmt.schema_, path), path)
+                self._guide, self._guide_path = json_schema_guide(fmt.schema_, path), path
             except GuideRequestError as exc:
                 raise request_error("invalid_value", str(exc), *exc.param.split(".")) from None
         choice = self.tool_choice

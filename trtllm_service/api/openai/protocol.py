@@ -33,7 +33,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Collection, Mapping
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -51,7 +51,6 @@ from trtllm_service.errors import APIError
 from trtllm_service.relay.guided import (
     Guide,
     GuideRequestError,
-    checked,
     choice_guide,
     guide_field,
     json_schema_guide,
@@ -66,6 +65,31 @@ _INT32_MAX = (1 << 31) - 1  # token ids travel as INT32
 _UINT64_MASK = (1 << 64) - 1
 
 FinishReason = Literal["stop", "length", "tool_calls"]
+
+# The sampling fields' types and ranges, said once: `SamplingFields` (every /v1 route, Anthropic's
+# messages) and /generate's signature (service.py) take them, so that a value one accepts the other
+# does too; both read them strictly (`"10"` and `true` are not numbers).
+MaxTokens = Annotated[int, Field(ge=1)]
+Temperature = Annotated[float, Field(ge=0, le=2)]
+TopP = Annotated[float, Field(gt=0, le=1)]
+TopK = Annotated[int, Field(ge=-1, description="Extension: >= 1, or -1/0 for unset")]
+RepetitionPenalty = Annotated[float, Field(gt=0, description="Extension: 1.0 is off")]
+Penalty = Annotated[float, Field(ge=-2, le=2)]
+Seed = Annotated[
+    int, Field(ge=-(1 << 63), le=_UINT64_MASK, description="Any 64-bit integer; negative ones as unsigned")
+]
+
+
+def engine_top_k(top_k: int | None) -> int | None:
+    """A request's top_k for the engine: -1 and 0 (and none) mean no top-k."""
+    return None if top_k in (None, -1, 0) else top_k
+
+
+def engine_seed(seed: int | None) -> int | None:
+    """A request's seed for the engine, whose seed is unsigned 64-bit: a negative seed is its two's
+    complement."""
+    return None if seed is None else seed & _UINT64_MASK
+
 
 _IGNORED_PARAMS = ("metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
 
@@ -319,14 +343,15 @@ class SamplingFields(OpenAIRequest):
     """
 
     _guide: Guide | None = None  # what the answer must look like (set by the endpoint's checks)
+    _guide_path: str | None = None  # the field it came from (what a 400 about it names)
 
-    temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1, description="Extension: >= 1, or -1/0 for unset")
-    repetition_penalty: float | None = Field(None, gt=0, description="Extension: 1.0 is off")
-    presence_penalty: float | None = Field(None, ge=-2, le=2)
-    frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    seed: int | None = Field(None, ge=-(1 << 63), le=_UINT64_MASK)
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    repetition_penalty: RepetitionPenalty | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    seed: Seed | None = None
     stop: str | list[str] | None = Field(None, description=f"Up to {MAX_STOP_STRINGS} non-empty stop strings")
     stop_token_ids: list[int] | None = Field(
         None,
@@ -473,6 +498,12 @@ class SamplingFields(OpenAIRequest):
         return guide_field(self)
 
     @property
+    def guide_path(self) -> str:
+        """Where in the request the guide is (`response_format.json_schema.schema`), for the 400 of
+        a guide the engine cannot use."""
+        return self._guide_path or self.guide_param
+
+    @property
     def logprob_count(self) -> int | None:
         """None: no log probs; N: each generated token's, with the N most likely."""
         return None
@@ -519,12 +550,11 @@ class SamplingFields(OpenAIRequest):
             max_tokens=self.max_new_tokens,
             temperature=None if beams else self.temperature,
             top_p=self.top_p,
-            top_k=None if self.top_k in (None, -1, 0) else self.top_k,
+            top_k=engine_top_k(self.top_k),
             repetition_penalty=self.repetition_penalty,
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
-            # The engine's seed is unsigned 64-bit; negative seeds map to their two's complement.
-            seed=None if self.seed is None else self.seed & _UINT64_MASK,
+            seed=engine_seed(self.seed),
             min_tokens=self.min_tokens,
             stop=self.stop_strings(),
             ignore_eos=self.ignore_eos,
@@ -547,7 +577,7 @@ class RequestBase(SamplingFields):
     """Fields and checks shared by chat and text completions: the token limit, streaming options and
     structured output."""
 
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: MaxTokens | None = None
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = Field(
         None, description="{'type': 'json_object'} or {'type': 'json_schema', 'json_schema': {...}}"
@@ -561,7 +591,8 @@ class RequestBase(SamplingFields):
 
     @model_validator(mode="after")
     def _check_guide(self) -> RequestBase:
-        """At most one structured-output field, and a schema or grammar llguidance compiles."""
+        """At most one structured-output field, read as its guide (compiled later, off the event
+        loop: `GenerationServing.params`)."""
         given = [
             name
             for name in _GUIDE_FIELDS
@@ -577,7 +608,7 @@ class RequestBase(SamplingFields):
         self._guide = None
         if given:
             try:
-                self._guide = checked(*self._requested_guide(given[0]))
+                self._guide, self._guide_path = self._requested_guide(given[0])
             except GuideRequestError as exc:
                 raise request_error("invalid_value", str(exc), *exc.param.split(".")) from None
         return self
@@ -654,10 +685,8 @@ class ToolUse:
                     "tool_choice",
                 )
             schema = tool_calls.call_schema(functions, named)
-            try:
-                self._guide = checked(("json_schema", json.dumps(schema)), "tools")
-            except GuideRequestError as exc:
-                raise request_error("invalid_value", str(exc), "tools") from None
+            self._guide = ("json_schema", json.dumps(schema))
+            self._guide_path = "tools"  # type: ignore[attr-defined]
 
     @property
     def tool_mode(self) -> Literal["auto", "forced"] | None:

@@ -10,7 +10,6 @@ The service binds its runtime once per worker (``bind``); every route answers fr
 
 from __future__ import annotations
 
-import json
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -19,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from trtllm_service import jsontext
 from trtllm_service.api.anthropic import routes as anthropic_routes
 from trtllm_service.api.bodies import (
     add_body_route,
@@ -243,7 +243,7 @@ async def tokenize(request: Request) -> Response:
         serving = bound_serving(request)
         raw = await request.body()
         try:
-            decoded = json.loads(raw)
+            decoded = jsontext.loads(raw)
         except ValueError:
             decoded = raw  # parse_request reports it
         chat = isinstance(decoded, dict) and "messages" in decoded

@@ -81,18 +81,24 @@ class OpenAIServing(GenerationServing):
         self.runtime.adapter(request.model)
         formatter = self.runtime.formatter
         if isinstance(request, TokenizeChatRequest):
-            try:
-                text = formatter.render(
-                    request.chat_messages(),
-                    add_generation_prompt=request.add_generation_prompt,
-                    tools=request.functions() or None,
-                )
-            except ValueError as exc:
-                raise APIError.bad_request(str(exc), param="messages") from None
+            messages = request.chat_messages()
+            encode = functools.partial(
+                formatter.encode_chat,
+                messages,
+                add_generation_prompt=request.add_generation_prompt,
+                tools=request.functions() or None,
+                add_special_tokens=request.add_special_tokens,
+            )
+            size = sum(len(m["content"]) for m in messages)
         else:
-            text = request.prompt
-        encode = functools.partial(formatter.encode, add_special_tokens=request.add_special_tokens)
-        ids = encode(text) if len(text) <= INLINE_TOKENIZE_CHARS else await asyncio.to_thread(encode, text)
+            encode = functools.partial(
+                formatter.encode, request.prompt, add_special_tokens=request.add_special_tokens
+            )
+            size = len(request.prompt)
+        try:
+            ids = encode() if size <= INLINE_TOKENIZE_CHARS else await asyncio.to_thread(encode)
+        except ValueError as exc:  # the chat template refused the messages
+            raise APIError.bad_request(str(exc), param="messages") from None
         body: dict[str, Any] = {"count": len(ids), "max_model_len": self.runtime.max_seq_len, "tokens": ids}
         if request.return_token_strs:
             body["token_strs"] = formatter.token_strings(ids)

@@ -37,7 +37,7 @@ async def serve_completions(
     except APIError as exc:
         return error_response(exc)
     try:
-        params = serving.params(request, adapter, "logprobs")
+        params = await serving.params(request, adapter, "logprobs")
         prompts = request.prompts()
         prepared = await serving.runtime.prepare_prompts(prompts, params)
         choices = await start_choices(serving.runtime, prepared, params, request.samples_per_prompt)

@@ -45,7 +45,7 @@ from trtllm_service.api.openai.protocol import (
     message_role,
     unset,
 )
-from trtllm_service.relay.guided import Guide, GuideRequestError, checked, json_schema_guide
+from trtllm_service.relay.guided import Guide, GuideRequestError, json_schema_guide
 
 RESPONSES_ROUTE = "/v1/responses"
 
@@ -183,7 +183,8 @@ class ResponsesRequest(ToolUse, SamplingFields):
             raise request_error("invalid_value", "'input' holds no message to answer.", "input")
         self._messages = messages
         fmt = self.text.format if self.text is not None else None
-        self._guide = _format_guide(fmt) if fmt is not None and fmt.type != "text" else None
+        if fmt is not None and fmt.type != "text":
+            self._guide, self._guide_path = _format_guide(fmt)
         choice = self.tool_choice
         self._settle_tools(choice.name if isinstance(choice, FunctionToolChoice) else None)
         return self
@@ -210,11 +211,12 @@ class ResponsesRequest(ToolUse, SamplingFields):
         return self._messages
 
 
-def _format_guide(fmt: TextFormat) -> Guide:
+def _format_guide(fmt: TextFormat) -> tuple[Guide, str]:
+    """The guide of `text.format`, and where it is."""
+    if fmt.type == "json_object":
+        return ("json", ""), "text.format"
     try:
-        if fmt.type == "json_object":
-            return checked(("json", ""), "text.format")
-        return checked(json_schema_guide(fmt.schema_, "text.format.schema"), "text.format.schema")
+        return json_schema_guide(fmt.schema_, "text.format.schema"), "text.format.schema"
     except GuideRequestError as exc:
         raise request_error("invalid_value", str(exc), *exc.param.split(".")) from None
 

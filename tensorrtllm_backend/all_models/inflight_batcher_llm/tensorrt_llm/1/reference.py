@@ -400,21 +400,16 @@ class ReferenceSource:
 
     def _guide(self, guide_type: str, guide: str) -> Any:
         """An llguidance matcher for one request's guide (GuideError when it does not compile)."""
-        from grammars import GuideError, grammar
-        from llguidance import LLMatcher
+        from grammars import llguidance_tokenizer, matcher
 
         if self._guide_tokenizer is None:
-            from llguidance.hf import from_tokenizer
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_dir)
-            self._guide_tokenizer = from_tokenizer(tokenizer, n_vocab=self.vocab_size)
+            self._guide_tokenizer = llguidance_tokenizer(tokenizer, self.vocab_size)
             # One id, the tokenizer's eos_token_id (llguidance 0.7.29 has no `eos_tokens` list)
             self._guide_ends = frozenset([self._guide_tokenizer.eos_token])
-        matcher = LLMatcher(self._guide_tokenizer, grammar(guide_type, guide), log_level=0)
-        if matcher.is_error():
-            raise GuideError(matcher.get_error())
-        return matcher
+        return matcher(self._guide_tokenizer, guide_type, guide)
 
     def _allowed(self, matcher: Any) -> torch.Tensor:
         """The tokens the grammar allows next, as a boolean vector over the model's vocabulary.

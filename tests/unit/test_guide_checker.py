@@ -1,0 +1,104 @@
+"""Guides checked as the engine uses them (llguidance over the model's tokenizer, its default
+limits, its first steps): what compiles alone but fails in the engine is a short 400 naming the
+field, and a large grammar is checked without holding the event loop. Real llguidance, and the
+demo model's real tokenizer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+
+from trtllm_service.packing.demo_model import build_demo_model
+from trtllm_service.relay.guided import GuideChecker, GuideRequestError, choice_guide
+
+
+@pytest.fixture(scope="module")
+def checker(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from transformers import AutoTokenizer
+
+    model = build_demo_model(tmp_path_factory.mktemp("demo") / "model")
+    tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
+    made = GuideChecker(tokenizer, len(tokenizer))
+    yield made
+    made.close()
+
+
+def alternatives(count: int) -> str:
+    return "root ::= " + " | ".join(f'"a" "{i}"' for i in range(count))
+
+
+REFUSED = [
+    (choice_guide([f"c{i}" for i in range(2001)], "guided_choice"), "guided_choice", "max is 2000"),
+    (("ebnf_grammar", alternatives(2100)), "guided_grammar", "max is 2000"),
+    (("regex", "(x{1000}){1000}"), "guided_regex", "lexer"),
+    (("json_schema", json.dumps({"type": "nope"})), "tools", "nope"),
+    (("ebnf_grammar", alternatives(30_000) + " | ( "), "guided_grammar", "GBNF"),
+]
+
+
+@pytest.mark.parametrize(("guide", "param", "says"), REFUSED, ids=[r[1] + "-" + r[2] for r in REFUSED])
+def test_what_the_engine_refuses_is_a_short_error_naming_the_field(
+    checker: GuideChecker, guide: tuple[str, str], param: str, says: str
+) -> None:
+    with pytest.raises(GuideRequestError) as info:
+        checker.check_now(guide, param)
+    message = str(info.value)
+    assert info.value.param == param and says in message, message
+    assert message.startswith(f"'{param}' cannot be used for guided decoding: ")
+    assert len(message) <= 400 and "<state>" not in message, message
+
+
+GOOD = [
+    choice_guide([f"c{i}" for i in range(1990)], "guided_choice"),
+    ("ebnf_grammar", alternatives(1990)),
+    ("regex", "(x{100}){100}"),
+    ("json", ""),
+    (
+        "json_schema",
+        json.dumps({"type": "object", "properties": {"c": {"enum": [f"v{i}" for i in range(3000)]}}}),
+    ),
+    ("regex", ".*"),
+]
+
+
+@pytest.mark.parametrize("guide", GOOD, ids=range(len(GOOD)))
+def test_what_the_engine_serves_passes_and_is_remembered(
+    checker: GuideChecker, guide: tuple[str, str]
+) -> None:
+    checker.check_now(guide, "guided")
+    started = time.perf_counter()
+    checker.check_now(guide, "guided")
+    assert time.perf_counter() - started < 0.001  # remembered, not compiled again
+
+
+def test_a_large_grammar_is_checked_off_the_event_loop(checker: GuideChecker) -> None:
+    """A 540 KB grammar takes the checker seconds; the event loop meanwhile keeps running (it held
+    the loop 4.8 s when the request's model compiled it)."""
+    grammar = "root ::= " + " | ".join(f'"w{i}"' for i in range(50_000))
+
+    async def check_while_ticking() -> tuple[float, float]:
+        gaps: list[float] = []
+
+        async def tick() -> None:
+            last = time.monotonic()
+            while True:
+                await asyncio.sleep(0.01)
+                gaps.append(time.monotonic() - last)
+                last = time.monotonic()
+
+        ticker = asyncio.create_task(tick())
+        started = time.monotonic()
+        with pytest.raises(GuideRequestError, match="max is 2000"):
+            await checker.check(("ebnf_grammar", grammar), "guided_grammar")
+        took = time.monotonic() - started
+        ticker.cancel()
+        return took, max(gaps)
+
+    took, longest = asyncio.run(check_while_ticking())
+    print(f"checked in {took:.2f} s; the event loop's longest wait {longest:.3f} s")
+    assert took > 0.5  # it was heavy work
+    assert longest < 1.0  # a collection of the garbage the grammar makes holds the GIL: ~0.3 s
