@@ -8,14 +8,19 @@ nothing else.
 from __future__ import annotations
 
 import json
+import queue
 import re
 import threading
+from pathlib import Path
 from typing import Any
 
 import httpx
 import jsonschema
+import numpy as np
 import openai
 import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
 MESSAGES = [{"role": "user", "content": "Describe a person."}]
 MAX_TOKENS = 400
@@ -312,3 +317,44 @@ def test_a_bad_guide_is_a_400_naming_the_field(
     error = info.value.response.json()["error"]
     assert error["param"] == param, error
     assert says in error["message"], error
+
+
+@pytest.mark.flavors("llmapi")  # the llmapi model's own threads; sent past the service, straight to Triton
+def test_an_engine_error_that_echoes_a_huge_grammar_freezes_nothing(service: Any, model_name: str) -> None:
+    """A 50,000-alternative grammar fails in the engine (llguidance: "max is 2000"), whose error
+    echoes the whole grammar. Logged whole, the 600 KB line stopped the service's copy of Triton's
+    output; Triton then blocked on its next log write inside the stub's log request, and a metric
+    call holding the GIL froze every thread of the model: every request waited 120 s for a 503,
+    2 runs in 2, until the stub was killed by hand. Sent to Triton directly, so that no check of the
+    service's stops it first."""
+    grammar = "root ::= " + " | ".join(f'"w{i}"' for i in range(50_000))
+
+    def tensor(name: str, value: np.ndarray) -> grpcclient.InferInput:
+        item = grpcclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+        item.set_data_from_numpy(value)
+        return item
+
+    inputs = [
+        tensor("text_input", np.array([b"Say a word"], dtype=np.object_)),
+        tensor("sampling_param_max_tokens", np.array([4], dtype=np.int32)),
+        tensor("guided_decoding_guide_type", np.array([b"ebnf_grammar"], dtype=np.object_)),
+        tensor("guided_decoding_guide", np.array([grammar.encode()], dtype=np.object_)),
+    ]
+    answers: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{service.triton_grpc_port}")
+    try:
+        client.start_stream(callback=lambda result, error: answers.put(error or result))
+        client.async_stream_infer(
+            "tensorrt_llm", inputs, outputs=[grpcclient.InferRequestedOutput("text_output")]
+        )
+        error = answers.get(timeout=60)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert isinstance(error, InferenceServerException), error
+    assert len(str(error)) < 2000, str(error)[:300]
+    for _ in range(3):  # then the service and its model answer as before, at once
+        answer = httpx.post(f"{service.url}/generate", json={"prompt": "Hi", "max_tokens": 4}, timeout=20)
+        assert answer.status_code == 200 and answer.text
+    triton_log = (Path(service.env["TRTLLM_RUN_DIR"]) / "triton.log").read_text(errors="replace")
+    assert max(len(line) for line in triton_log.splitlines()) < 20_000
