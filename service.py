@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import AsyncGenerator
 from typing import Annotated, Any
 
@@ -15,7 +16,7 @@ from annotated_types import Ge, Le
 from starlette.responses import JSONResponse
 
 from tensorrtllm_backend.stop_strings import StopStringError, check_stop
-from trtllm_service.api import deployment
+from trtllm_service.api import deployment, early
 from trtllm_service.api.auth import APIKeyMiddleware, APIKeys
 from trtllm_service.api.bentoml_patches import (
     arrange_middlewares,
@@ -52,6 +53,8 @@ DRAIN = Drain(SETTINGS.shutdown_grace_s)  # SIGTERM: requests in flight finish, 
 tune_request_tracing()  # before BentoML builds the app: no span per chunk, none built unread
 cancel_request_timers()  # BentoML's request timeout would hold every request's context for 600 s
 expose_server_send()  # streamed chunks skip the middlewares' send wrappers (api/streaming.py)
+# `bentoml serve`'s process answers on the port from its bind until a worker serves (api/early.py).
+early.answer_from_bind(lambda: run_dir(SETTINGS, service_pid=os.getpid()) / early.STOP_FLAG)
 
 
 # Runtime settings only (the image and what goes into it are bentofile.yaml's): traffic and GPUs
@@ -86,6 +89,7 @@ class TRTLLM:
     async def start_triton(self) -> None:
         """Returns at once: /livez 200, /readyz and the generation routes 503 (Retry-After) until
         the tokenizer is loaded and Triton is ready."""
+        early.serving(run_dir(SETTINGS) / early.STOP_FLAG)  # this worker answers from here on
         share_bentoml_log_handlers(logger)
         quiet_cut_streams()
         DRAIN.install()

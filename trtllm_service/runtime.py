@@ -46,10 +46,12 @@ INLINE_PROMPT_CHARS = 2048
 millisecond); longer ones in a worker thread."""
 
 
-def run_dir(settings: Settings) -> Path:
+def run_dir(settings: Settings, service_pid: int | None = None) -> Path:
     """TRTLLM_RUN_DIR, else a directory shared by every worker of one `bentoml serve` (they are
-    children of the same process): where Triton's repository, log, ownership and counters live."""
-    return settings.run_dir or Path(tempfile.gettempdir()) / f"trtllm-service-{os.getppid()}"
+    children of the same process, `service_pid`: the parent's by default): where Triton's
+    repository, log, ownership and counters live."""
+    pid = os.getppid() if service_pid is None else service_pid
+    return settings.run_dir or Path(tempfile.gettempdir()) / f"trtllm-service-{pid}"
 
 
 def check_tensorrt_llm(version: str | None) -> None:

@@ -17,13 +17,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
-from trtllm_service.errors import APIError
+from trtllm_service.api.early import STARTING_RETRY_S
+from trtllm_service.errors import STARTING, APIError
 from trtllm_service.triton.process import EXIT_TIMEOUT_S, TritonStartupError
 
 logger = logging.getLogger("trtllm_service")
-
-STARTING_RETRY_S = 1.0
-"""Retry-After of a request that comes while the service starts."""
 
 STOP_BOUND_S = EXIT_TIMEOUT_S + 25.0
 """The most the service's stop may take: Triton's own stop (its exit timeout, then SIGKILL to its
@@ -107,9 +105,7 @@ class Startup(Generic[R]):
                 "The service could not start; its log says why. It serves no requests until it is restarted."
             )
         if runtime is None:
-            raise APIError.unavailable(
-                "The service is starting; please retry shortly.", retry_after=STARTING_RETRY_S
-            )
+            raise APIError.unavailable(STARTING, retry_after=STARTING_RETRY_S)
         return runtime
 
     async def wait(self) -> None:
