@@ -23,6 +23,7 @@ from trtllm_service.api.bentoml_patches import (
     cancel_request_timers,
     expose_server_send,
     forbid_unknown_fields,
+    quiet_logs,
 )
 from trtllm_service.api.error_shape import ErrorShapeMiddleware, is_anthropic
 from trtllm_service.api.heap import freeze_startup_heap
@@ -91,6 +92,7 @@ class TRTLLM:
         the tokenizer is loaded and Triton is ready."""
         early.serving(run_dir(SETTINGS) / early.STOP_FLAG)  # this worker answers from here on
         share_bentoml_log_handlers(logger)
+        quiet_logs(starting=lambda: self.startup.starting)  # no access lines of start-up polls
         quiet_cut_streams()
         DRAIN.install()
         self.startup.begin(on_loaded=self._loaded, on_ready=self._ready)

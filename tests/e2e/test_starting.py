@@ -108,6 +108,8 @@ def test_answers_from_the_moment_the_port_is_bound(make_service: Any, model_name
     log = server.log()
     assert log.count("Triton starting (pid ") == 1, "one Triton for the service"
     assert "the service could not start" not in log
+    polls = [line for line in log.splitlines() if "status=503" in line]
+    assert not polls, f"the 503s answered while starting were access-logged: {polls[:2]}"
 
 
 @pytest.mark.flavors("ensemble")  # the broken weights file is the ensemble flavour's engine

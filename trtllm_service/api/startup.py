@@ -56,6 +56,7 @@ class Startup(Generic[R]):
         self._load = load
         self.runtime: R | None = None
         self.error: BaseException | None = None  # why the start failed; None while it has not
+        self.served = False  # ready once: restarts later are not the start
         self._task: asyncio.Task[None] | None = None
 
     def begin(self, on_loaded: Callable[[R], None], on_ready: Callable[[R], None]) -> None:
@@ -73,6 +74,7 @@ class Startup(Generic[R]):
             on_loaded(runtime)
             logger.debug("runtime loaded in %.1f s", time.monotonic() - started)
             await runtime.start()  # a failed start leaves no process behind (Runtime.start)
+            self.served = True
             on_ready(runtime)
         except Exception as exc:
             self.error = exc
@@ -88,6 +90,11 @@ class Startup(Generic[R]):
     @property
     def done(self) -> bool:
         return self._task is not None and self._task.done()
+
+    @property
+    def starting(self) -> bool:
+        """Not ready yet for the first time, and not failed: clients poll meanwhile."""
+        return not self.served and self.error is None
 
     @property
     def failed(self) -> bool:
