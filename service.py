@@ -58,7 +58,7 @@ expose_server_send()  # streamed chunks skip the middlewares' send wrappers (api
 early.answer_from_bind(lambda: run_dir(SETTINGS, service_pid=os.getpid()) / early.STOP_FLAG)
 
 
-# Runtime settings only (the image and what goes into it are bentofile.yaml's): traffic and GPUs
+# Runtime settings and the base image (what goes into the image is bentofile.yaml's): traffic and GPUs
 # from the packed engine, the GPU type from `bentoml build --arg gpu_type=...` if given
 # (api/deployment.py explains each); the description is the Swagger page's and the Bento's README.
 @bentoml.asgi_app(openai_routes.app, path=deployment.OPENAI_ROUTE)
@@ -70,6 +70,7 @@ early.answer_from_bind(lambda: run_dir(SETTINGS, service_pid=os.getpid()) / earl
         + openai_routes_of(openai_routes.root_app, ""),
     ),
     labels=deployment.labels(),
+    image=deployment.image(),  # NVIDIA's pinned image; what goes into it: bentofile.yaml
     service_class=DocumentedService,
     **deployment.service_config(
         read_pack_info(bentoml.models.get(MODEL_TAG).path), SETTINGS, deployment.build_arguments()
