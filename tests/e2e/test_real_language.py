@@ -10,6 +10,8 @@ whole file takes about a minute on 2 cores.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 from collections.abc import Iterator
@@ -20,7 +22,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.e2e.conftest import PACK_STDERR, BentoService, pack_demo, serving
+from tests.e2e.conftest import PACK_STDERR, REPO_ROOT, BentoService, pack_demo, serving
 
 MODEL = "trtllm-demo"
 CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
@@ -161,3 +163,17 @@ def test_packing_says_each_phase(smollm2: BentoService) -> None:
     assert len(said) == len(phases), said
     for line, phase in zip(said, phases, strict=True):
         assert re.match(phase, line), (line, phase)
+
+
+def test_the_readmes_anthropic_example_prints_what_it_shows(smollm2: BentoService) -> None:
+    """Issue 44: the README's Anthropic example set no temperature (the SDK has no argument for it),
+    so it sampled at 1 and printed nonsense where the OpenAI examples, at 0, print what they show.
+    Run as written (the URL aside), it prints the text block that follows it."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    code, shown = re.search(
+        r"```python\n(import anthropic\n.*?)```\n\n```text\n(.*?)```", readme, flags=re.DOTALL
+    ).groups()  # type: ignore[union-attr]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(code.replace("http://localhost:3000", smollm2.url), {})
+    assert printed.getvalue() == shown
