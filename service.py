@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -14,7 +15,7 @@ import bentoml
 from starlette.responses import JSONResponse
 
 from tensorrtllm_backend.stop_strings import StopStringError, check_stop
-from trtllm_service.api import deployment
+from trtllm_service.api import deployment, early
 from trtllm_service.api.auth import APIKeyMiddleware, APIKeys
 from trtllm_service.api.bentoml_patches import (
     arrange_middlewares,
@@ -22,6 +23,7 @@ from trtllm_service.api.bentoml_patches import (
     cancel_request_timers,
     expose_server_send,
     own_prometheus_dir,
+    quiet_logs,
     read_strictly,
 )
 from trtllm_service.api.error_shape import ErrorShapeMiddleware, is_anthropic
@@ -77,9 +79,11 @@ install_connection_limits(
         max_headers=SETTINGS.max_headers,
     )
 )
+# `bentoml serve`'s process answers on the port from its bind until a worker serves (api/early.py).
+early.answer_from_bind(lambda: run_dir(SETTINGS, service_pid=os.getpid()) / early.STOP_FLAG)
 
 
-# Runtime settings only (the image and what goes into it are bentofile.yaml's): traffic and GPUs
+# Runtime settings and the base image (what goes into the image is bentofile.yaml's): traffic and GPUs
 # from the packed engine, the GPU type from `bentoml build --arg gpu_type=...` if given
 # (api/deployment.py explains each); the description is the Swagger page's and the Bento's README.
 @bentoml.asgi_app(openai_routes.app, path=deployment.OPENAI_ROUTE)
@@ -91,6 +95,7 @@ install_connection_limits(
         + openai_routes_of(openai_routes.root_app, ""),
     ),
     labels=deployment.labels(),
+    image=deployment.image(),  # NVIDIA's pinned image; what goes into it: bentofile.yaml
     service_class=DocumentedService,
     **deployment.service_config(
         read_pack_info(bentoml.models.get(MODEL_TAG).path), SETTINGS, deployment.build_arguments()
@@ -111,7 +116,9 @@ class TRTLLM:
     async def start_triton(self) -> None:
         """Returns at once: /livez 200, /readyz and the generation routes 503 (Retry-After) until
         the tokenizer is loaded and Triton is ready."""
+        early.serving(run_dir(SETTINGS) / early.STOP_FLAG)  # this worker answers from here on
         share_bentoml_log_handlers(logger)
+        quiet_logs(starting=lambda: self.startup.starting)  # no access lines of start-up polls
         quiet_cut_streams()
         quiet_client_gone()
         DRAIN.install()

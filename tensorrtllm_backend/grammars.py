@@ -27,6 +27,10 @@ JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separa
 lets a model pad forever (a random-weights model does), and the output never ends."""
 
 
+GRAMMAR_BACKENDS = ("xgrammar", "llguidance")
+"""TensorRT-LLM's grammar backends (`guided_decoding_backend`); NVIDIA's C++ backend has xgrammar only."""
+
+
 class GuideError(ValueError):
     """A guide that cannot be compiled; the message says why (llguidance's words)."""
 
@@ -59,6 +63,62 @@ def grammar(guide_type: str, guide: str) -> str:
         except Exception as exc:  # the converter raises plain exceptions on bad input
             raise GuideError(f"the grammar is not valid GBNF: {exc}") from None
     raise GuideError(f"unknown guided decoding type {guide_type!r} (one of {', '.join(GUIDE_TYPES)})")
+
+
+def as_read_by(backend: str, guide_type: str, guide: str) -> str:
+    """The guide text, stated so that llguidance (our engines' grammar compiler) allows exactly what
+    TensorRT-LLM's `backend` would.
+
+    TensorRT-LLM 1.2.1 compiles a `json_schema` guide with xgrammar's `compile_json_schema(guide)`
+    (PyTorch backend: _torch/pyexecutor/grammar_matcher.py; C++ backend: `CompileJSONSchema`), whose
+    defaults are `strict_mode=True` and `any_whitespace=True`. Strict mode allows no property an
+    object's `properties` do not name and no item after an array's `prefixItems`, unless the schema
+    says otherwise (`additionalProperties`, `unevaluatedProperties`, `items`, `unevaluatedItems`);
+    an object without `properties` and an array without `prefixItems` stay open. Those defaults are
+    written into the schema here (`xgrammar_strict`). Its llguidance backend passes the schema to
+    `grammar_from_json_schema` as it is: JSON Schema's own defaults, which allow any other property.
+    Whitespace is JSON_LAYOUT's for both: one line, a subset of what either allows."""
+    if backend != "xgrammar" or guide_type != "json_schema":
+        return guide
+    try:
+        schema = json.loads(guide)
+    except ValueError:
+        return guide  # `grammar` refuses it with its reason
+    return json.dumps(xgrammar_strict(schema))
+
+
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_VALUES = ("items", "additionalProperties", "unevaluatedProperties", "unevaluatedItems", "not")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+
+
+def xgrammar_strict(schema: Any) -> Any:
+    """`schema` with xgrammar's strict mode written out (see `as_read_by`), at every depth."""
+    if not isinstance(schema, dict):
+        return schema
+    strict = dict(schema)
+    for key in _SCHEMA_LISTS:
+        if isinstance(strict.get(key), list):
+            strict[key] = [xgrammar_strict(item) for item in strict[key]]
+    for key in _SCHEMA_VALUES:
+        if isinstance(strict.get(key), dict):
+            strict[key] = xgrammar_strict(strict[key])
+    for key in _SCHEMA_MAPS:
+        if isinstance(strict.get(key), dict):
+            strict[key] = {name: xgrammar_strict(value) for name, value in strict[key].items()}
+    if (
+        isinstance(strict.get("properties"), dict)
+        and "additionalProperties" not in strict
+        and "unevaluatedProperties" not in strict
+    ):
+        strict["additionalProperties"] = False
+    if (
+        isinstance(strict.get("prefixItems"), list)
+        and "items" not in strict
+        and "unevaluatedItems" not in strict
+    ):
+        strict["items"] = False
+    return strict
 
 
 MAX_ERROR_CHARS = 300

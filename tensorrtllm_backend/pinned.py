@@ -16,6 +16,9 @@ LoRA by path): nvidia_llmapi.py's docstring lists them.
 from __future__ import annotations
 
 IMAGE = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
+IMAGE_PYTHON = "3.12"
+"""The image's Python (3.12.3): bentofile.yaml's docker.python_version, from which BentoML's build makes
+the venv it installs into before trtllm_service/image_env.py moves the service into the image's own."""
 TRITON_VERSION = "2.71.0"
 TENSORRT_LLM_VERSION = "1.2.1"
 TENSORRT_LLM_COMMIT = "376f7e1bd8ed543f75014309e3fd4b237e9b0e73"  # NVIDIA/TensorRT-LLM tag v1.2.1

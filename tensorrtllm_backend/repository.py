@@ -66,8 +66,8 @@ class RepositoryFlavor:
     Attributes:
         llm_api: One LLM API model configured by model.yaml (a Hugging Face checkpoint, no engine
             build): it takes LLM arguments (--config / --set, --dtype, --max-num-tokens,
-            --trust-remote-code, model.yaml's max_beam_width) and always guides (llguidance, nothing
-            packed for it). Else the classic ensemble, whose C++ backend guides with xgrammar and a
+            --trust-remote-code, model.yaml's max_beam_width) and always guides (xgrammar from the
+            tokenizer it loads, nothing packed for it). Else the classic ensemble, whose C++ backend guides with xgrammar and a
             tokenizer-info file packed beside the tokenizer, and whose slot takes a TensorRT engine.
         default_engine: What serves the model unless --engine says otherwise.
         engine_key: The template value that names what serves it.

@@ -11,6 +11,7 @@ from typing import Any
 
 BUSY = "Too many concurrent requests; please retry shortly."
 NOT_READY = "The inference server is not ready; please retry shortly."
+STARTING = "The service is starting; please retry shortly."
 
 
 class APIError(Exception):

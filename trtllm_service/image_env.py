@@ -1,8 +1,16 @@
+#!/usr/bin/env python3
 """Image build time: install the service into the image's own Python without moving TensorRT-LLM's pins.
 
-Run by bento_setup.sh with the image's Python (NVIDIA's 2026 trtllm images: the virtual environment
-/opt/venv-tritonserver, where TensorRT-LLM, torch and their pins live), before and after the service's
-requirements are installed:
+bentofile.yaml's `docker.setup_script`. BentoML 1.4's image build makes `/app/.venv` from Python
+`docker.python_version` and installs the requirements into it; this script runs right after that
+(`python image_env.py`, no arguments) and puts the service where TensorRT-LLM is instead: NVIDIA's
+2026 trtllm images keep Python, TensorRT-LLM, torch and their pins in the virtual environment
+/opt/venv-tritonserver, which a venv made beside it cannot see. So the requirements go into that
+Python (`TRTLLM_IMAGE_PYTHON` overrides it; else /opt/venv-tritonserver/bin/python, else the image's
+`python3`), constrained by the installed TensorRT-LLM's own pins; the build fails, one line per
+problem, unless that Python then imports what the service serves with and every pin still holds;
+and `/app/.venv`, which BentoML's entrypoint activates, becomes that Python (the one BentoML made
+is removed). Its steps, each run with the image's Python:
 
     python image_env.py constraints   TensorRT-LLM's own pins, read from the installed distribution's
                                       Requires-Dist (the image's truth, not our copy of it), as a
@@ -14,15 +22,19 @@ requirements are installed:
                                       warning: not ours to mend)
 
 Standard library only (and `packaging`, which transformers requires): it runs before anything of
-ours is installed.
+ours is in the image but this file.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
+import shutil
+import subprocess
 import sys
-from collections.abc import Iterable
+import tempfile
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 REQUIRED_IMPORTS = ("tensorrt_llm", "tensorrt_llm.serve", "torch", "tritonclient.grpc", "bentoml")
@@ -30,6 +42,14 @@ REQUIRED_IMPORTS = ("tensorrt_llm", "tensorrt_llm.serve", "torch", "tritonclient
 PyTorch executor imports while it loads a model: it needs a recent openai), torch, and the service."""
 
 TENSORRT_LLM = "tensorrt_llm"
+IMAGE_VENV_PYTHON = "/opt/venv-tritonserver/bin/python"
+"""NVIDIA's 2026 trtllm images' Python (the virtual environment TensorRT-LLM is installed in)."""
+BENTO_VENV = Path("/app/.venv")
+"""What BentoML's entrypoint activates (and its image build made, from another Python)."""
+BENTO_PYTHONS = Path("/app/python")
+"""Where BentoML's build puts a Python it had to download for its venv."""
+REQUIREMENTS = Path("env/python/requirements.txt")
+"""The bento's requirements (requirements.txt and bentoml), relative to the bento's directory."""
 
 
 def _requirements(dist: str = TENSORRT_LLM) -> list[object]:
@@ -93,7 +113,63 @@ def failed_imports(modules: Iterable[str] = REQUIRED_IMPORTS) -> list[str]:
     return failed
 
 
+def image_python(environ: Mapping[str, str]) -> str:
+    """The Python TensorRT-LLM lives in: TRTLLM_IMAGE_PYTHON, else NVIDIA's venv, else the image's
+    `python3` (not the one of BentoML's venv, first on PATH while the image builds)."""
+    if environ.get("TRTLLM_IMAGE_PYTHON"):
+        return environ["TRTLLM_IMAGE_PYTHON"]
+    if os.access(IMAGE_VENV_PYTHON, os.X_OK):
+        return IMAGE_VENV_PYTHON
+    path = os.pathsep.join(
+        p for p in environ.get("PATH", os.defpath).split(os.pathsep) if not p.startswith(str(BENTO_VENV))
+    )
+    return shutil.which("python3", path=path) or "python3"
+
+
+def _say(line: str) -> None:
+    print(f"image_env: {line}", flush=True)
+
+
+def setup(environ: Mapping[str, str]) -> int:
+    """The image build's step (see the module docstring); its exit status."""
+    python, me = image_python(environ), str(Path(__file__).resolve())
+
+    def ask(*args: str) -> str:
+        return subprocess.run([python, *args], check=True, capture_output=True, text=True).stdout.strip()
+
+    prefix = ask("-c", "import sys; print(sys.prefix)")
+    version = ask("-c", "import platform; print(platform.python_version())")
+    _say(f"the image's Python: {python} ({version}, {prefix})")
+    with tempfile.TemporaryDirectory() as scratch:
+        constraints, before = Path(scratch, "constraints.txt"), Path(scratch, "before.txt")
+        found = subprocess.run([python, me, "constraints"], capture_output=True, text=True)
+        if found.returncode != 0:
+            _say(f"error: {python} cannot see {TENSORRT_LLM}; is the base image NVIDIA's trtllm image?")
+            return 1
+        constraints.write_text(found.stdout)
+        before.write_text(ask(me, "versions") + "\n")
+        uv = ["uv", "pip", "install", "--python", python, "-r", str(REQUIREMENTS), "-c", str(constraints)]
+        if (
+            subprocess.run(uv).returncode != 0
+            or subprocess.run([python, me, "check", str(before)]).returncode
+        ):
+            return 1
+    shutil.rmtree(BENTO_VENV, ignore_errors=True)
+    shutil.rmtree(BENTO_PYTHONS, ignore_errors=True)
+    if ask("-c", "import sys; print(sys.prefix != sys.base_prefix)") == "True":
+        BENTO_VENV.symlink_to(prefix)  # a virtual environment: the entrypoint activates it as it is
+    else:
+        subprocess.run(
+            [python, "-m", "venv", "--system-site-packages", "--without-pip", str(BENTO_VENV)], check=True
+        )
+        subprocess.run(["chown", "-R", "bentoml:bentoml", str(BENTO_VENV)], check=True)
+    _say(f"{BENTO_VENV} is {prefix}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
+    if not argv:
+        return setup(os.environ)
     if argv == ["constraints"]:
         try:
             print("\n".join(constraint_lines()))
@@ -126,7 +202,7 @@ def main(argv: list[str]) -> int:
                 f"image_env: {sys.executable} imports {', '.join(REQUIRED_IMPORTS)}; TensorRT-LLM's pins hold"
             )
         return 1 if problems else 0
-    print("usage: image_env.py constraints | versions | check [BEFORE]", file=sys.stderr)
+    print("usage: image_env.py [constraints | versions | check [BEFORE]]", file=sys.stderr)
     return 2
 
 

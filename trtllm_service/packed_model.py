@@ -67,7 +67,7 @@ class PackInfo:
             trtllm-build gathered them; the Python engines (reference, LLM API) compute them on request.
         guided_decoding: Whether the model guides (response_format, guided_*, forced tool calls): the
             ensemble flavour only when packed with the xgrammar tokenizer info for NVIDIA's C++
-            backend (not with ``--no-guided-decoding``); the LLM API always does (llguidance).
+            backend (not with ``--no-guided-decoding``); the LLM API always does (xgrammar, from model.yaml).
         template_values: Every value the Triton templates were filled with.
         versions: Tool versions (tensorrt_llm, bentoml, transformers, trtllm-service, ...).
         launch_command: The production command line (shell-quoted) that serves ``<model>/repository``.

@@ -42,15 +42,20 @@ from trtllm_service.versions import installed_tensorrt_llm, triton_version
 
 logger = logging.getLogger("trtllm_service")
 
+STILL_STARTING_S = 20.0
+"""While Triton starts (minutes for a large engine), its owner says so this often: no silent minute."""
+
 INLINE_PROMPT_CHARS = 2048
 """Prompts up to this many characters are templated and tokenized on the event loop (well under a
 millisecond); longer ones in a worker thread."""
 
 
-def run_dir(settings: Settings) -> Path:
+def run_dir(settings: Settings, service_pid: int | None = None) -> Path:
     """TRTLLM_RUN_DIR, else a directory shared by every worker of one `bentoml serve` (they are
-    children of the same process): where Triton's repository, log, ownership and counters live."""
-    return settings.run_dir or Path(tempfile.gettempdir()) / f"trtllm-service-{os.getppid()}"
+    children of the same process, `service_pid`: the parent's by default): where Triton's
+    repository, log, ownership and counters live."""
+    pid = os.getppid() if service_pid is None else service_pid
+    return settings.run_dir or Path(tempfile.gettempdir()) / f"trtllm-service-{pid}"
 
 
 def check_tensorrt_llm(version: str | None) -> None:
@@ -76,7 +81,11 @@ class Runtime:
         self.model_name = model_name
         self.settings = settings
         self.info = read_pack_info(self.model_path)
+        # transformers' import is most of the start before Triton's: seconds, 40 s on a loaded machine
+        logger.info("%s: loading its tokenizer (transformers)", model_name)
+        started = time.monotonic()
         self.tokenizer = _load_tokenizer(self.model_path / "tokenizer")
+        logger.info("%s: tokenizer loaded in %.1f s", model_name, time.monotonic() - started)
         self.formatter = PromptFormatter(
             self.tokenizer, content_special_tokens=settings.content_special_tokens
         )
@@ -156,11 +165,14 @@ class Runtime:
         tensorrt_llm = installed_tensorrt_llm()
         check_tensorrt_llm(tensorrt_llm)
         started = time.monotonic()
+        note = asyncio.get_running_loop().create_task(self._say_still_starting(started))
         try:
             await self.triton.start()
         except BaseException:
             await self.stop()  # a failed start leaves no process and no run directory behind
             raise
+        finally:
+            note.cancel()
         if self.triton.owner:
             triton = await asyncio.to_thread(triton_version, self.triton.http_url)
             logger.info(
@@ -173,6 +185,18 @@ class Runtime:
             options = self.info.llm_options_line()  # pack_model.py --config / --set
             if options:
                 logger.info("%s: %s", self.model_name, options)
+
+    async def _say_still_starting(self, started: float) -> None:
+        """Every STILL_STARTING_S, from Triton's owner: how long so far, and where Triton says more."""
+        while True:
+            await asyncio.sleep(STILL_STARTING_S)
+            if self.triton.owner:
+                logger.info(
+                    "Triton is still loading %s (%.0f s so far; its own log: %s)",
+                    self.model_name,
+                    time.monotonic() - started,
+                    self.run_dir / "triton.log",
+                )
 
     def _on_change(self, ready: bool) -> None:
         if not ready:

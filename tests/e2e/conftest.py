@@ -51,18 +51,26 @@ def bentoml_home(flavor: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
     return pack_demo(tmp_path_factory.mktemp(f"bentoml_home_{flavor}"), flavor)
 
 
-def pack_demo(home: Path, flavor: str, *options: str, demo: str = "tiny") -> Path:
+PACK_STDERR = "pack_model.stderr"
+"""Where `pack_demo(..., quiet=False)` leaves what pack_model.py said (under the home)."""
+
+
+def pack_demo(home: Path, flavor: str, *options: str, demo: str = "tiny", quiet: bool = True) -> Path:
     """Packs a demo model (the tiny random one, or smollm2) into the model store under `home` with
-    pack_model.py, as a user does."""
+    pack_model.py, as a user does (not quiet: its stderr is kept in `home / PACK_STDERR`)."""
     env = {**os.environ, "BENTOML_HOME": str(home), "BENTOML_DO_NOT_TRACK": "true"}
-    subprocess.run(
-        [sys.executable, "pack_model.py", "--demo", demo, "--flavor", flavor, "--quiet", *options],
+    done = subprocess.run(
+        [sys.executable, "pack_model.py", "--demo", demo, "--flavor", flavor, *options]
+        + (["--quiet"] if quiet else []),
         cwd=REPO_ROOT,
         env=env,
         check=True,
         capture_output=True,
+        text=True,
         timeout=300,
     )
+    if not quiet:
+        (home / PACK_STDERR).write_text(done.stderr)
     return home
 
 

@@ -227,7 +227,10 @@ def test_bad_request_is_a_json_400(service: BentoService, case: str) -> None:
     reaches the engine; the service serves on."""
     body, field, code = BAD_REQUESTS[case]
     before = wait_engine_idle(service)
-    response = httpx.post(f"{service.url}/generate", json=body, timeout=60)
+    request_id = f"bad-{case}-{time.monotonic_ns()}"
+    response = httpx.post(
+        f"{service.url}/generate", json=body, headers={"X-Request-Id": request_id}, timeout=60
+    )
 
     assert response.status_code == 400, response.text
     assert response.headers["content-type"].startswith("application/json"), response.text
@@ -245,6 +248,15 @@ def test_bad_request_is_a_json_400(service: BentoService, case: str) -> None:
         f"{service.url}/generate", json={"prompt": "Hi", "max_tokens": 3, "temperature": 0}, timeout=60
     )
     assert ok.status_code == 200, ok.text
+    # The client's fault is at most one WARNING line in the log (and BentoML's access line), never
+    # an ERROR with pydantic's traceback.
+    marked = f"[request_id={request_id}]"
+    assert wait_for(lambda: "status=400" in service.log().split(marked, 1)[-1], timeout=10)
+    after = service.log().split(marked, 1)[1]
+    lines = [line for line in service.log().splitlines() if marked in line]
+    assert "Traceback" not in after and not [line for line in lines if "[ERROR]" in line], lines
+    warnings = [line for line in lines if "[WARNING]" in line]
+    assert len(warnings) <= 1 and all(field in line for line in warnings), warnings
 
 
 def assert_error_shape(payload: Any) -> dict[str, Any]:

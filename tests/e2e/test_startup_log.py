@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from tests.e2e.conftest import BentoService
+from trtllm_service.triton.process import NO_GPU_LINES, NO_GPU_NOTE
 
 FLAVORS = ("llmapi",)  # the log does not depend on the repository flavour
 
@@ -29,6 +30,17 @@ def test_one_line_per_phase_and_no_triton_tables(service: BentoService, model_na
     assert not tables, f"Triton's tables reached the log at INFO: {tables[:3]}"
     triton_info = [line for line in lines if re.search(r"\[triton\] I\d{4} ", line)]
     assert not triton_info, triton_info[:3]
+    # No silent stretch before Triton starts: the tokenizer's load (transformers) is a phase.
+    hook = next(i for i, line in enumerate(lines) if "Completed async startup hook" in line)
+    loading = [i for i, line in enumerate(lines) if f"{model_name}: loading its tokenizer" in line]
+    loaded = [i for i, line in enumerate(lines) if re.search(rf"{model_name}: tokenizer loaded in \d", line)]
+    assert len(loading) == len(loaded) == 1, "\n".join(lines[-40:])
+    assert hook < loading[0] < loaded[0] < lines.index(starting[0])
+    # Triton's expected complaints on a machine without a GPU: said once, in our words.
+    no_gpu = [line for line in lines if "[triton]" in line and any(known in line for known in NO_GPU_LINES)]
+    assert not no_gpu, no_gpu
+    assert not [line for line in lines if re.search(r"\[triton\] E\d{4} ", line)]
+    assert sum(NO_GPU_NOTE in line for line in lines) == 1, "\n".join(lines[-40:])
     # Everything Triton said is in its own log.
     triton_log = (Path(service.env["TRTLLM_RUN_DIR"]) / "triton.log").read_text(errors="replace")
     assert "| Model" in triton_log and "READY" in triton_log

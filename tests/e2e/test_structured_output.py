@@ -18,6 +18,7 @@ import httpx
 import jsonschema
 import numpy as np
 import openai
+import pydantic
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
@@ -317,6 +318,43 @@ def test_a_bad_guide_is_a_400_naming_the_field(
     error = info.value.response.json()["error"]
     assert error["param"] == param, error
     assert says in error["message"], error
+
+
+class Person(pydantic.BaseModel):
+    """What instructor's JSON_SCHEMA mode sends: a pydantic model's schema, no additionalProperties."""
+
+    name: str = pydantic.Field(max_length=3)
+    age: int = pydantic.Field(ge=0, le=120)
+
+
+def test_a_pydantic_schema_allows_only_the_properties_it_names(
+    client: openai.OpenAI, model_name: str, service: Any
+) -> None:
+    """TensorRT-LLM compiles a json_schema guide with xgrammar's strict defaults on both flavours:
+    no property the schema does not name (issue 44: our guide allowed them, and the demo added a
+    "description" key until it ran out of tokens). A bias towards `,` (where another key would
+    start) over `}` shows which one the guide allows after the last property."""
+    schema = Person.model_json_schema()
+    assert "additionalProperties" not in schema
+    ids = {
+        text: httpx.post(
+            f"{service.url}/tokenize", json={"prompt": text, "add_special_tokens": False}, timeout=30
+        ).json()["tokens"]
+        for text in (",", "}")
+    }
+    assert all(len(found) == 1 for found in ids.values()), ids
+    answer = client.chat.completions.create(
+        model=model_name,
+        messages=[{"role": "user", "content": "Invent a person."}],
+        temperature=0,
+        max_tokens=40,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}},
+        logit_bias={str(ids[","][0]): 100, str(ids["}"][0]): 50},
+    )
+    content = answer.choices[0].message.content or ""
+    assert answer.choices[0].finish_reason == "stop", content
+    assert set(json.loads(content)) == {"name", "age"}, content
+    Person.model_validate_json(content)
 
 
 @pytest.mark.flavors("llmapi")  # the llmapi model's own threads; sent past the service, straight to Triton

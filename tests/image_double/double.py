@@ -14,7 +14,8 @@ What it models (NVIDIA's 2026 trtllm images, REFERENCE.md section 10):
 - tritonserver at /opt/tritonserver/bin (the real Triton 2.51 of nvidia-pytriton: CPU only).
 
 Where it cannot be faithful: its Python is Debian bookworm's 3.11.2, not 3.12.3 (no Debian suite
-ships 3.12); torch is PyTorch 2.13.0's CPU wheel labelled 2.10.0a0 (the image's version, so pin checks
+ships 3.12; a CPython 3.12 of this machine's, pyenv's, sits beside it as `python3.12` on PATH, so
+that BentoML's build finds the image's Python version, `pinned.IMAGE_PYTHON`, as in NVIDIA's image); torch is PyTorch 2.13.0's CPU wheel labelled 2.10.0a0 (the image's version, so pin checks
 see the image's state); the double's LLM serves through our stand-in over the synthetic engine (no
 model, no GPU); there is no C++ `tensorrtllm` backend, so the legacy flavour runs its Python-backend
 engine.
@@ -254,6 +255,13 @@ def _stage(context: Path) -> None:
     shutil.copy(torch_wheel(), context / "torch")
     shutil.copy(HERE / "relabel_dist.py", context / "torch")
     (context / "image-requirements.txt").write_text("\n".join(IMAGE_PACKAGES) + "\n")
+    # its prefix is built into it (rpath): it goes to the same path in the double
+    shutil.copytree(
+        python312(),
+        context / "python3.12",
+        symlinks=True,
+        ignore=shutil.ignore_patterns("test", "tests", "site-packages", "__pycache__", "idlelib", "tkinter"),
+    )
 
 
 TORCH_WHEELS = Path("/opt/wheels")
@@ -265,6 +273,23 @@ def torch_wheel() -> Path:
     if not found:
         raise DoubleError(f"no torch 2.13.0 CPU wheel for CPython 3.11 in {TORCH_WHEELS}")
     return found[-1]
+
+
+def python312() -> Path:
+    """The prefix of a CPython 3.12 built on this machine (pyenv's, or a `python3.12` on PATH): the
+    double's `python3.12`, which BentoML's build makes its (then replaced) venv from."""
+    candidates = sorted(Path.home().glob(".pyenv/versions/3.12.*/bin/python3.12"))
+    found = shutil.which("python3.12")
+    for binary in [*candidates, *([Path(found)] if found else [])]:
+        done = subprocess.run(
+            [str(binary), "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True, check=False
+        )
+        prefix = Path(done.stdout.strip())
+        if done.returncode == 0 and (prefix / "lib" / "python3.12").is_dir():
+            return prefix
+    raise DoubleError(
+        "no CPython 3.12 on this machine (pyenv's or python3.12 on PATH) for the double's python3.12"
+    )
 
 
 def ensure_double(env: dict[str, str] | None = None) -> tuple[str, dict[str, str]]:
@@ -280,6 +305,7 @@ def ensure_double(env: dict[str, str] | None = None) -> tuple[str, dict[str, str
         _tree_bytes(HERE / "bin"),
         "\n".join(IMAGE_PACKAGES).encode(),
         (REPO_ROOT / pinned.CONSTRAINTS_FILE).read_bytes(),
+        str(python312()).encode(),
     )
     built = f"localhost/trtllm-double:{inputs}"
     if not image_exists(built, env):
@@ -293,6 +319,8 @@ def ensure_double(env: dict[str, str] | None = None) -> tuple[str, dict[str, str
                     "--network=host",
                     "--build-arg",
                     f"BASE={base}",
+                    "--build-arg",
+                    f"PYTHON312={python312()}",
                     "-t",
                     built,
                     str(context),
@@ -301,6 +329,20 @@ def ensure_double(env: dict[str, str] | None = None) -> tuple[str, dict[str, str
             )
     run(["podman", "tag", built, pinned.IMAGE], env=env)
     return pinned.IMAGE, env
+
+
+def ensure_without_tensorrt_llm(env: dict[str, str]) -> str:
+    """The double with its tensorrt_llm uninstalled: a base image whose Python cannot see
+    TensorRT-LLM (for the image build's refusal)."""
+    double = run(["podman", "image", "inspect", "--format", "{{.Id}}", pinned.IMAGE], env=env).strip()
+    name = f"localhost/trtllm-double-no-trtllm:{double[:16]}"
+    if not image_exists(name, env):
+        with tempfile.TemporaryDirectory(dir=ROOT / "tmp") as scratch:
+            (Path(scratch) / "Containerfile").write_text(
+                f"FROM {pinned.IMAGE}\nRUN pip uninstall -y -q tensorrt_llm\n"
+            )
+            run(["podman", "build", "--pull=never", "-t", name, scratch], env=env)
+    return name
 
 
 if __name__ == "__main__":
@@ -313,11 +355,9 @@ if __name__ == "__main__":
 
 
 def containerize(bento: str, image: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """`bentoml containerize --backend podman` of `bento` as `image` (host network: the registries).
-
-    Run from / : BentoML resolves the Dockerfile template of the bento it copies to TMPDIR against
-    the working directory and refuses one outside it.
-    """
+    """`bentoml containerize --backend podman` of `bento` as `image` (host network: the registries),
+    run from the project's directory as the README says (issue 44: a bento v1 with a Dockerfile
+    template failed there; it worked only from /)."""
     return subprocess.run(
         [
             sys.executable,
@@ -333,7 +373,7 @@ def containerize(bento: str, image: str, env: dict[str, str]) -> subprocess.Comp
             "network=host",
         ],
         env=env,
-        cwd="/",
+        cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=900,

@@ -60,3 +60,14 @@ def test_check_fails_here_without_tensorrt_llm(capsys: pytest.CaptureFixture[str
     assert image_env.main(["check"]) == 1
     assert "cannot import tensorrt_llm:" in capsys.readouterr().err
     assert image_env.main(["nonsense"]) == 2
+
+
+def test_the_image_python_is_never_the_venv_bentoml_made(tmp_path: Path) -> None:
+    """While the image builds, BentoML's own /app/.venv is first on PATH; the setup script installs
+    into the image's Python, which TRTLLM_IMAGE_PYTHON names when set."""
+    venv_bin = tmp_path / "bin"
+    venv_bin.mkdir()
+    (venv_bin / "python3").symlink_to(sys.executable)
+    assert image_env.image_python({"TRTLLM_IMAGE_PYTHON": "/x/python"}) == "/x/python"
+    found = image_env.image_python({"PATH": f"{image_env.BENTO_VENV}/bin:{venv_bin}"})
+    assert found in (image_env.IMAGE_VENV_PYTHON, str(venv_bin / "python3"))

@@ -197,7 +197,7 @@ def test_finding_packing_writes_only_llm_api_fields(
     args = nv.validate_llm_args(nv.drop_nulls(data))
     assert args.lora_config.max_loras == options.lora_cache_adapters
     assert args.lora_config.lora_target_modules == ["attn_dense", "attn_q", "attn_v", "mlp_4h_to_h"]
-    assert args.guided_decoding_backend == "llguidance" and args.backend == "pytorch"
+    assert args.guided_decoding_backend == "xgrammar" and args.backend == "pytorch"
     assert nv.unknown_keys({**data, "env_overrides": {}}) == ["env_overrides"]  # estimated: not ours to write
 
 
@@ -397,7 +397,7 @@ def test_finding_standin_refuses_what_it_cannot_serve(llm: Any, loop: Any) -> No
     ):
         with pytest.raises(RequestError, match=message):
             loop.run_until_complete(call(**kwargs))
-    with pytest.raises(ValueError, match="guided_decoding_backend"):  # model.yaml sets llguidance
+    with pytest.raises(ValueError, match="guided_decoding_backend"):  # model.yaml sets xgrammar
         loop.run_until_complete(call(guided_decoding=llm_standin.GuidedDecodingParams(regex="a+")))
 
     # beam search runs exactly the LLM's max_beam_width (unset: 1): the executor's request error

@@ -453,7 +453,7 @@ def test_packing_the_legacy_flavour_warns_once(
     from trtllm_service.packing import cli
 
     monkeypatch.setattr(cli, "run", lambda args: packed(tmp_path, flavor))
-    assert cli.main(["--demo", "tiny"]) == 0
+    assert cli.main(["--demo", "tiny", "--quiet"]) == 0  # no phase lines: only the warning (or nothing)
     out = capsys.readouterr()
     expected = f"pack_model: warning: {pinned.ENSEMBLE_LEGACY_WARNING}\n" if flavor == "ensemble" else ""
     assert out.err == expected

@@ -19,6 +19,7 @@ import asyncio
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -232,3 +233,61 @@ def read_strictly(input_model: Any) -> None:
     config["strict"] = True
     config["json_schema_extra"] = openapi30_tree  # /v1's ranges (exclusive bounds) in OpenAPI 3.0's words
     input_model.model_rebuild(force=True)
+
+
+class ClientFaultLines(logging.Filter):
+    """BentoML logs a client's bad input on `/generate` (a body that does not validate) as an ERROR
+    with the whole pydantic traceback (`log_exception`); the client gets its 400 naming the field,
+    so the log gets one WARNING line naming it too. Real errors pass as they are."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        fault = client_fault(record.exc_info[1] if record.exc_info else None)
+        if fault is not None:
+            where = record.args if isinstance(record.args, tuple) and len(record.args) == 2 else ("?", "?")
+            record.levelno, record.levelname = logging.WARNING, logging.getLevelName(logging.WARNING)
+            record.msg, record.args = "%s [%s]: the client's request was refused (%d): %s", (*where, *fault)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def client_fault(exc: BaseException | None) -> tuple[int, str] | None:
+    """(status, what was wrong in one line) when `exc` is a client's fault (a body that does not
+    validate, or BentoML's own 4xx); None for anything else."""
+    from bentoml.exceptions import BentoMLException
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        return 400, "; ".join(
+            f"{'.'.join(str(part) for part in error['loc']) or 'body'}: {error['msg']}"
+            for error in exc.errors(include_url=False)[:5]
+        )
+    if isinstance(exc, BentoMLException) and 400 <= exc.error_code.value < 500:
+        return exc.error_code.value, " ".join(str(exc).split())
+    return None
+
+
+class StartupPolls(logging.Filter):
+    """Leaves out BentoML's access line of a request answered 503 while the service starts: clients
+    poll until it is ready (`/livez`, `/readyz`, `/healthz` and `/metrics` are left out by BentoML's
+    own `api_server.logging.access.skip_paths`). Once the service has served, every 503 is logged."""
+
+    def __init__(self, starting: Callable[[], bool]) -> None:
+        super().__init__()
+        self.starting = starting
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and "status=503" in str(args[2]):
+            return not self.starting()
+        return True
+
+
+def quiet_logs(starting: Callable[[], bool]) -> None:
+    """Installs `ClientFaultLines` and `StartupPolls` on BentoML's loggers (once per worker)."""
+    for name, kind, make in (
+        ("bentoml._internal.server.http_app", ClientFaultLines, ClientFaultLines),
+        ("bentoml.access", StartupPolls, lambda: StartupPolls(starting)),
+    ):
+        target = logging.getLogger(name)
+        if not any(isinstance(f, kind) for f in target.filters):
+            target.addFilter(make())

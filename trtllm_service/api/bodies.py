@@ -14,10 +14,11 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
 
+from trtllm_service.api.early import STARTING_RETRY_S
 from trtllm_service.api.generation import GenerationServing, error_response
 from trtllm_service.api.metrics import count_rejected
 from trtllm_service.api.openai.protocol import parse_request
-from trtllm_service.errors import APIError
+from trtllm_service.errors import STARTING, APIError
 
 _Body = TypeVar("_Body", bound=BaseModel)
 _S = TypeVar("_S", bound=GenerationServing)
@@ -33,7 +34,7 @@ def bind_serving(serving: GenerationServing) -> None:
 def bound_serving(request: Request | None = None) -> Any:
     """The bound serving object; a 503 while the service starts."""
     if not _bound:
-        raise APIError.unavailable("The service is starting; please retry shortly.", retry_after=1)
+        raise APIError.unavailable(STARTING, retry_after=STARTING_RETRY_S)
     return _bound[0]
 
 

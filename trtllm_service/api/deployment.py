@@ -20,6 +20,8 @@ Bento (its bento.yaml) and BentoCloud's scheduler and autoscaler read them there
   `instance_type` picks the machine; it is never assumed.
 - `labels.openai_endpoint`: where the OpenAI-compatible routes are mounted.
 - `http.cors`: BentoML's own CORS, on when `TRTLLM_CORS_ALLOW_ORIGINS` names origins.
+- `image`: the base image and its Python, from tensorrtllm_backend/pinned.py (BentoML 1.4's
+  `bentoml.images.Image`); what goes into the image is bentofile.yaml's.
 
 Each can be overridden: the `TRTLLM_*` variables (settings.py) when the Bento is built (what its
 bento.yaml tells BentoCloud) or served (what the service enforces), BentoML's configuration
@@ -31,11 +33,29 @@ from __future__ import annotations
 
 from typing import Any
 
+from tensorrtllm_backend import pinned
 from trtllm_service.api.limits import ConcurrencyLimitMiddleware
 from trtllm_service.packed_model import PackInfo
 from trtllm_service.settings import Settings
 
 SERVICE_NAME = "trtllm"
+
+
+def image() -> Any:
+    """The Bento's base image, NVIDIA's pinned trtllm image, and its Python: BentoML's build makes its
+    venv from that Python (the image has it: nothing is downloaded), before bentofile.yaml's setup
+    script moves the service into the image's own environment (trtllm_service/image_env.py). Given
+    here and not as bentofile.yaml's `docker.base_image` / `docker.python_version`, which BentoML
+    1.4 warns about ("'python=3.12' option is ignored", a v1 leftover: a v2 image uses it).
+
+    `distro` is what NVIDIA's image is, Ubuntu, for which BentoML has no default `apt-get install`
+    (for "debian" its build would run one, twice: bentofile.yaml's options evolve the image and
+    insert it again); the image has what the service's wheels need."""
+    import bentoml
+
+    return bentoml.images.Image(base_image=pinned.IMAGE, python_version=pinned.IMAGE_PYTHON, distro="ubuntu")
+
+
 OPENAI_ROUTE = "/v1"
 MIN_MAX_CONCURRENCY = 256
 """The least `max_concurrency` derived for any engine: the load the service is tested and

@@ -17,13 +17,11 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
-from trtllm_service.errors import APIError
+from trtllm_service.api.early import STARTING_RETRY_S
+from trtllm_service.errors import STARTING, APIError
 from trtllm_service.triton.process import EXIT_TIMEOUT_S, TritonStartupError
 
 logger = logging.getLogger("trtllm_service")
-
-STARTING_RETRY_S = 1.0
-"""Retry-After of a request that comes while the service starts."""
 
 STOP_BOUND_S = EXIT_TIMEOUT_S + 25.0
 """The most the service's stop may take: Triton's own stop (its exit timeout, then SIGKILL to its
@@ -58,6 +56,7 @@ class Startup(Generic[R]):
         self._load = load
         self.runtime: R | None = None
         self.error: BaseException | None = None  # why the start failed; None while it has not
+        self.served = False  # ready once: restarts later are not the start
         self._task: asyncio.Task[None] | None = None
 
     def begin(self, on_loaded: Callable[[R], None], on_ready: Callable[[R], None]) -> None:
@@ -75,6 +74,7 @@ class Startup(Generic[R]):
             on_loaded(runtime)
             logger.debug("runtime loaded in %.1f s", time.monotonic() - started)
             await runtime.start()  # a failed start leaves no process behind (Runtime.start)
+            self.served = True
             on_ready(runtime)
         except Exception as exc:
             self.error = exc
@@ -92,6 +92,11 @@ class Startup(Generic[R]):
         return self._task is not None and self._task.done()
 
     @property
+    def starting(self) -> bool:
+        """Not ready yet for the first time, and not failed: clients poll meanwhile."""
+        return not self.served and self.error is None
+
+    @property
     def failed(self) -> bool:
         return self.error is not None
 
@@ -107,9 +112,7 @@ class Startup(Generic[R]):
                 "The service could not start; its log says why. It serves no requests until it is restarted."
             )
         if runtime is None:
-            raise APIError.unavailable(
-                "The service is starting; please retry shortly.", retry_after=STARTING_RETRY_S
-            )
+            raise APIError.unavailable(STARTING, retry_after=STARTING_RETRY_S)
         return runtime
 
     async def wait(self) -> None:

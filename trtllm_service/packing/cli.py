@@ -24,7 +24,7 @@ from tensorrtllm_backend import pinned
 from tensorrtllm_backend.repository import FLAVORS
 from trtllm_service.chat.reasoning import REASONING_PARSERS
 from trtllm_service.packed_model import PackError
-from trtllm_service.packing import packer
+from trtllm_service.packing import packer, phases
 from trtllm_service.packing.llm_options import (
     OPTION_FLAGS,
     LlmOptions,
@@ -47,7 +47,7 @@ from trtllm_service.packing.sources import (
     read_hf_checkpoint,
 )
 
-PROG = "pack_model"
+PROG = phases.PROG
 REPO_ROOT = Path(__file__).resolve().parents[2]
 """Where service.py and bentofile.yaml are: what `bentoml serve` and `bentoml build` take."""
 DEMOS = ("smollm2", "tiny")
@@ -356,6 +356,21 @@ def build_demo(kind: str, out_dir: Path) -> Path:
     return build_smollm2_model(out_dir)
 
 
+def launch_lines(command: str) -> list[str]:
+    """The packed launch command (production's, NVIDIA's image) and, where that image's tritonserver
+    is not on this machine, the one `bentoml serve` starts here instead."""
+    from tensorrtllm_backend.launcher import LauncherError, find_tritonserver
+
+    if Path(packer.PRODUCTION_TRITONSERVER).is_file():
+        return [f"launch_command: {command}"]
+    try:
+        install = find_tritonserver()
+        here = f"{install.binary} ({install.source})"
+    except LauncherError as exc:
+        here = f"none ({exc})"
+    return [f"launch_command (in NVIDIA's image): {command}", f"tritonserver here: {here}"]
+
+
 def settle_served(tag: str, serve: bool) -> tuple[str | None, str, Path]:
     """After packing `tag`: the served model (None: none), why, and the file that records it.
 
@@ -427,6 +442,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.set_served is not None:
         return set_served(args.set_served)
+    phases.start(not args.quiet)
     try:
         result = run(args)
     except LlmOptionsError as exc:  # bad LLM API options, like bad arguments: exit 2
@@ -438,6 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: error: interrupted, nothing was saved", file=sys.stderr)
         return 130
+    phases.done("packed")
     info = result.info
     legacy = FLAVORS[info.flavor].legacy_warning
     if legacy:
@@ -447,7 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"path: {result.path}")
     print(f"flavor: {info.flavor}")
     print(f"backend: {info.backend} (world_size {info.world_size}, max_batch_size {info.max_batch_size})")
-    print(f"launch_command: {info.launch_command}")
+    print("\n".join(launch_lines(info.launch_command)))
     if info.llm_options_line():
         print(info.llm_options_line())
     try:

@@ -15,16 +15,16 @@ _COPY_CHUNK = 16 * 1024 * 1024
 
 
 class Progress:
-    """A byte progress bar on stderr (tqdm); silent when disabled or stderr is not a terminal."""
+    """A progress bar on stderr (tqdm), of bytes unless `unit` says what it counts; silent when
+    disabled or stderr is not a terminal."""
 
-    def __init__(self, total: int, enabled: bool) -> None:
+    def __init__(self, total: int, enabled: bool, *, unit: str = "B", desc: str = "packing") -> None:
         self._bar: Any = None
         if enabled and sys.stderr.isatty():
             from tqdm import tqdm
 
-            self._bar = tqdm(
-                total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="packing", file=sys.stderr
-            )
+            scale = {"unit_scale": True, "unit_divisor": 1024} if unit == "B" else {}
+            self._bar = tqdm(total=total, unit=unit, desc=desc, file=sys.stderr, **scale)
 
     def update(self, count: int) -> None:
         if self._bar is not None:

@@ -12,7 +12,7 @@ The keys the service owns:
 - `model`, `tokenizer`, `skip_tokenizer_init`, `_mpi_session`: the packed checkpoint and tokenizer,
   the Triton model's own session; refused.
 - `backend`: the llmapi flavour serves TensorRT-LLM's PyTorch backend; anything but `pytorch` refused.
-- `guided_decoding_backend`: llguidance (packed) or xgrammar; `null` (no guides) refused, as the
+- `guided_decoding_backend`: xgrammar (packed) or llguidance; `null` (no guides) refused, as the
   service offers guided output for every llmapi model.
 - `lora_config`, `enable_lora`: adapters are packed with --lora NAME=DIR (--lora-cache-adapters is
   max_loras); refused.

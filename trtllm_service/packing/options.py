@@ -201,8 +201,8 @@ class RuntimeOptions:
             )
         if self.guided_decoding is False and flavor.llm_api:
             raise PackError(
-                "--no-guided-decoding goes with the ensemble flavour (the LLM API guides with llguidance "
-                "and needs nothing packed for it)"
+                "--no-guided-decoding goes with the ensemble flavour (the LLM API guides with xgrammar from "
+                "the tokenizer it loads, and needs nothing packed for it)"
             )
         if source.max_seq_len and self.max_seq_len and self.max_seq_len > source.max_seq_len:
             raise PackError(
@@ -475,7 +475,7 @@ def add_runtime_arguments(parser: argparse.ArgumentParser) -> None:
         "vocabulary NVIDIA's C++ backend guides with, xgrammar) and sets guided_decoding_backend and "
         "xgrammar_tokenizer_info_path in config.pbtxt; it needs a fast tokenizer (tokenizer.json). "
         "--no-guided-decoding leaves them empty, and the service answers guided requests with a 400. "
-        "The LLM API (llmapi) always guides, with llguidance (default: on)",
+        "The LLM API (llmapi) always guides, with xgrammar (model.yaml's guided_decoding_backend) (default: on)",
     )
     runtime.add_argument(
         "--exclude-input-in-output",

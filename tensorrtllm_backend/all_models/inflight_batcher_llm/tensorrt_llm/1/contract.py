@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import nvidia_backend as nv
+from grammars import as_read_by
 
 GetInput = Callable[[str], "np.ndarray | None"]
 
@@ -152,10 +153,11 @@ def text(get: GetInput, name: str) -> str | None:
 
 
 def parse_guide(get: GetInput) -> tuple[str, str] | None:
-    """The guided-decoding request (type, guide text), as the C++ backend takes it, or None.
+    """The guided-decoding request (type, guide text), as the C++ backend reads it, or None.
 
     NVIDIA's backend ignores a guide without a type and a type it does not know; so does this,
-    except under CONTRACT_CHECK_ENV."""
+    except under CONTRACT_CHECK_ENV. It guides with xgrammar only (`CompileJSONSchema(guide)`, strict
+    mode): a JSON schema comes back with that strictness written out (grammars.as_read_by)."""
     guide_type = text(get, "guided_decoding_guide_type")
     guide = text(get, "guided_decoding_guide")
     if guide_type is None or guide_type not in nv.GUIDE_TYPES:
@@ -165,7 +167,7 @@ def parse_guide(get: GetInput) -> tuple[str, str] | None:
                 f"(it maps only {', '.join(nv.GUIDE_TYPES)}): the guide would do nothing in production"
             )
         return None
-    return guide_type, guide or ""
+    return guide_type, as_read_by("xgrammar", guide_type, guide or "")
 
 
 def parse_word_list(array: np.ndarray | None) -> list[list[int]]:

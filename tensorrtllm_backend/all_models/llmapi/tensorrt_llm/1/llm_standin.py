@@ -57,6 +57,7 @@ from typing import Any
 import numpy as np
 import nvidia_llmapi as nv
 from contract import EngineRequest, RequestError
+from grammars import as_read_by
 from text_engine import TextEngineLoop, Update
 
 VERSION = f"{nv.TAG.lstrip('v')} (stand-in)"
@@ -647,7 +648,7 @@ class StandInLLM:
         if params.guided_decoding is not None:
             if self.args.guided_decoding_backend is None:
                 raise ValueError("guided decoding needs the LLM's guided_decoding_backend set")
-            guide = _guide(params.guided_decoding)
+            guide = _guide(params.guided_decoding, self.args.guided_decoding_backend)
         end_id = params.end_id if params.end_id is not None else self.tokenizer.eos_token_id
         bias = None
         if params.embedding_bias is not None:  # SamplingParams made it a float32 tensor [vocab_size]
@@ -734,15 +735,17 @@ class StandInLLM:
         self._engine.shutdown()
 
 
-def _guide(params: Any) -> tuple[str, str]:
-    """The (guide type, guide) our engines take for a GuidedDecodingParams."""
+def _guide(params: Any, backend: str) -> tuple[str, str]:
+    """The (guide type, guide) our engines take for a GuidedDecodingParams, as the LLM's grammar
+    `backend` reads it (xgrammar's strict JSON schemas: grammars.as_read_by)."""
     if params.structural_tag is not None:
         raise RequestError("GuidedDecodingParams.structural_tag is not modelled by the stand-in engine")
     if params.json_object:
         return "json", ""
     if params.json is not None:
         schema = params.json
-        return "json_schema", schema if isinstance(schema, str) else json.dumps(schema)
+        text = schema if isinstance(schema, str) else json.dumps(schema)
+        return "json_schema", as_read_by(backend, "json_schema", text)
     if params.regex is not None:
         return "regex", params.regex
     if params.grammar is not None:
