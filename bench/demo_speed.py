@@ -178,15 +178,22 @@ def engine_levels(
 
 
 def service_levels(
-    slots: int, max_len: int, streams: list[int], tokens: int, requests_per_stream: int, root: Path
+    slots: int,
+    max_len: int,
+    streams: list[int],
+    tokens: int,
+    requests_per_stream: int,
+    root: Path,
+    flavor: str = "llmapi",
 ) -> dict:
-    """tokens/s and TTFT of streamed chat completions through `bentoml serve .` on the packed demo."""
+    """tokens/s and TTFT of streamed chat completions through `bentoml serve .` on the demo packed
+    in `flavor`."""
     from bench.relay import Service, run_load
 
     with tempfile.TemporaryDirectory(prefix="bench-demo-") as tmp:
         options = ("--max-seq-len", str(max_len)) if max_len else ()
         service = Service(
-            Path(tmp), "reference", 1, slots, "llmapi", root=root, demo="smollm2", pack_options=options
+            Path(tmp), "reference", 1, slots, flavor, root=root, demo="smollm2", pack_options=options
         )
         try:
             service.start()
@@ -206,8 +213,9 @@ def service_levels(
                         "itl_p50_ms": round(row["itl_p50_ms"], 1),
                     }
                 )
-                print(f"[service, {slots} slots] {levels[-1]}", flush=True)
+                print(f"[service {flavor}, {slots} slots] {levels[-1]}", flush=True)
             return {
+                "flavor": flavor,
                 "slots": slots,
                 "max_len": max_len,
                 "cold_start_s": round(service.cold_start_s, 1),
@@ -242,7 +250,7 @@ def markdown(report: dict) -> str:
     for kind in ("service", "engine"):
         for run in report.get(kind, []):
             where = (
-                "through `bentoml serve .` (llmapi), streamed `/v1/chat/completions`"
+                f"through `bentoml serve .` ({run.get('flavor', 'llmapi')}), streamed `/v1/chat/completions`"
                 if kind == "service"
                 else f"engine level, in process: {run['describe']}, decode attention {run['decode_attention']}"
             )
@@ -265,6 +273,9 @@ def markdown(report: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--mode", choices=("service", "engine", "both"), default="both")
+    parser.add_argument(
+        "--flavors", default="llmapi", help="service: the repository flavours to pack and serve, one run each"
+    )
     parser.add_argument(
         "--label",
         default=platform.node() or "local",
@@ -328,7 +339,10 @@ def main() -> int:
         report["service_root"] = str(args.root)
     if args.mode in ("service", "both"):
         report["service"] = [
-            service_levels(slots, args.max_seq_len, streams, args.tokens, args.requests_per_stream, args.root)
+            service_levels(
+                slots, args.max_seq_len, streams, args.tokens, args.requests_per_stream, args.root, flavor
+            )
+            for flavor in args.flavors.split(",")
             for slots in slot_counts
         ]
     if args.mode in ("engine", "both"):

@@ -43,6 +43,7 @@ def _text(message: Any) -> str:
     return "".join(block.text for block in message.content if block.type == "text")
 
 
+@pytest.mark.box
 def test_a_message_is_the_chat_completion_streamed_or_not(
     claude: anthropic.Anthropic, client: openai.OpenAI, model_name: str
 ) -> None:
@@ -109,6 +110,7 @@ def test_stop_sequences_end_the_answer_and_say_which(claude: anthropic.Anthropic
         assert (_text(message), message.stop_reason, message.stop_sequence) == (cut, "stop_sequence", stop)
 
 
+@pytest.mark.box
 def test_a_tool_round_trip(claude: anthropic.Anthropic, model_name: str) -> None:
     asked = [{"role": "user", "content": "What is the weather in Paris?"}]
     forced: dict[str, Any] = {

@@ -33,6 +33,7 @@ def _chat(http: httpx.Client, **fields: Any) -> httpx.Response:
     return http.post("/v1/chat/completions", json=body)
 
 
+@pytest.mark.box
 def test_every_request_is_a_beam_search_over_the_packed_width(http: httpx.Client) -> None:
     plain = _chat(http)
     assert plain.status_code == 200, plain.text

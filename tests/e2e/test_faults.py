@@ -193,6 +193,7 @@ def engine_stub(server: BentoService) -> psutil.Process:
     return stub
 
 
+@pytest.mark.box
 def test_a_dead_engine_stub_mid_stream_restarts_triton(make_service: Any) -> None:
     """SIGKILL the engine's Python-backend stub during a long stream. Triton itself stays up and
     "ready" and fails every request of that model from then on; the service notices the stub's death,

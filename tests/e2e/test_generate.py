@@ -131,6 +131,7 @@ def test_sync_client_streams_the_greedy_reference(service: BentoService, referen
     assert len(chunks) > 1, f"the answer arrived in one chunk: {chunks!r}"
 
 
+@pytest.mark.box
 def test_prompt_and_max_tokens_only(service: BentoService) -> None:
     """The upstream example's request shape: only `prompt` and `max_tokens` (sampling defaults)."""
     before = wait_engine_idle(service)
@@ -173,6 +174,7 @@ def straddling_stop(reference: GreedyReference, ids: list[int]) -> tuple[str, st
     raise AssertionError(f"no usable stop string in {text!r}")
 
 
+@pytest.mark.box
 def test_stop_string_ends_stream_and_engine_request(
     service: BentoService, reference: GreedyReference
 ) -> None:
@@ -356,6 +358,7 @@ def test_every_route_answers_errors_in_one_shape(service: BentoService) -> None:
 # ---- client disconnect --------------------------------------------------------------------------
 
 
+@pytest.mark.box
 def test_client_disconnect_stops_generation(service: BentoService) -> None:
     """Closing the connection mid-stream ends the engine request within seconds."""
     max_tokens = 1500

@@ -69,6 +69,7 @@ def test_logprobs_are_taken_before_temperature(
         assert entry.logprob == pytest.approx(float(table[position, ids[position]]), abs=TOL)
 
 
+@pytest.mark.box
 def test_streamed_logprobs_equal_the_non_streamed(client: openai.OpenAI, model_name: str) -> None:
     kwargs = {"model": model_name, "messages": MESSAGES, "max_tokens": 20, "temperature": 0}
     whole = client.chat.completions.create(**kwargs, logprobs=True, top_logprobs=3)
@@ -88,6 +89,7 @@ def test_no_logprobs_unless_asked(client: openai.OpenAI, model_name: str) -> Non
     assert out.choices[0].logprobs is None
 
 
+@pytest.mark.box
 @pytest.mark.parametrize("stream", [False, True])
 def test_completion_logprobs_shapes(
     client: openai.OpenAI, model_name: str, ref: Reference, stream: bool

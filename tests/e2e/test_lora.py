@@ -73,6 +73,7 @@ def _chat(client: openai.OpenAI, model: str) -> str:
     return out.choices[0].message.content or ""
 
 
+@pytest.mark.box
 def test_models_lists_the_adapters(lora_service: BentoService, expected: dict[str, str]) -> None:
     client = openai.OpenAI(base_url=f"{lora_service.url}/v1", api_key="x", max_retries=0)
     cards = {card.id: card for card in client.models.list().data}
@@ -110,6 +111,7 @@ def test_concurrent_requests_each_get_their_own_adapter(
     assert answers == [expected[m] for m in models]
 
 
+@pytest.mark.box
 def test_generate_takes_lora(lora_service: BentoService, expected: dict[str, str]) -> None:
     body = {"prompt": "Write about rivers.", "max_tokens": MAX_TOKENS, "temperature": 0, "lora": "critic"}
     response = httpx.post(f"{lora_service.url}/generate", json=body, timeout=120)

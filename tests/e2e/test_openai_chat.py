@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import openai
+import pytest
 
 from tests.openai_support import (
     TOKENS_METRIC,
@@ -57,6 +58,7 @@ def test_greedy_chat_equals_transformers(client: openai.OpenAI, ref: Reference, 
     assert response.usage.total_tokens == expected.prompt_tokens + expected.completion_tokens
 
 
+@pytest.mark.box
 def test_streamed_chat_equals_non_streamed_with_a_usage_chunk(
     client: openai.OpenAI, ref: Reference, model_name: str
 ) -> None:
@@ -149,6 +151,7 @@ def test_stop_string_spanning_two_tokens_never_leaks(
     assert [c.finish_reason for chunk in chunks for c in chunk.choices if c.finish_reason] == ["stop"]
 
 
+@pytest.mark.box
 def test_n_choices_with_a_seed_differ_and_reproduce(client: openai.OpenAI, model_name: str) -> None:
     params = {"model": model_name, "messages": MESSAGES, "temperature": 1.0, "max_tokens": 12, "seed": 1234}
     first = client.chat.completions.create(n=3, **params)

@@ -24,6 +24,8 @@ import pytest
 
 from tests.e2e.conftest import PACK_STDERR, REPO_ROOT, BentoService, pack_demo, serving
 
+pytestmark = pytest.mark.box  # all of it, in the GPU box suite too
+
 MODEL = "trtllm-demo"
 CAPITAL = [{"role": "user", "content": "What is the capital of France?"}]
 

@@ -36,6 +36,7 @@ WEATHER = {
 }
 
 
+@pytest.mark.box
 def test_responses_answer_as_chat_does_streamed_or_not(client: openai.OpenAI, model_name: str) -> None:
     chat = client.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=24, temperature=0)  # type: ignore[arg-type]
     params: dict[str, Any] = {
@@ -64,6 +65,7 @@ def test_responses_answer_as_chat_does_streamed_or_not(client: openai.OpenAI, mo
     assert [e.sequence_number for e in events] == list(range(len(events)))
 
 
+@pytest.mark.box
 def test_a_forced_function_call_and_its_result(client: openai.OpenAI, model_name: str) -> None:
     params: dict[str, Any] = {
         "model": model_name,

@@ -180,6 +180,7 @@ def streamed_text(stream: Any) -> tuple[str, str | None]:
     return text, finish
 
 
+@pytest.mark.box
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_every_answer_validates_against_its_schema(
     client: openai.OpenAI, model_name: str, stream: bool
@@ -327,6 +328,7 @@ class Person(pydantic.BaseModel):
     age: int = pydantic.Field(ge=0, le=120)
 
 
+@pytest.mark.box
 def test_a_pydantic_schema_allows_only_the_properties_it_names(
     client: openai.OpenAI, model_name: str, service: Any
 ) -> None:
@@ -357,6 +359,7 @@ def test_a_pydantic_schema_allows_only_the_properties_it_names(
     Person.model_validate_json(content)
 
 
+@pytest.mark.box
 @pytest.mark.flavors("llmapi")  # the llmapi model's own threads; sent past the service, straight to Triton
 def test_an_engine_error_that_echoes_a_huge_grammar_freezes_nothing(service: Any, model_name: str) -> None:
     """A 50,000-alternative grammar fails in the engine (llguidance: "max is 2000"), whose error

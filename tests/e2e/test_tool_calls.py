@@ -60,6 +60,7 @@ def check_calls(message: Any, names: set[str]) -> list[tuple[str, dict[str, Any]
     return calls
 
 
+@pytest.mark.box
 def test_required_and_named_tool_choice_always_call_with_valid_arguments(
     client: openai.OpenAI, model_name: str
 ) -> None:
@@ -86,6 +87,7 @@ def test_required_and_named_tool_choice_always_call_with_valid_arguments(
         assert [name for name, _ in check_calls(answer.choices[0].message, {"add"})] == ["add"]
 
 
+@pytest.mark.box
 def test_streamed_calls_assemble_to_the_same_call(client: openai.OpenAI, model_name: str) -> None:
     params: dict[str, Any] = {
         "model": model_name,

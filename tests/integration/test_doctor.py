@@ -44,6 +44,7 @@ def home(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return home
 
 
+@pytest.mark.box
 def test_every_feature_of_a_packed_model_answers(home: Path) -> None:
     result = run(home, "-m", "trtllm_service.doctor", "with-lora", "--json")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -57,6 +58,7 @@ def test_every_feature_of_a_packed_model_answers(home: Path) -> None:
     assert checks["tensorrt_llm"]["status"] == "unsupported"  # no TensorRT-LLM on this machine
 
 
+@pytest.mark.box
 @pytest.mark.parametrize("demo", ["smollm2", "tiny"])
 def test_the_doctor_passes_on_the_demo(demo: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     """`pack_model.py --demo` (SmolLM2, whose greedy answer to a raw prompt is end-of-text at once),

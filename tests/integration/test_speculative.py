@@ -51,6 +51,7 @@ def _ids(result: object) -> list[int]:
     return [int(i) for output in result.outputs for i in output["output_ids"].reshape(-1)]  # type: ignore[attr-defined]
 
 
+@pytest.mark.box
 def test_greedy_is_the_same_tokens_with_drafts(
     servers: tuple[TritonServer, ...], demo_model_dir: Path
 ) -> None:
