@@ -17,6 +17,9 @@ if [ ! -x "$W/venv/bin/python3" ]; then
       numpy|numpy-*|numpy.libs|ml_dtypes|ml_dtypes-*|scipy|scipy-*|scipy.libs|sklearn|scikit_learn-*|scikit_learn.libs) continue ;;
       transformers|transformers-*|tokenizers|tokenizers-*|huggingface_hub|huggingface_hub-*|hf_xet|hf_xet-*) continue ;;
       typing_extensions.py|typing_extensions-*|anyio|anyio-*|sniffio|sniffio-*|__pycache__) continue ;;
+      # built for numpy 2 and imported by transformers 4.57 when present (jaxlib: "module was compiled
+      # against NumPy C-API version 0x12"; seen 2026-11-28: the reference engine failed to load)
+      jax|jax-*|jaxlib|jaxlib-*|jax_cuda*|flax|flax-*|optax|optax-*|chex|chex-*|orbax*|equinox|equinox-*) continue ;;
     esac
     ln -s "$e" "$SP/$n"
   done

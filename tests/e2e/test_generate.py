@@ -174,7 +174,6 @@ def straddling_stop(reference: GreedyReference, ids: list[int]) -> tuple[str, st
     raise AssertionError(f"no usable stop string in {text!r}")
 
 
-@pytest.mark.box
 def test_stop_string_ends_stream_and_engine_request(
     service: BentoService, reference: GreedyReference
 ) -> None:

@@ -89,7 +89,6 @@ def test_no_logprobs_unless_asked(client: openai.OpenAI, model_name: str) -> Non
     assert out.choices[0].logprobs is None
 
 
-@pytest.mark.box
 @pytest.mark.parametrize("stream", [False, True])
 def test_completion_logprobs_shapes(
     client: openai.OpenAI, model_name: str, ref: Reference, stream: bool
