@@ -240,5 +240,7 @@ def test_a_long_answer_streams_as_it_is_generated(
                 made_at_first_text = prometheus_metric(service.metrics_url, TOKENS_METRIC) - before
     assert made_at_first_text is not None
     assert made_at_first_text < 1800 / 4, f"the first text came after {made_at_first_text} tokens"
-    assert prometheus_metric(service.metrics_url, TOKENS_METRIC) - before == 1800
+    # The model counts in Python and hands the counts to Triton's metrics every 0.1 s (see
+    # triton_adapter.Counters): the last tokens show a moment after the answer ended.
+    assert wait_for(lambda: prometheus_metric(service.metrics_url, TOKENS_METRIC) - before == 1800, timeout=2)
     assert events >= 3, events

@@ -358,7 +358,10 @@ class MetricsPublisher:
     def _run(self) -> None:
         polled_at = time.monotonic()
         while not self._stop.wait(FLUSH_S):
-            self.counters.flush()
+            try:
+                self.counters.flush()
+            except Exception as exc:  # the thread must outlive a failed call; said once
+                self._warn(f"{self.model_name}: counting into Triton's metrics failed: {exc}")
             if self.poll is None or time.monotonic() - polled_at < self.period_s:
                 continue
             polled_at = time.monotonic()
@@ -371,9 +374,12 @@ class MetricsPublisher:
                 ]
                 self.publish([item for item in iterations if isinstance(item, dict)])
             except Exception as exc:  # a failed poll must not end the thread; said once
-                if not self._warned:
-                    self._warned = True
-                    pb_utils.Logger.log_warn(brief(f"{self.model_name}: engine stats unavailable: {exc}"))
+                self._warn(f"{self.model_name}: engine stats unavailable: {exc}")
+
+    def _warn(self, message: str) -> None:
+        if not self._warned:
+            self._warned = True
+            pb_utils.Logger.log_warn(brief(message))
 
     def stop(self) -> None:
         self._stop.set()
