@@ -18,14 +18,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTIONS = ("## Serving your own model", "### The Triton side on its own")
+SECTIONS = (
+    ("README.md", "## Serving your own model"),
+    ("docs/architecture.md", "### The Triton side on its own"),
+)
 RUN_AS_WRITTEN = "trtllm_service.packing.demo_model"
 
 
-def bash_commands(heading: str) -> list[str]:
-    """The commands of the ```bash blocks under `heading` (to the next heading of its level or
-    above), continuations joined, comments dropped."""
-    text = (ROOT / "README.md").read_text()
+def bash_commands(page: str, heading: str) -> list[str]:
+    """The commands of the ```bash blocks under `heading` in `page` (to the next heading of its level
+    or above), continuations joined, comments dropped."""
+    text = (ROOT / page).read_text()
     level = heading.split(" ", 1)[0]
     body = text.split(f"\n{heading}\n", 1)[1]
     body = re.split(rf"\n#{{1,{len(level)}}} ", body, maxsplit=1)[0]
@@ -60,9 +63,9 @@ def probe(command: str, scratch: Path) -> str:
     return f"command -v {shlex.quote(program)}"
 
 
-@pytest.mark.parametrize("heading", SECTIONS)
-def test_each_command_runs_in_a_new_shell(heading: str, tmp_path: Path) -> None:
-    commands = bash_commands(heading)
+@pytest.mark.parametrize(("page", "heading"), SECTIONS)
+def test_each_command_runs_in_a_new_shell(page: str, heading: str, tmp_path: Path) -> None:
+    commands = bash_commands(page, heading)
     assert commands and commands[0] == "source .venv/bin/activate", commands[:2]
     script = ["set -u"]
     for command in commands:

@@ -1,5 +1,5 @@
 """The OpenAI surface's one table (api/openai/fields.py): complete, true to the engines' tables and
-the LLM API's names, and the table README shows."""
+the LLM API's names, and the table docs/api.md shows."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ sys.path.insert(0, str(LLMAPI_TEMPLATES_DIR / "tensorrt_llm" / "1"))
 sys.path.insert(0, str(Path(tensorrtllm_backend.__file__).parent))
 import llmapi_contract
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 
 
 def test_every_request_field_has_a_row() -> None:
@@ -54,6 +54,6 @@ def test_llmapi_inputs_name_the_llm_apis_own_arguments() -> None:
             assert upstream.get(spec.name, keyword) == keyword, spec.name
 
 
-def test_readme_shows_the_table() -> None:
-    shown = "\n".join(line.lstrip() for line in README.read_text().splitlines())  # it sits in a list item
-    assert markdown() in shown, "README's OpenAI table: python -m trtllm_service.api.openai.fields"
+def test_the_api_doc_shows_the_table() -> None:
+    shown = "\n".join(line.lstrip() for line in API_DOC.read_text().splitlines())  # it sits in a list item
+    assert markdown() in shown, "docs/api.md's OpenAI table: python -m trtllm_service.api.openai.fields"

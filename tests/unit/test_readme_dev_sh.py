@@ -15,7 +15,7 @@ def dev_sh_packages() -> set[str]:
 
 
 def readme_tests_section() -> str:
-    return (ROOT / "README.md").read_text().split("\n## Tests\n", 1)[1].split("\n## ", 1)[0]
+    return (ROOT / "docs" / "architecture.md").read_text().split("\n## Tests\n", 1)[1].split("\n## ", 1)[0]
 
 
 def test_the_readme_names_every_package_dev_sh_installs() -> None:
