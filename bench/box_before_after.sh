@@ -2,25 +2,21 @@
 # bench/relay.py before and after a change on the 16-core GPU box, alternated in one call, so that
 # both sides see the same machine: after, before, before, after, ... (ROUNDS pairs).
 #
-# Here, once:  as bench/box_relay.sh says (.whl/ with tritonserver, numpy 1.26 and bentoml; .box/
-#              with box_env.sh and the before tree as head.tar.xz), and grpcio, protobuf and psutil
-#              wheels for cp312 in .whl/grpc. In .box/box_env.sh (a copy of ../shared/gpu/box_env.sh)
-#              add .whl/python_rapidjson-*.whl to the numpy/tritonclient install (the box's Python
-#              lacks python-rapidjson, which tritonclient.grpc imports) and install .whl/grpc/*.whl
-#              the same way as .whl/bento/*.whl:
-#              pip download --no-deps --only-binary=:all: --python-version 3.12 \
-#                --platform manylinux2014_x86_64 -d .whl/grpc grpcio==1.85.3 protobuf==6.33.6 psutil==7.2.2
-#              What travels must stay under 64 MiB: carry .whl/pytriton-trim.tar.xz and the numpy
-#              wheel in a first call that copies them to /tmp/stash, the rest in a second call to
-#              the same warm machine (it is given back after 30 s idle), which copies them back.
-# Device:      ROUNDS=3 bash bench/box_before_after.sh "$OUT" --workers 1 --concurrency 1,32
-#              (the arguments after OUT go to every bench/relay.py run)
+# Here, once:  bash bench/box/prepare.sh            (.whl/box/{a,b,c,d}: what the box lacks)
+#              mkdir -p .box && git archive --format=tar <before-commit> service.py trtllm_service \
+#                tensorrtllm_backend pack_model.py bentofile.yaml requirements.txt | xz > .box/head.tar.xz
+# Device:      two calls to one warm machine (bench/box/env.sh builds the environment over both):
+#                carry .whl/box/a:           bash bench/box/suite.sh setup
+#                carry .whl/box/b and .box:  ROUNDS=3 bash bench/box_before_after.sh "$OUT" --workers 1 --concurrency 1,32
+#              (the arguments after OUT go to every bench/relay.py run). Should the box lack grpcio,
+#              protobuf or psutil, put their cp312 wheels in a carried .whl/box/ folder: env.sh
+#              installs every wheel of the folders it finds.
 set -uo pipefail
 OUT=${1:?usage: bench/box_before_after.sh OUTDIR [relay.py arguments]}
 shift
 ROUNDS=${ROUNDS:-2}
 RUN_LIMIT=${RUN_LIMIT:-85}
-source .box/box_env.sh
+source bench/box/env.sh
 export PYTHONUNBUFFERED=1
 R="$OUT/r"
 mkdir -p "$R" .before

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # bench/relay_path.py of several trees on the GPU box, alternated (three rounds, both routes): each
-# .box/tree-<rev>.tar.xz (git archive --format=tar <rev> trtllm_service tensorrtllm_backend
-# bench/relay_path.py | xz) and this checkout. No Triton: carry .whl/bento, .whl/grpc, the
-# tritonclient and python-rapidjson wheels and .box (see bench/box_before_after.sh).
+# .box/tree-<rev>.tar.xz and this checkout. No Triton.
+# Here, once:  bash bench/box/prepare.sh; for each revision to compare:
+#              mkdir -p .box && git archive --format=tar <rev> trtllm_service tensorrtllm_backend \
+#                bench/relay_path.py | xz > .box/tree-<rev>.tar.xz
+# Device:      after a call carrying .whl/box/a that runs `bash bench/box/suite.sh setup`, on the same
+#              warm machine: bash bench/box_path_trees.sh   (carry .whl/box/b and .box)
 set -uo pipefail
-SP=/tmp/sp; mkdir -p $SP
-python3 -m pip install -q --no-index --no-deps --no-compile --target $SP .whl/tritonclient-*.whl .whl/python_rapidjson-*.whl .whl/grpc/*.whl .whl/bento/*.whl 2>&1 | tail -2
-export PYTHONPATH=$SP TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+source bench/box/env.sh
 for t in .box/tree-*.tar.xz; do n=$(basename $t .tar.xz); mkdir -p /tmp/$n; tar -xJf $t -C /tmp/$n; done
 for round in 1 2 3; do
   for route in chat generate; do

@@ -2,9 +2,10 @@
 # What a request costs apart from its tokens, on the 16-core GPU box (device tool), before and after
 # a change, in one call: time to first token step by step, and per-request CPU and TTFT.
 #
-# Here, once: prepare .whl/ and .box/ as bench/box_relay.sh says, with the "before" commit's
-#             service in .box/head.tar.xz.
-# Device:     bash bench/box_request.sh "$OUT"   (carry .whl and .box)
+# Here, once: bash bench/box/prepare.sh, and the "before" commit's service in .box/head.tar.xz
+#             (as bench/box_before_after.sh says).
+# Device:     after a call carrying .whl/box/a that runs `bash bench/box/suite.sh setup`, on the same
+#             warm machine: bash bench/box_request.sh "$OUT"   (carry .whl/box/b and .box)
 #
 # Runs, each against a Triton fed by the synthetic engine, alternating before and after, ROUNDS
 # times (default 1: the box's speed drifts within a call, so several rounds show the spread):
@@ -16,7 +17,7 @@ set -uo pipefail
 OUT=${1:?usage: bench/box_request.sh OUTDIR}
 ROUNDS=${ROUNDS:-1}
 LONG=${LONG:-1}
-source .box/box_env.sh
+source bench/box/env.sh
 export PATH="$SP/bin:$PATH" PYTHONUNBUFFERED=1
 R="$OUT/r"
 mkdir -p "$R" .before
