@@ -1,5 +1,5 @@
-"""The README's commands work as written in a new shell after the two quick-start commands (issue
-44: "Serving your own model" assumed an activated .venv: `bentoml: command not found`, and
+"""The commands of the README and the docs work as written in a new shell after the two quick-start
+commands (issue 44: "Serving your own model" assumed an activated .venv: `bentoml: command not found`, and
 `python -m trtllm_service.packing.demo_model` failed with "No module named 'safetensors'").
 
 Each section is run in a clean shell (`env -i`, the system's PATH, a HOME of its own), from the
@@ -20,18 +20,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 SECTIONS = (
     ("README.md", "## Serving your own model"),
-    ("docs/architecture.md", "### The Triton side on its own"),
+    ("docs/own-models.md", None),
+    ("docs/architecture.md", "## The Triton side on its own"),
 )
 RUN_AS_WRITTEN = "trtllm_service.packing.demo_model"
 
 
-def bash_commands(page: str, heading: str) -> list[str]:
+def bash_commands(page: str, heading: str | None) -> list[str]:
     """The commands of the ```bash blocks under `heading` in `page` (to the next heading of its level
-    or above), continuations joined, comments dropped."""
-    text = (ROOT / page).read_text()
-    level = heading.split(" ", 1)[0]
-    body = text.split(f"\n{heading}\n", 1)[1]
-    body = re.split(rf"\n#{{1,{len(level)}}} ", body, maxsplit=1)[0]
+    or above; the whole page when None), continuations joined, comments dropped."""
+    body = (ROOT / page).read_text()
+    if heading:
+        level = heading.split(" ", 1)[0]
+        body = body.split(f"\n{heading}\n", 1)[1]
+        body = re.split(rf"\n#{{1,{len(level)}}} ", body, maxsplit=1)[0]
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", body, flags=re.DOTALL):
         for line in block.replace("\\\n", " ").splitlines():
@@ -64,7 +66,7 @@ def probe(command: str, scratch: Path) -> str:
 
 
 @pytest.mark.parametrize(("page", "heading"), SECTIONS)
-def test_each_command_runs_in_a_new_shell(page: str, heading: str, tmp_path: Path) -> None:
+def test_each_command_runs_in_a_new_shell(page: str, heading: str | None, tmp_path: Path) -> None:
     commands = bash_commands(page, heading)
     assert commands and commands[0] == "source .venv/bin/activate", commands[:2]
     script = ["set -u"]

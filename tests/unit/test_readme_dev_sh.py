@@ -1,4 +1,4 @@
-"""What the README says `./dev.sh test` installs is what dev.sh installs (issue 44: it named two of
+"""What docs/architecture.md says `./dev.sh test` installs is what dev.sh installs (issue 44: the README
 the thirteen Debian packages), and how long the suite takes."""
 
 from __future__ import annotations
