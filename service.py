@@ -15,23 +15,6 @@ import bentoml
 from starlette.responses import JSONResponse
 
 from tensorrtllm_backend.stop_strings import StopStringError, check_stop
-from trtllm_service.api import deployment, early
-from trtllm_service.api.auth import APIKeyMiddleware, APIKeys
-from trtllm_service.api.bentoml_patches import (
-    arrange_middlewares,
-    bound_endpoint_labels,
-    cancel_request_timers,
-    expose_server_send,
-    own_prometheus_dir,
-    quiet_logs,
-    read_strictly,
-)
-from trtllm_service.api.error_shape import ErrorShapeMiddleware, is_anthropic
-from trtllm_service.api.heap import freeze_startup_heap
-from trtllm_service.api.http_limits import ConnectionLimits, quiet_client_gone
-from trtllm_service.api.http_limits import install as install_connection_limits
-from trtllm_service.api.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
-from trtllm_service.api.metrics import RequestMetrics, count_rejected
 from trtllm_service.api.openai import routes as openai_routes
 from trtllm_service.api.openai.protocol import (
     MaxTokens,
@@ -45,10 +28,27 @@ from trtllm_service.api.openai.protocol import (
     engine_top_k,
 )
 from trtllm_service.api.openapi import DocumentedService, describe, openai_routes_of
-from trtllm_service.api.shutdown import Drain
-from trtllm_service.api.startup import Startup
-from trtllm_service.api.streaming import PushBody, TextFraming, first_text, quiet_cut_streams
-from trtllm_service.api.tracing import tune_request_tracing
+from trtllm_service.api.server import deployment, early
+from trtllm_service.api.server.auth import APIKeyMiddleware, APIKeys
+from trtllm_service.api.server.bentoml_patches import (
+    arrange_middlewares,
+    bound_endpoint_labels,
+    cancel_request_timers,
+    expose_server_send,
+    own_prometheus_dir,
+    quiet_logs,
+    read_strictly,
+)
+from trtllm_service.api.server.error_shape import ErrorShapeMiddleware, is_anthropic
+from trtllm_service.api.server.heap import freeze_startup_heap
+from trtllm_service.api.server.http_limits import ConnectionLimits, quiet_client_gone
+from trtllm_service.api.server.http_limits import install as install_connection_limits
+from trtllm_service.api.server.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
+from trtllm_service.api.server.metrics import RequestMetrics, count_rejected
+from trtllm_service.api.server.shutdown import Drain
+from trtllm_service.api.server.startup import Startup
+from trtllm_service.api.server.streaming import PushBody, TextFraming, first_text, quiet_cut_streams
+from trtllm_service.api.server.tracing import tune_request_tracing
 from trtllm_service.errors import APIError
 from trtllm_service.packed_model import read_pack_info
 from trtllm_service.relay.guided import GuideRequestError, json_schema_guide

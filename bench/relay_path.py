@@ -67,9 +67,9 @@ class Transport:
 
 async def run(tokenizer: Any, streams: int, tokens: int, route: str) -> tuple[float, int]:
     """CPU seconds of one run and the bytes the streams wrote."""
-    from trtllm_service.api import streaming
-    from trtllm_service.api.metrics import RequestMetrics
     from trtllm_service.api.openai import serving
+    from trtllm_service.api.server import streaming
+    from trtllm_service.api.server.metrics import RequestMetrics
 
     connection = GrpcConnection("triton:8001")
     connection.connection_made(Transport())  # type: ignore[arg-type]
@@ -143,7 +143,7 @@ def _body(serving: Any, streaming: Any, route: str, stream: EngineStream, metric
     if route == "chat":
         encoder = ChatChunkEncoder(f"chatcmpl-{i}", "bench")
         try:  # since issue 36: the SSE plumbing shared by every endpoint
-            from trtllm_service.api import choices, sse_frames
+            from trtllm_service.api.generation import choices, sse_frames
             from trtllm_service.api.openai.sse import SSE_DONE, error_frame
 
             return sse_frames.sse_body(

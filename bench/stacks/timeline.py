@@ -36,7 +36,7 @@ MIDDLEWARES = {  # module -> ASGI classes whose entry is marked (outermost first
     "opentelemetry.instrumentation.asgi": ["OpenTelemetryMiddleware"],
     "bentoml._internal.server.http.access": ["AccessLogMiddleware"],
     "starlette.middleware.cors": ["CORSMiddleware"],
-    "trtllm_service.api.limits": ["ConcurrencyLimitMiddleware", "BodyLimitMiddleware"],
+    "trtllm_service.api.server.limits": ["ConcurrencyLimitMiddleware", "BodyLimitMiddleware"],
     "trtllm_service.api.openai.routes": ["V1NotFoundMiddleware"],
     "_bentoml_impl.server.app": ["ContextMiddleware"],
     "starlette.routing": ["Router"],
@@ -85,7 +85,7 @@ def _patch(module: Any) -> None:
         cls = getattr(module, cls_name, None)
         if cls is not None:
             cls.__call__ = _on_entry(cls.__call__, cls_name)
-    if name == "trtllm_service.api.streaming":
+    if name == "trtllm_service.api.server.streaming":
         _patch_streaming(module)
     elif name == "trtllm_service.api.openai.routes":
         name_of_serve = "serve_body" if hasattr(module, "serve_body") else "_serve"  # _serve before issue 36
@@ -93,7 +93,7 @@ def _patch(module: Any) -> None:
         module.parse_request = _on_exit(module.parse_request, "parsed")
     elif name == "trtllm_service.api.openai.serving" and hasattr(module.OpenAIServing, "_start"):
         module.OpenAIServing._start = _on_exit(module.OpenAIServing._start, "first text")  # before issue 36
-    elif name in ("trtllm_service.api.generation", "trtllm_service.api.openai.completions.serving"):
+    elif name in ("trtllm_service.api.generation.serving", "trtllm_service.api.openai.completions.serving"):
         module.start_choices = _on_exit(module.start_choices, "first text")  # where it is called
     elif name in ("trtllm_service.runtime", "trtllm_service.relay.runtime"):  # relay/ before issue 37
         for method in ("prepare_chat", "prepare_prompts"):
@@ -155,9 +155,9 @@ def _patch_client(module: Any) -> None:
 _WANTED = frozenset(
     {
         *MIDDLEWARES,
-        "trtllm_service.api.streaming",
+        "trtllm_service.api.server.streaming",
         "trtllm_service.api.openai.serving",
-        "trtllm_service.api.generation",
+        "trtllm_service.api.generation.serving",
         "trtllm_service.api.openai.completions.serving",
         "trtllm_service.runtime",
         "trtllm_service.relay.runtime",

@@ -18,7 +18,7 @@ from bentoml._internal.cloud.schemas.schemasv2 import CreateDeploymentSchema
 from bentoml._internal.configuration.containers import BentoMLConfiguration
 from bentoml._internal.utils.cattr import bentoml_cattr
 
-from trtllm_service.api import deployment
+from trtllm_service.api.server import deployment
 from trtllm_service.packed_model import PackInfo
 from trtllm_service.settings import Settings
 

@@ -11,8 +11,8 @@ import httpx
 import pytest
 from circus.sockets import CircusSocket
 
-from trtllm_service.api import early
 from trtllm_service.api.anthropic.protocol import MESSAGES_ROUTE
+from trtllm_service.api.server import early
 from trtllm_service.errors import STARTING, APIError
 from trtllm_service.request_ids import valid_request_id
 

@@ -13,7 +13,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from trtllm_service.api.error_shape import ErrorShapeMiddleware, reshape
+from trtllm_service.api.server.error_shape import ErrorShapeMiddleware, reshape
 from trtllm_service.errors import APIError
 
 # What BentoML 1.4.40 answers when /generate's body fails its pydantic model (api_endpoint_wrapper).

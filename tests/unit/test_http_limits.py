@@ -16,7 +16,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from tests.support import free_port
-from trtllm_service.api.http_limits import ConnectionLimits, bounded_protocol
+from trtllm_service.api.server.http_limits import ConnectionLimits, bounded_protocol
 
 LIMITS = ConnectionLimits(header_timeout_s=1.0, body_timeout_s=1.0, max_header_bytes=8192, max_headers=20)
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from trtllm_service.api.startup import Startup
+from trtllm_service.api.server.startup import Startup
 from trtllm_service.errors import APIError
 from trtllm_service.triton.process import TritonStartupError
 

@@ -18,8 +18,8 @@ import bentoml
 from bentoml._internal.service.openapi import INFRA_TAG
 from bentoml._internal.service.openapi.specification import Info, OpenAPISpecification, Tag
 
-from trtllm_service.api.deployment import OPENAI_ROUTE
-from trtllm_service.api.limits import body_too_large, too_many_requests, unsupported_media_type
+from trtllm_service.api.server.deployment import OPENAI_ROUTE
+from trtllm_service.api.server.limits import body_too_large, too_many_requests, unsupported_media_type
 from trtllm_service.errors import APIError
 from trtllm_service.versions import service_version
 

@@ -18,11 +18,11 @@ from trtllm_service.api.anthropic.protocol import (
     CountTokensRequest,
     MessagesRequest,
 )
-from trtllm_service.api.choices import Result, cached_tokens
-from trtllm_service.api.generation import EventAnswer, split_reasoning
+from trtllm_service.api.generation.choices import Result, cached_tokens
+from trtllm_service.api.generation.serving import EventAnswer, split_reasoning
 
 if TYPE_CHECKING:
-    from trtllm_service.api.generation import GenerationServing
+    from trtllm_service.api.generation.serving import GenerationServing
 
 
 async def serve_messages(

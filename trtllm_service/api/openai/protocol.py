@@ -45,7 +45,7 @@ from pydantic import (
 )
 
 from tensorrtllm_backend.stop_strings import MAX_STOP_STRINGS, StopStringError, check_stop
-from trtllm_service.api.openai.errors import from_validation_error, request_error
+from trtllm_service.api.server.request_errors import from_validation_error, request_error
 from trtllm_service.chat import tool_calls
 from trtllm_service.errors import APIError
 from trtllm_service.relay.guided import (

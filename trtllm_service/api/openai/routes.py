@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trtllm_service import jsontext
 from trtllm_service.api.anthropic import routes as anthropic_routes
-from trtllm_service.api.bodies import (
+from trtllm_service.api.generation.bodies import (
     add_body_route,
     bind_serving,
     body_doc,
@@ -28,7 +28,7 @@ from trtllm_service.api.bodies import (
     event_stream_ok,
     inline_schema,
 )
-from trtllm_service.api.generation import error_docs, error_response
+from trtllm_service.api.generation.serving import error_docs, error_response
 from trtllm_service.api.openai.chat.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,

@@ -7,7 +7,6 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, model_serializer, model_validator
 
-from trtllm_service.api.openai.errors import request_error
 from trtllm_service.api.openai.protocol import (
     MAX_TOOLS,
     NO_TOOLS,
@@ -29,6 +28,7 @@ from trtllm_service.api.openai.protocol import (
     plain_messages,
     unset,
 )
+from trtllm_service.api.server.request_errors import request_error
 
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI
 _CHAT_UNSUPPORTED: dict[str, Rule] = {

@@ -7,7 +7,6 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from trtllm_service.api.openai.errors import request_error
 from trtllm_service.api.openai.protocol import (
     MAX_PROMPTS,
     CompletionChunkBase,
@@ -20,6 +19,7 @@ from trtllm_service.api.openai.protocol import (
     new_id,
     unset,
 )
+from trtllm_service.api.server.request_errors import request_error
 
 MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs, as OpenAI
 _COMPLETION_UNSUPPORTED: dict[str, Rule] = {

@@ -103,7 +103,7 @@ def bound_endpoint_labels() -> None:
     """
     from bentoml._internal.server.http.instruments import RunnerTrafficMetricsMiddleware as middleware
 
-    from trtllm_service.api.metrics import EndpointLabels
+    from trtllm_service.api.server.metrics import EndpointLabels
 
     if getattr(middleware, "_bounds_labels", False):
         return
@@ -167,7 +167,7 @@ def expose_server_send() -> None:
     """
     from _bentoml_sdk.service.factory import Service
 
-    from trtllm_service.api.streaming import ServerSendApp
+    from trtllm_service.api.server.streaming import ServerSendApp
 
     if getattr(Service, "_exposes_server_send", False):
         return
@@ -224,7 +224,7 @@ def read_strictly(input_model: Any) -> None:
     so a misspelt `max_new_tokens` is a 400 naming it instead of a request served with the default;
     and no value is coerced (BentoML's lax mode takes `"10"` and `true` as numbers). Its schema is
     written in the OpenAPI 3.0 dialect of the service's document, as /v1's bodies are."""
-    from trtllm_service.api.bodies import openapi30_tree
+    from trtllm_service.api.generation.bodies import openapi30_tree
 
     config = input_model.model_config
     if config.get("extra") == "forbid" and config.get("strict"):

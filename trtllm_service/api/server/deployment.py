@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from tensorrtllm_backend import pinned
-from trtllm_service.api.limits import ConcurrencyLimitMiddleware
+from trtllm_service.api.server.limits import ConcurrencyLimitMiddleware
 from trtllm_service.packed_model import PackInfo
 from trtllm_service.settings import Settings
 

@@ -23,7 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trtllm_service.api.anthropic import errors as anthropic_errors
 from trtllm_service.api.anthropic.protocol import MESSAGES_ROUTE
-from trtllm_service.api.openai.errors import from_validation_error
+from trtllm_service.api.server.request_errors import from_validation_error
 from trtllm_service.errors import APIError
 
 MAX_ERROR_BODY = 64 * 1024

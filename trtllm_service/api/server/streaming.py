@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from trtllm_service.api.metrics import RequestMetrics
+from trtllm_service.api.server.metrics import RequestMetrics
 from trtllm_service.errors import APIError
 from trtllm_service.relay.client import EngineStream
 

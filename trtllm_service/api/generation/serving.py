@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from trtllm_service.api.choices import (
+from trtllm_service.api.generation.choices import (
     Choice,
     Result,
     cached_tokens,
@@ -24,10 +24,10 @@ from trtllm_service.api.choices import (
     keep_best,
     start_choices,
 )
-from trtllm_service.api.metrics import RequestMetrics
+from trtllm_service.api.generation.sse_frames import SSE_HEADERS, plainly_text, sse_body, whole_frames
 from trtllm_service.api.openai.protocol import SamplingFields
-from trtllm_service.api.sse_frames import SSE_HEADERS, plainly_text, sse_body, whole_frames
-from trtllm_service.api.streaming import StreamBody
+from trtllm_service.api.server.metrics import RequestMetrics
+from trtllm_service.api.server.streaming import StreamBody
 from trtllm_service.chat import reasoning
 from trtllm_service.chat.reasoning import ReasoningSplitter, ReasoningStyle
 from trtllm_service.errors import APIError
