@@ -15,8 +15,7 @@ import bentoml
 from starlette.responses import JSONResponse
 
 from tensorrtllm_backend.stop_strings import StopStringError, check_stop
-from trtllm_service.api.openai import routes as openai_routes
-from trtllm_service.api.openai.protocol import (
+from trtllm_service.api.generation.protocol import (
     MaxTokens,
     Penalty,
     RepetitionPenalty,
@@ -27,6 +26,7 @@ from trtllm_service.api.openai.protocol import (
     engine_seed,
     engine_top_k,
 )
+from trtllm_service.api.openai import routes as openai_routes
 from trtllm_service.api.openapi import DocumentedService, describe, openai_routes_of
 from trtllm_service.api.server import deployment, early
 from trtllm_service.api.server.auth import APIKeyMiddleware, APIKeys

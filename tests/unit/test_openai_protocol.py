@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from trtllm_service.api.generation.protocol import parse_request
 from trtllm_service.api.openai.chat.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -18,7 +19,7 @@ from trtllm_service.api.openai.completions.protocol import (
     CompletionRequest,
     CompletionResponse,
 )
-from trtllm_service.api.openai.protocol import ErrorBody, ModelCard, ModelList, parse_request
+from trtllm_service.api.openai.protocol import ErrorBody, ModelCard, ModelList
 from trtllm_service.api.openai.sse import (
     SSE_DONE,
     ChatChunkEncoder,

@@ -42,7 +42,7 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from tensorrtllm_backend.stop_strings import StopStringError, check_stop
-from trtllm_service.api.openai.protocol import (
+from trtllm_service.api.generation.protocol import (
     Rule,
     SamplingFields,
     StrictModel,

@@ -24,8 +24,8 @@ from trtllm_service.api.generation.choices import (
     keep_best,
     start_choices,
 )
+from trtllm_service.api.generation.protocol import SamplingFields
 from trtllm_service.api.generation.sse_frames import SSE_HEADERS, plainly_text, sse_body, whole_frames
-from trtllm_service.api.openai.protocol import SamplingFields
 from trtllm_service.api.server.metrics import RequestMetrics
 from trtllm_service.api.server.streaming import StreamBody
 from trtllm_service.chat import reasoning

@@ -28,6 +28,7 @@ from trtllm_service.api.generation.bodies import (
     event_stream_ok,
     inline_schema,
 )
+from trtllm_service.api.generation.protocol import parse_request
 from trtllm_service.api.generation.serving import error_docs, error_response
 from trtllm_service.api.openai.chat.protocol import (
     ChatCompletionChunk,
@@ -48,7 +49,6 @@ from trtllm_service.api.openai.protocol import (
     ModelList,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
-    parse_request,
 )
 from trtllm_service.api.openai.responses.protocol import RESPONSES_ROUTE, ResponsesRequest
 from trtllm_service.api.openai.serving import OpenAIServing

@@ -7,6 +7,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, model_serializer, model_validator
 
+from trtllm_service.api.generation.protocol import Rule, ToolUse, unset
 from trtllm_service.api.openai.protocol import (
     MAX_TOOLS,
     NO_TOOLS,
@@ -19,14 +20,11 @@ from trtllm_service.api.openai.protocol import (
     NamedToolChoice,
     ReasoningEffort,
     RequestBase,
-    Rule,
     ToolCall,
     ToolChoiceMode,
     ToolDefinition,
-    ToolUse,
     new_id,
     plain_messages,
-    unset,
 )
 from trtllm_service.api.server.request_errors import request_error
 

@@ -7,17 +7,16 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from trtllm_service.api.generation.protocol import Rule, unset
 from trtllm_service.api.openai.protocol import (
     MAX_PROMPTS,
     CompletionChunkBase,
     CompletionResponseBase,
     FinishReason,
     RequestBase,
-    Rule,
     TokenIds,
     check_token_ids,
     new_id,
-    unset,
 )
 from trtllm_service.api.server.request_errors import request_error
 

@@ -29,6 +29,14 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from trtllm_service.api.generation.protocol import (
+    Rule,
+    SamplingFields,
+    StrictModel,
+    ToolUse,
+    message_role,
+    unset,
+)
 from trtllm_service.api.openai.protocol import (
     MAX_TOOLS,
     PARALLEL_TOOL_CALLS_DOC,
@@ -36,13 +44,7 @@ from trtllm_service.api.openai.protocol import (
     FunctionDefinition,
     NamedFunction,
     ReasoningEffort,
-    Rule,
-    SamplingFields,
-    StrictModel,
     ToolChoiceMode,
-    ToolUse,
-    message_role,
-    unset,
 )
 from trtllm_service.api.server.request_errors import request_error
 from trtllm_service.relay.guided import Guide, GuideRequestError, json_schema_guide
