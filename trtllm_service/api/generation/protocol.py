@@ -7,7 +7,7 @@ Anthropic's messages and /generate read the same way.
 * `SamplingFields`: the sampling fields of every /v1 request, their rules (stop strings, stop token
   ids, logit bias, best_of and beam search) and their one reduction to ``SamplingParams``
   (`sampling_params()`); chat, completions, responses and Anthropic's messages all extend it.
-* The parameter policy (`StrictModel`, `OpenAIRequest`, `drop_unsupported`, `sent`, `unset`): an
+* The parameter policy (`StrictModel`, `BaseRequest`, `drop_unsupported`, `sent`, `unset`): an
   unknown key or a value of another type is a 400 naming it; a parameter we cannot honour is a 400
   (code ``unsupported_parameter``) unless it is "off" (``null``, ``false``, ``{}``, ``[]``, ...); a
   few that do not change the text are accepted and ignored; ``null`` means "not set".
@@ -132,7 +132,7 @@ def message_role(message: Mapping[str, Any], roles: Collection[str], which: str,
     return role
 
 
-class OpenAIRequest(StrictModel):
+class BaseRequest(StrictModel):
     """What every generation request shares: the model, streaming, and the parameter policy of the
     module docstring (unsupported parameters named in a 400, harmless ones dropped)."""
 
@@ -153,9 +153,9 @@ class OpenAIRequest(StrictModel):
         return data
 
 
-class SamplingFields(OpenAIRequest):
-    """The sampling fields of chat, completions and responses, defined once, and their one
-    reduction to `SamplingParams` (`sampling_params()`).
+class SamplingFields(BaseRequest):
+    """The sampling fields of every /v1 request (chat, completions, responses, Anthropic's messages),
+    defined once, and their one reduction to `SamplingParams` (`sampling_params()`).
 
     Endpoints add their token limit (`max_new_tokens`), log probs (`logprob_count`,
     `prompt_logprob_count`) and structured output (`_guide`).
