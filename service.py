@@ -15,6 +15,7 @@ import bentoml
 from starlette.responses import JSONResponse
 
 from tensorrtllm_backend.stop_strings import StopStringError, check_stop
+from trtllm_service.api.anthropic import errors as anthropic_errors
 from trtllm_service.api.generation.protocol import (
     MaxTokens,
     Penalty,
@@ -39,7 +40,7 @@ from trtllm_service.api.server.bentoml_patches import (
     quiet_logs,
     read_strictly,
 )
-from trtllm_service.api.server.error_shape import ErrorShapeMiddleware, is_anthropic
+from trtllm_service.api.server.error_shape import ErrorShapeMiddleware
 from trtllm_service.api.server.heap import freeze_startup_heap
 from trtllm_service.api.server.http_limits import ConnectionLimits, quiet_client_gone
 from trtllm_service.api.server.http_limits import install as install_connection_limits
@@ -80,7 +81,9 @@ install_connection_limits(
     )
 )
 # `bentoml serve`'s process answers on the port from its bind until a worker serves (api/early.py).
-early.answer_from_bind(lambda: run_dir(SETTINGS, service_pid=os.getpid()) / early.STOP_FLAG)
+early.answer_from_bind(
+    lambda: run_dir(SETTINGS, service_pid=os.getpid()) / early.STOP_FLAG, dialects=(anthropic_errors.DIALECT,)
+)
 
 
 # Runtime settings and the base image (what goes into the image is bentofile.yaml's): traffic and GPUs
@@ -256,8 +259,9 @@ TRTLLM.mount_asgi_app(openai_routes.root_app, path="/")
 
 # Outermost first (arrange_middlewares puts the request id before BentoML's own middlewares and
 # BentoML's CORS right after it, so that every answer, refusals included, carries both).
-TRTLLM.add_asgi_middleware(RequestIdMiddleware, anthropic_paths=is_anthropic)
-TRTLLM.add_asgi_middleware(ErrorShapeMiddleware)  # BentoML's own errors in the service's one shape
+TRTLLM.add_asgi_middleware(RequestIdMiddleware, anthropic_paths=anthropic_errors.is_anthropic)
+# BentoML's own errors in the service's one shape; Anthropic's on its routes
+TRTLLM.add_asgi_middleware(ErrorShapeMiddleware, dialects=(anthropic_errors.DIALECT,))
 TRTLLM.add_asgi_middleware(
     deployment.ServiceConcurrencyLimit,  # traffic.max_concurrency, counted across the workers
     fallback=TRTLLM.config["traffic"]["max_concurrency"],

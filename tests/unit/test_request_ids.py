@@ -14,9 +14,9 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from tests.support import asgi_request
+from trtllm_service.api.anthropic.errors import is_anthropic
 from trtllm_service.api.server.bentoml_patches import arrange_middlewares
 from trtllm_service.api.server.deployment import ServiceConcurrencyLimit, http
-from trtllm_service.api.server.error_shape import is_anthropic
 from trtllm_service.api.server.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
 from trtllm_service.request_ids import (
     MARK,
