@@ -26,7 +26,6 @@ from trtllm_service.api.generation.bodies import (
     body_doc,
     bound_serving,
     event_stream_ok,
-    inline_schema,
 )
 from trtllm_service.api.generation.protocol import parse_request
 from trtllm_service.api.generation.serving import error_docs, error_response
@@ -52,6 +51,7 @@ from trtllm_service.api.openai.protocol import (
 )
 from trtllm_service.api.openai.responses.protocol import RESPONSES_ROUTE, ResponsesRequest
 from trtllm_service.api.openai.serving import OpenAIServing
+from trtllm_service.api.server.openapi30 import inline_schema
 from trtllm_service.errors import APIError
 
 if TYPE_CHECKING:

@@ -224,7 +224,7 @@ def read_strictly(input_model: Any) -> None:
     so a misspelt `max_new_tokens` is a 400 naming it instead of a request served with the default;
     and no value is coerced (BentoML's lax mode takes `"10"` and `true` as numbers). Its schema is
     written in the OpenAPI 3.0 dialect of the service's document, as /v1's bodies are."""
-    from trtllm_service.api.generation.bodies import openapi30_tree
+    from trtllm_service.api.server.openapi30 import openapi30_tree
 
     config = input_model.model_config
     if config.get("extra") == "forbid" and config.get("strict"):
