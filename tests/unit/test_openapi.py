@@ -11,7 +11,6 @@ import pytest
 
 from trtllm_service.api.anthropic.errors import error_type as anthropic_error_type
 from trtllm_service.api.openai import routes as openai_routes
-from trtllm_service.api.openai.protocol import ErrorBody
 from trtllm_service.api.openapi import (
     ANTHROPIC_TAG,
     GENERATE_TAG,
@@ -22,6 +21,7 @@ from trtllm_service.api.openapi import (
     describe,
     openai_routes_of,
 )
+from trtllm_service.api.server.error_shape import ErrorBody
 from trtllm_service.versions import PYPROJECT, service_version
 
 ROUTES = openai_routes_of(openai_routes.app, "/v1") + openai_routes_of(openai_routes.root_app, "")

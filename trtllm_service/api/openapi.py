@@ -217,7 +217,7 @@ def document(
     if isinstance(components, dict):
         schemas = dict(components.get("schemas") or {})
         if ERROR_SCHEMA not in schemas:  # the mounted app documents it; else from the model itself
-            from trtllm_service.api.openai.protocol import ErrorBody
+            from trtllm_service.api.server.error_shape import ErrorBody
 
             schema = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas.update(schema.pop("$defs", {}))

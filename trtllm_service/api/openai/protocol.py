@@ -40,7 +40,6 @@ from trtllm_service.api.generation.protocol import (
     unset,
 )
 from trtllm_service.api.server.request_errors import request_error
-from trtllm_service.errors import APIError
 from trtllm_service.relay.guided import (
     Guide,
     GuideRequestError,
@@ -444,23 +443,3 @@ class ModelList(BaseModel):
 
     object: Literal["list"] = "list"
     data: list[ModelCard]
-
-
-class ErrorDetail(BaseModel):
-    """The inside of an error body."""
-
-    message: str
-    type: str
-    param: str | None = None
-    code: str | None = None
-
-
-class ErrorBody(BaseModel):
-    """``{"error": {...}}``: the body of every non-2xx answer (and of an in-stream error event)."""
-
-    error: ErrorDetail
-
-    @classmethod
-    def of(cls, err: APIError) -> ErrorBody:
-        """The body of an ``APIError``."""
-        return cls.model_validate(err.body())

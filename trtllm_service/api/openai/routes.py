@@ -43,7 +43,6 @@ from trtllm_service.api.openai.completions.protocol import (
 from trtllm_service.api.openai.completions.serving import COMPLETIONS_ROUTE
 from trtllm_service.api.openai.protocol import (
     DetokenizeRequest,
-    ErrorBody,
     ModelCard,
     ModelList,
     TokenizeChatRequest,
@@ -51,6 +50,7 @@ from trtllm_service.api.openai.protocol import (
 )
 from trtllm_service.api.openai.responses.protocol import RESPONSES_ROUTE, ResponsesRequest
 from trtllm_service.api.openai.serving import OpenAIServing
+from trtllm_service.api.server.error_shape import ErrorBody
 from trtllm_service.api.server.openapi30 import inline_schema
 from trtllm_service.errors import APIError
 

@@ -1,4 +1,5 @@
-"""Every error answer of the service in one shape: `{"error": {"message", "type", "param", "code"}}`.
+"""Every error answer of the service in one shape: `{"error": {"message", "type", "param", "code"}}`
+(`ErrorBody`, as the OpenAPI document shows it).
 
 The service's own routes and middlewares answer `APIError`s in that shape already. What BentoML and
 Starlette answer themselves does not: `/generate`'s request validation (`{"error": "1 validation
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
+from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trtllm_service.api.server.request_errors import from_validation_error
@@ -39,6 +41,26 @@ _CODES = {
     503: "service_unavailable",
     504: "timeout",
 }
+
+
+class ErrorDetail(BaseModel):
+    """The inside of an error body."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """``{"error": {...}}``: the body of every non-2xx answer (and of an in-stream error event)."""
+
+    error: ErrorDetail
+
+    @classmethod
+    def of(cls, err: APIError) -> ErrorBody:
+        """The body of an ``APIError``."""
+        return cls.model_validate(err.body())
 
 
 @dataclass(frozen=True, slots=True)
