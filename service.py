@@ -15,6 +15,7 @@ import bentoml
 from starlette.responses import JSONResponse
 
 from tensorrtllm_backend.stop_strings import StopStringError, check_stop
+from trtllm_service.api import app
 from trtllm_service.api.anthropic import errors as anthropic_errors
 from trtllm_service.api.generation.protocol import (
     MaxTokens,
@@ -27,7 +28,6 @@ from trtllm_service.api.generation.protocol import (
     engine_seed,
     engine_top_k,
 )
-from trtllm_service.api.openai import routes as openai_routes
 from trtllm_service.api.openapi import DocumentedService, describe, openai_routes_of
 from trtllm_service.api.server import deployment, early
 from trtllm_service.api.server.auth import APIKeyMiddleware, APIKeys
@@ -89,13 +89,12 @@ early.answer_from_bind(
 # Runtime settings and the base image (what goes into the image is bentofile.yaml's): traffic and GPUs
 # from the packed engine, the GPU type from `bentoml build --arg gpu_type=...` if given
 # (api/deployment.py explains each); the description is the Swagger page's and the Bento's README.
-@bentoml.asgi_app(openai_routes.app, path=deployment.OPENAI_ROUTE)
+@bentoml.asgi_app(app.v1, path=deployment.OPENAI_ROUTE)
 @bentoml.service(
     name=deployment.SERVICE_NAME,
     description=describe(
         MODEL_NAME,
-        openai_routes_of(openai_routes.app, deployment.OPENAI_ROUTE)
-        + openai_routes_of(openai_routes.root_app, ""),
+        openai_routes_of(app.v1, deployment.OPENAI_ROUTE) + openai_routes_of(app.root, ""),
     ),
     labels=deployment.labels(),
     image=deployment.image(),  # NVIDIA's pinned image; what goes into it: bentofile.yaml
@@ -133,7 +132,7 @@ class TRTLLM:
 
     def _loaded(self, runtime: Runtime) -> None:
         DRAIN.cut_by(runtime.relay.end_all)
-        openai_routes.bind(runtime)
+        app.bind(runtime)
 
     def _ready(self, runtime: Runtime) -> None:
         freeze_startup_heap()  # the loaded worker out of the collector's full passes (api/heap.py)
@@ -254,7 +253,7 @@ TRTLLM.apis["generate"].is_stream = True
 read_strictly(TRTLLM.apis["generate"].input_spec)
 
 # vLLM's /tokenize and /detokenize, at the root as vLLM serves them (after the service's own routes).
-TRTLLM.mount_asgi_app(openai_routes.root_app, path="/")
+TRTLLM.mount_asgi_app(app.root, path="/")
 
 
 # Outermost first (arrange_middlewares puts the request id before BentoML's own middlewares and
@@ -270,7 +269,7 @@ TRTLLM.add_asgi_middleware(
     drain=DRAIN,
 )
 TRTLLM.add_asgi_middleware(BodyLimitMiddleware, max_bytes=SETTINGS.max_body_bytes, model_name=MODEL_NAME)
-TRTLLM.add_asgi_middleware(openai_routes.V1NotFoundMiddleware)
+TRTLLM.add_asgi_middleware(app.V1NotFoundMiddleware)
 if SETTINGS.api_keys:  # covers /generate and /v1/*; probes, metrics and docs stay open
     TRTLLM.add_asgi_middleware(APIKeyMiddleware, api_keys=APIKeys(SETTINGS.api_keys), model_name=MODEL_NAME)
 arrange_middlewares(RequestIdMiddleware, ConcurrencyLimitMiddleware)

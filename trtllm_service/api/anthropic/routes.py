@@ -1,5 +1,5 @@
 """Anthropic's ``/v1/messages`` and ``/v1/messages/count_tokens``: a router that the ``/v1`` app
-includes beside OpenAI's routes (`openai.routes`), served by the same bound serving object.
+(`api.app`) includes beside OpenAI's routes, served by the same bound serving object.
 
 Bodies are read raw and validated by the protocol's models, as OpenAI's are; every error on these
 paths reaches the client in Anthropic's shape (`api.error_shape`). ``anthropic-version`` and
