@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse
 from tensorrtllm_backend.stop_strings import StopStringError, check_stop
 from trtllm_service.api import app
 from trtllm_service.api.anthropic import errors as anthropic_errors
+from trtllm_service.api.generate.serving import TextFraming, first_text
 from trtllm_service.api.generation.protocol import (
     MaxTokens,
     Penalty,
@@ -48,7 +49,7 @@ from trtllm_service.api.server.limits import BodyLimitMiddleware, ConcurrencyLim
 from trtllm_service.api.server.metrics import RequestMetrics, count_rejected
 from trtllm_service.api.server.shutdown import Drain
 from trtllm_service.api.server.startup import Startup
-from trtllm_service.api.server.streaming import PushBody, TextFraming, first_text, quiet_cut_streams
+from trtllm_service.api.server.streaming import PushBody, quiet_cut_streams
 from trtllm_service.api.server.tracing import tune_request_tracing
 from trtllm_service.errors import APIError
 from trtllm_service.packed_model import read_pack_info

@@ -37,7 +37,7 @@ MIDDLEWARES = {  # module -> ASGI classes whose entry is marked (outermost first
     "bentoml._internal.server.http.access": ["AccessLogMiddleware"],
     "starlette.middleware.cors": ["CORSMiddleware"],
     "trtllm_service.api.server.limits": ["ConcurrencyLimitMiddleware", "BodyLimitMiddleware"],
-    "trtllm_service.api.openai.routes": ["V1NotFoundMiddleware"],
+    "trtllm_service.api.app": ["V1NotFoundMiddleware"],
     "_bentoml_impl.server.app": ["ContextMiddleware"],
     "starlette.routing": ["Router"],
     "fastapi.applications": ["FastAPI"],
@@ -87,10 +87,11 @@ def _patch(module: Any) -> None:
             cls.__call__ = _on_entry(cls.__call__, cls_name)
     if name == "trtllm_service.api.server.streaming":
         _patch_streaming(module)
-    elif name == "trtllm_service.api.openai.routes":
-        name_of_serve = "serve_body" if hasattr(module, "serve_body") else "_serve"  # _serve before issue 36
-        setattr(module, name_of_serve, _on_entry(getattr(module, name_of_serve), "handler"))
+    elif name == "trtllm_service.api.generation.bodies":
+        module.serve_body = _on_entry(module.serve_body, "handler")
         module.parse_request = _on_exit(module.parse_request, "parsed")
+    elif name == "trtllm_service.api.generate.serving":
+        module.first_text = _on_exit(module.first_text, "first text")
     elif name == "trtllm_service.api.openai.serving" and hasattr(module.OpenAIServing, "_start"):
         module.OpenAIServing._start = _on_exit(module.OpenAIServing._start, "first text")  # before issue 36
     elif name in ("trtllm_service.api.generation.serving", "trtllm_service.api.openai.completions.serving"):
@@ -113,7 +114,6 @@ def _patch_streaming(module: Any) -> None:
         await outermost(self, scope, receive, send)
 
     module.ServerSendApp.__call__ = entered
-    module.first_text = _on_exit(module.first_text, "first text")
     module.PushBody.__call__ = _on_entry(module.PushBody.__call__, "response")
     start = module.PushBody._start
 
@@ -156,6 +156,8 @@ _WANTED = frozenset(
     {
         *MIDDLEWARES,
         "trtllm_service.api.server.streaming",
+        "trtllm_service.api.generation.bodies",
+        "trtllm_service.api.generate.serving",
         "trtllm_service.api.openai.serving",
         "trtllm_service.api.generation.serving",
         "trtllm_service.api.openai.completions.serving",
