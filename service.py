@@ -12,12 +12,11 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 import bentoml
-from starlette.responses import JSONResponse
 
-from tensorrtllm_backend.stop_strings import StopStringError, check_stop
 from trtllm_service.api import app
 from trtllm_service.api.anthropic import errors as anthropic_errors
-from trtllm_service.api.generate.serving import TextFraming, first_text
+from trtllm_service.api.generate.protocol import GenerateRequest
+from trtllm_service.api.generate.serving import serve_generate
 from trtllm_service.api.generation.protocol import (
     MaxTokens,
     Penalty,
@@ -26,8 +25,6 @@ from trtllm_service.api.generation.protocol import (
     Temperature,
     TopK,
     TopP,
-    engine_seed,
-    engine_top_k,
 )
 from trtllm_service.api.openapi import DocumentedService, describe, openai_routes_of
 from trtllm_service.api.server import deployment, early
@@ -46,15 +43,11 @@ from trtllm_service.api.server.heap import freeze_startup_heap
 from trtllm_service.api.server.http_limits import ConnectionLimits, quiet_client_gone
 from trtllm_service.api.server.http_limits import install as install_connection_limits
 from trtllm_service.api.server.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
-from trtllm_service.api.server.metrics import RequestMetrics, count_rejected
 from trtllm_service.api.server.shutdown import Drain
 from trtllm_service.api.server.startup import Startup
-from trtllm_service.api.server.streaming import PushBody, quiet_cut_streams
+from trtllm_service.api.server.streaming import quiet_cut_streams
 from trtllm_service.api.server.tracing import tune_request_tracing
-from trtllm_service.errors import APIError
 from trtllm_service.packed_model import read_pack_info
-from trtllm_service.relay.guided import GuideRequestError, json_schema_guide
-from trtllm_service.relay.request import SamplingParams
 from trtllm_service.request_ids import RequestIdLogFilter, RequestIdMiddleware
 from trtllm_service.runtime import Runtime, default_model_tag, run_dir
 from trtllm_service.settings import get_settings
@@ -186,64 +179,8 @@ class TRTLLM:
         Errors before the first chunk are JSON responses with a 4xx/5xx status, never text in
         the stream: the first text is awaited before the response starts.
         """
-        try:
-            runtime = self.startup.serving()
-        except APIError as exc:
-            count_rejected(MODEL_NAME, "/generate", exc.status)
-            return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())  # type: ignore[return-value]
-        try:
-            adapter = runtime.adapter(lora, param="lora")
-        except APIError as exc:
-            RequestMetrics(runtime.model_name, "/generate").done(exc.status)
-            return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())  # type: ignore[return-value]
-        metrics = RequestMetrics(adapter or runtime.model_name, "/generate")
-        try:
-            try:
-                stops = check_stop(stop or [])
-            except StopStringError as exc:
-                raise APIError.bad_request(str(exc), param="stop") from None
-            try:
-                guide = None if json_schema is None else json_schema_guide(json_schema, "json_schema")
-            except GuideRequestError as exc:
-                raise APIError.bad_request(str(exc), param=exc.param) from None
-            if guide is not None:
-                runtime.flavor.check_guide("json_schema")
-                await runtime.check_guide(guide, "json_schema")
-            params = SamplingParams(
-                guide=guide,
-                max_tokens=max_tokens,
-                temperature=temperature,
-                top_p=top_p,
-                top_k=engine_top_k(top_k),
-                repetition_penalty=repetition_penalty,
-                presence_penalty=presence_penalty,
-                frequency_penalty=frequency_penalty,
-                seed=engine_seed(seed),
-                stop=stops,
-                ignore_eos=ignore_eos,
-                lora=adapter,
-            )
-            # a beam-packed model: every request searches beams
-            params = runtime.flavor.fill_beam_search(params)
-            if params.beam_width and guide is not None:
-                raise APIError.bad_request(
-                    "beam search is not served with structured output", param="json_schema"
-                )
-            messages = runtime.formatter.messages_from_prompt(prompt, system_prompt)
-            request = await runtime.prepare_chat(
-                messages,
-                params,
-                default_max_tokens=SETTINGS.default_max_tokens,
-                param="prompt",
-                budget_param="max_tokens",
-            )
-            stream = await runtime.generate(request)
-            first = await first_text(stream, metrics)
-        except APIError as exc:
-            metrics.done(exc.status)
-            return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())  # type: ignore[return-value]
-        framing = TextFraming(stream, first, metrics, request.prompt_tokens)
-        return PushBody(stream, framing, "text/plain; charset=utf-8")  # type: ignore[return-value]
+        request = GenerateRequest.of(locals())  # the arguments above, as BentoML validated them
+        return await serve_generate(request, self.startup, MODEL_NAME)  # type: ignore[return-value]
 
 
 # `generate` returns its stream rather than being a generator (so errors before the first chunk
