@@ -37,6 +37,7 @@ from trtllm_service.api.server.bentoml_patches import (
     own_prometheus_dir,
     quiet_logs,
     read_strictly,
+    share_bentoml_log_handlers,
 )
 from trtllm_service.api.server.error_shape import ErrorShapeMiddleware
 from trtllm_service.api.server.heap import freeze_startup_heap
@@ -48,7 +49,7 @@ from trtllm_service.api.server.startup import Startup
 from trtllm_service.api.server.streaming import quiet_cut_streams
 from trtllm_service.api.server.tracing import tune_request_tracing
 from trtllm_service.packed_model import read_pack_info
-from trtllm_service.request_ids import RequestIdLogFilter, RequestIdMiddleware
+from trtllm_service.request_ids import RequestIdMiddleware
 from trtllm_service.runtime import Runtime, default_model_tag, run_dir
 from trtllm_service.settings import get_settings
 from trtllm_service.triton.metrics import append_triton_metrics
@@ -211,22 +212,3 @@ TRTLLM.add_asgi_middleware(app.V1NotFoundMiddleware)
 if SETTINGS.api_keys:  # covers /generate and /v1/*; probes, metrics and docs stay open
     TRTLLM.add_asgi_middleware(APIKeyMiddleware, api_keys=APIKeys(SETTINGS.api_keys), model_name=MODEL_NAME)
 arrange_middlewares(RequestIdMiddleware, ConcurrencyLimitMiddleware)
-
-
-def share_bentoml_log_handlers(target: logging.Logger) -> None:
-    """Our INFO lines go where BentoML's own log lines go, at BentoML's level when it is lower
-    (`bentoml serve --debug`: Triton's own output too); every line written while a request is
-    served, BentoML's access log line among them, starts with `[request_id=...]`.
-
-    BentoML configures its loggers when the worker starts; ours would otherwise reach only the
-    root logger, which shows warnings and errors alone.
-    """
-    source = logging.getLogger("bentoml")
-    if target.handlers or not source.handlers:
-        return
-    target.setLevel(min(logging.INFO, source.getEffectiveLevel()))
-    for handler in source.handlers:
-        if not any(isinstance(f, RequestIdLogFilter) for f in handler.filters):
-            handler.addFilter(RequestIdLogFilter())
-        target.addHandler(handler)
-    target.propagate = False

@@ -1,6 +1,6 @@
 """Changes to BentoML 1.4 that the service applies when it is imported: a leak fixed, a fast path,
 the middlewares' order (`arrange_middlewares`), its metrics' labels bounded and directory its own,
-bodies read strictly.
+bodies read strictly, our log lines where its own go (`share_bentoml_log_handlers`).
 
 BentoML's `TimeoutMiddleware` (the service's `traffic.timeout`) schedules a timer per request and
 never cancels it: each request's context (its tracing span, scope and futures, about 5 KB) stays
@@ -22,6 +22,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from trtllm_service.request_ids import RequestIdLogFilter
 
 logger = logging.getLogger("trtllm_service")
 
@@ -291,3 +293,22 @@ def quiet_logs(starting: Callable[[], bool]) -> None:
         target = logging.getLogger(name)
         if not any(isinstance(f, kind) for f in target.filters):
             target.addFilter(make())
+
+
+def share_bentoml_log_handlers(target: logging.Logger) -> None:
+    """Our INFO lines go where BentoML's own log lines go, at BentoML's level when it is lower
+    (`bentoml serve --debug`: Triton's own output too); every line written while a request is
+    served, BentoML's access log line among them, starts with `[request_id=...]`.
+
+    BentoML configures its loggers when the worker starts; ours would otherwise reach only the
+    root logger, which shows warnings and errors alone.
+    """
+    source = logging.getLogger("bentoml")
+    if target.handlers or not source.handlers:
+        return
+    target.setLevel(min(logging.INFO, source.getEffectiveLevel()))
+    for handler in source.handlers:
+        if not any(isinstance(f, RequestIdLogFilter) for f in handler.filters):
+            handler.addFilter(RequestIdLogFilter())
+        target.addHandler(handler)
+    target.propagate = False
