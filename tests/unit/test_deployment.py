@@ -1,4 +1,4 @@
-"""What BentoML and BentoCloud are told about the service (api/deployment.py), and deployment.yaml
+"""What BentoML and BentoCloud are told about the service (api/server/deployment.py), and deployment.yaml
 read with BentoML's own deployment config classes and configuration schema."""
 
 from __future__ import annotations

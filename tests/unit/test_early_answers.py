@@ -1,4 +1,4 @@
-"""api/early.py: what the port answers between its bind and the first worker's start, on real sockets."""
+"""api/server/early.py: what the port answers between its bind and the first worker's start, on real sockets."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""api/error_shape.py: every error answer in `{"error": {"message", "type", "param", "code"}}`,
+"""api/server/error_shape.py: every error answer in `{"error": {"message", "type", "param", "code"}}`,
 whoever made it (BentoML's validation, Starlette's 404 and 405, a probe's 503), and nothing else
 touched."""
 

@@ -1,4 +1,4 @@
-"""uvicorn with the bounded httptools protocol (api/http_limits.py), on loopback with a tiny ASGI
+"""uvicorn with the bounded httptools protocol (api/server/http_limits.py), on loopback with a tiny ASGI
 app: requests within the limits are served as before, on kept-alive connections too, whatever
 their body's size; a head over the limits is a 431, a stalled body a 408."""
 

@@ -2,7 +2,7 @@
 (`api.app`) includes beside OpenAI's routes, served by the same bound serving object.
 
 Bodies are read raw and validated by the protocol's models, as OpenAI's are; every error on these
-paths reaches the client in Anthropic's shape (`api.error_shape`). ``anthropic-version`` and
+paths reaches the client in Anthropic's shape (`server.error_shape`). ``anthropic-version`` and
 ``anthropic-beta`` headers are accepted and not required: one version of the API is served.
 """
 

@@ -1,7 +1,7 @@
 """Anthropic's Messages API over the request path every endpoint shares (`api.generation`): a
 message is one chat choice, generated like a chat completion's and written as Anthropic writes it
 (`events.MessageBuilder`). Errors are answered in the service's shape here and turned into
-Anthropic's by `api.error_shape` for every ``/v1/messages`` path.
+Anthropic's by `server.error_shape` for every ``/v1/messages`` path.
 """
 
 from __future__ import annotations

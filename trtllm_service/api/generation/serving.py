@@ -1,7 +1,7 @@
 """What every generation endpoint does the same way (OpenAI's chat, completions and responses,
 Anthropic's messages): name the model a request asks for (the served model or a LoRA adapter),
 reduce its sampling fields once to `SamplingParams` the engine can serve, render a chat prompt and
-start its engine requests (`api.choices`), and answer with an SSE stream or one JSON body.
+start its engine requests (`generation.choices`), and answer with an SSE stream or one JSON body.
 """
 
 from __future__ import annotations

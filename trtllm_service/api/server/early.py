@@ -6,7 +6,7 @@ idle cores, 11 s seen on a loaded machine, during which a connection was accepte
 left without an answer (a 5-second probe timed out). `bentoml serve`'s own process imports service.py
 before it binds, so `answer_from_bind` wraps circus's bind of the API server's socket there: the
 moment the socket listens, a thread of that process answers on it what the service itself answers
-while it starts (api/startup.py), in the same shapes: `/livez` and `/healthz` 200, `/readyz` 503,
+while it starts (api/server/startup.py), in the same shapes: `/livez` and `/healthz` 200, `/readyz` 503,
 every other path 503 with `Retry-After` (in the shape of an API that answers errors its own way, the
 `dialects` it is given: Anthropic's 529 `overloaded_error` under `/v1/messages`), each with an `X-Request-Id`, and `Connection: close`. The first worker's start-up hook writes the
 flag file that stops it (`serving`); the worker answers the same until it is ready, so a request
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from trtllm_service.api.server.error_shape import ErrorDialect
 
 STARTING_RETRY_S = 1.0
-"""Retry-After of a request that comes while the service starts (here and in api/startup.py)."""
+"""Retry-After of a request that comes while the service starts (here and in api/server/startup.py)."""
 
 ALIVE_PATHS = ("/livez", "/healthz")
 READY_PATH = "/readyz"

@@ -1,5 +1,5 @@
-"""``POST /v1/chat/completions``: the request and the response objects (the chat template, tools
-and sampling fields they build on are the shared ``openai.protocol``'s)."""
+"""``POST /v1/chat/completions``: the request and the response objects (the messages and tools
+they build on are ``openai.protocol``'s, the sampling fields the shared ``generation.protocol``'s)."""
 
 from __future__ import annotations
 

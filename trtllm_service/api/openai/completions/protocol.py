@@ -1,5 +1,5 @@
 """``POST /v1/completions``: the request and the response objects (no chat template; the sampling
-fields are the shared ``openai.protocol``'s)."""
+fields are the shared ``generation.protocol``'s)."""
 
 from __future__ import annotations
 
