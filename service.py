@@ -1,39 +1,23 @@
 """BentoML entry point: `bentoml serve .` starts TRTLLM, whose workers share one supervised Triton.
 
-Thin on purpose: the work lives in `trtllm_service` (runtime, relay, prompting, OpenAI API).
+Thin on purpose: the service's lifetime (start-up, readiness, shutdown, metrics) and the declaration of
+`/generate`; the HTTP side is assembled in `trtllm_service.api.app` (routes, middlewares), the work
+lives in `trtllm_service` (runtime, relay, chat templates, the APIs).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import AsyncGenerator
 from typing import Any
 
 import bentoml
-from starlette.responses import JSONResponse
 
-from tensorrtllm_backend.stop_strings import StopStringError, check_stop
-from trtllm_service.api import deployment, early
-from trtllm_service.api.auth import APIKeyMiddleware, APIKeys
-from trtllm_service.api.bentoml_patches import (
-    arrange_middlewares,
-    bound_endpoint_labels,
-    cancel_request_timers,
-    expose_server_send,
-    own_prometheus_dir,
-    quiet_logs,
-    read_strictly,
-)
-from trtllm_service.api.error_shape import ErrorShapeMiddleware, is_anthropic
-from trtllm_service.api.heap import freeze_startup_heap
-from trtllm_service.api.http_limits import ConnectionLimits, quiet_client_gone
-from trtllm_service.api.http_limits import install as install_connection_limits
-from trtllm_service.api.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
-from trtllm_service.api.metrics import RequestMetrics, count_rejected
-from trtllm_service.api.openai import routes as openai_routes
-from trtllm_service.api.openai.protocol import (
+from trtllm_service.api import app
+from trtllm_service.api.generate.protocol import GenerateRequest
+from trtllm_service.api.generate.serving import serve_generate
+from trtllm_service.api.generation.protocol import (
     MaxTokens,
     Penalty,
     RepetitionPenalty,
@@ -41,19 +25,16 @@ from trtllm_service.api.openai.protocol import (
     Temperature,
     TopK,
     TopP,
-    engine_seed,
-    engine_top_k,
 )
-from trtllm_service.api.openapi import DocumentedService, describe, openai_routes_of
-from trtllm_service.api.shutdown import Drain
-from trtllm_service.api.startup import Startup
-from trtllm_service.api.streaming import PushBody, TextFraming, first_text, quiet_cut_streams
-from trtllm_service.api.tracing import tune_request_tracing
-from trtllm_service.errors import APIError
+from trtllm_service.api.openapi import DocumentedService
+from trtllm_service.api.server import deployment, early
+from trtllm_service.api.server.bentoml_patches import quiet_logs, read_strictly, share_bentoml_log_handlers
+from trtllm_service.api.server.heap import freeze_startup_heap
+from trtllm_service.api.server.http_limits import quiet_client_gone
+from trtllm_service.api.server.shutdown import Drain
+from trtllm_service.api.server.startup import Startup
+from trtllm_service.api.server.streaming import quiet_cut_streams
 from trtllm_service.packed_model import read_pack_info
-from trtllm_service.relay.guided import GuideRequestError, json_schema_guide
-from trtllm_service.relay.request import SamplingParams
-from trtllm_service.request_ids import RequestIdLogFilter, RequestIdMiddleware
 from trtllm_service.runtime import Runtime, default_model_tag, run_dir
 from trtllm_service.settings import get_settings
 from trtllm_service.triton.metrics import append_triton_metrics
@@ -65,35 +46,16 @@ SETTINGS = get_settings()
 MODEL_TAG = default_model_tag(SETTINGS.model_tag, announce=True)  # one line: which model, and why
 MODEL_NAME = MODEL_TAG.split(":")[0]
 DRAIN = Drain(SETTINGS.shutdown_grace_s)  # SIGTERM: requests in flight finish, new ones get 503
-tune_request_tracing()  # before BentoML builds the app: no span per chunk, none built unread
-cancel_request_timers()  # BentoML's request timeout would hold every request's context for 600 s
-expose_server_send()  # streamed chunks skip the middlewares' send wrappers (api/streaming.py)
-bound_endpoint_labels()  # BentoML's request metrics by route: unknown paths cannot grow /metrics
-own_prometheus_dir()  # in `bentoml serve` itself: metrics of its own, whoever else shares BENTOML_HOME
-# Requests read within limits (header and body timeouts, header size): uvicorn has none of its own.
-install_connection_limits(
-    ConnectionLimits(
-        header_timeout_s=SETTINGS.header_timeout_s,
-        body_timeout_s=SETTINGS.body_timeout_s,
-        max_header_bytes=SETTINGS.max_header_bytes,
-        max_headers=SETTINGS.max_headers,
-    )
-)
-# `bentoml serve`'s process answers on the port from its bind until a worker serves (api/early.py).
-early.answer_from_bind(lambda: run_dir(SETTINGS, service_pid=os.getpid()) / early.STOP_FLAG)
+app.prepare(SETTINGS)  # BentoML's fixes, connection limits, the port's early answers (before the app)
 
 
 # Runtime settings and the base image (what goes into the image is bentofile.yaml's): traffic and GPUs
 # from the packed engine, the GPU type from `bentoml build --arg gpu_type=...` if given
-# (api/deployment.py explains each); the description is the Swagger page's and the Bento's README.
-@bentoml.asgi_app(openai_routes.app, path=deployment.OPENAI_ROUTE)
+# (api/server/deployment.py explains each); the description is the Swagger page's and the Bento's README.
+@bentoml.asgi_app(app.v1, path=deployment.OPENAI_ROUTE)
 @bentoml.service(
     name=deployment.SERVICE_NAME,
-    description=describe(
-        MODEL_NAME,
-        openai_routes_of(openai_routes.app, deployment.OPENAI_ROUTE)
-        + openai_routes_of(openai_routes.root_app, ""),
-    ),
+    description=app.description(MODEL_NAME),
     labels=deployment.labels(),
     image=deployment.image(),  # NVIDIA's pinned image; what goes into it: bentofile.yaml
     service_class=DocumentedService,
@@ -107,7 +69,7 @@ class TRTLLM:
     model = bentoml.models.BentoModel(MODEL_TAG)
 
     def __init__(self) -> None:
-        # Loaded and started in the background (api/startup.py): the worker answers meanwhile.
+        # Loaded and started in the background (api/server/startup.py): the worker answers meanwhile.
         self.startup: Startup[Runtime] = Startup(
             functools.partial(Runtime, self.model.path, str(self.model.tag.name), SETTINGS)
         )
@@ -130,10 +92,10 @@ class TRTLLM:
 
     def _loaded(self, runtime: Runtime) -> None:
         DRAIN.cut_by(runtime.relay.end_all)
-        openai_routes.bind(runtime)
+        app.bind(runtime)
 
     def _ready(self, runtime: Runtime) -> None:
-        freeze_startup_heap()  # the loaded worker out of the collector's full passes (api/heap.py)
+        freeze_startup_heap()  # the loaded worker out of the collector's full passes (api/server/heap.py)
         if runtime.triton.owner:  # one line per service, not per worker
             url = deployment.serving_url()
             logger.info("serving %s on %s (OpenAI API at %s/v1, docs at %s/)", MODEL_NAME, url, url, url)
@@ -183,109 +145,14 @@ class TRTLLM:
         Errors before the first chunk are JSON responses with a 4xx/5xx status, never text in
         the stream: the first text is awaited before the response starts.
         """
-        try:
-            runtime = self.startup.serving()
-        except APIError as exc:
-            count_rejected(MODEL_NAME, "/generate", exc.status)
-            return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())  # type: ignore[return-value]
-        try:
-            adapter = runtime.adapter(lora, param="lora")
-        except APIError as exc:
-            RequestMetrics(runtime.model_name, "/generate").done(exc.status)
-            return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())  # type: ignore[return-value]
-        metrics = RequestMetrics(adapter or runtime.model_name, "/generate")
-        try:
-            try:
-                stops = check_stop(stop or [])
-            except StopStringError as exc:
-                raise APIError.bad_request(str(exc), param="stop") from None
-            try:
-                guide = None if json_schema is None else json_schema_guide(json_schema, "json_schema")
-            except GuideRequestError as exc:
-                raise APIError.bad_request(str(exc), param=exc.param) from None
-            if guide is not None:
-                runtime.flavor.check_guide("json_schema")
-                await runtime.check_guide(guide, "json_schema")
-            params = SamplingParams(
-                guide=guide,
-                max_tokens=max_tokens,
-                temperature=temperature,
-                top_p=top_p,
-                top_k=engine_top_k(top_k),
-                repetition_penalty=repetition_penalty,
-                presence_penalty=presence_penalty,
-                frequency_penalty=frequency_penalty,
-                seed=engine_seed(seed),
-                stop=stops,
-                ignore_eos=ignore_eos,
-                lora=adapter,
-            )
-            # a beam-packed model: every request searches beams
-            params = runtime.flavor.fill_beam_search(params)
-            if params.beam_width and guide is not None:
-                raise APIError.bad_request(
-                    "beam search is not served with structured output", param="json_schema"
-                )
-            messages = runtime.formatter.messages_from_prompt(prompt, system_prompt)
-            request = await runtime.prepare_chat(
-                messages,
-                params,
-                default_max_tokens=SETTINGS.default_max_tokens,
-                param="prompt",
-                budget_param="max_tokens",
-            )
-            stream = await runtime.generate(request)
-            first = await first_text(stream, metrics)
-        except APIError as exc:
-            metrics.done(exc.status)
-            return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers())  # type: ignore[return-value]
-        framing = TextFraming(stream, first, metrics, request.prompt_tokens)
-        return PushBody(stream, framing, "text/plain; charset=utf-8")  # type: ignore[return-value]
+        request = GenerateRequest.of(locals())  # the arguments above, as BentoML validated them
+        return await serve_generate(request, self.startup, MODEL_NAME)  # type: ignore[return-value]
 
 
 # `generate` returns its stream rather than being a generator (so errors before the first chunk
 # can still be JSON responses with a status): tell BentoML and its clients that it streams.
 TRTLLM.apis["generate"].is_stream = True
 # Its body read by /v1's rules: a field it does not know is a 400 naming it, not ignored, and no
-# value is coerced (`"10"` and `true` are not numbers); the fields' ranges are /v1's (protocol.py).
+# value is coerced (`"10"` and `true` are not numbers); the fields' ranges are /v1's (generation/protocol.py).
 read_strictly(TRTLLM.apis["generate"].input_spec)
-
-# vLLM's /tokenize and /detokenize, at the root as vLLM serves them (after the service's own routes).
-TRTLLM.mount_asgi_app(openai_routes.root_app, path="/")
-
-
-# Outermost first (arrange_middlewares puts the request id before BentoML's own middlewares and
-# BentoML's CORS right after it, so that every answer, refusals included, carries both).
-TRTLLM.add_asgi_middleware(RequestIdMiddleware, anthropic_paths=is_anthropic)
-TRTLLM.add_asgi_middleware(ErrorShapeMiddleware)  # BentoML's own errors in the service's one shape
-TRTLLM.add_asgi_middleware(
-    deployment.ServiceConcurrencyLimit,  # traffic.max_concurrency, counted across the workers
-    fallback=TRTLLM.config["traffic"]["max_concurrency"],
-    shared_dir=run_dir(SETTINGS),
-    model_name=MODEL_NAME,
-    drain=DRAIN,
-)
-TRTLLM.add_asgi_middleware(BodyLimitMiddleware, max_bytes=SETTINGS.max_body_bytes, model_name=MODEL_NAME)
-TRTLLM.add_asgi_middleware(openai_routes.V1NotFoundMiddleware)
-if SETTINGS.api_keys:  # covers /generate and /v1/*; probes, metrics and docs stay open
-    TRTLLM.add_asgi_middleware(APIKeyMiddleware, api_keys=APIKeys(SETTINGS.api_keys), model_name=MODEL_NAME)
-arrange_middlewares(RequestIdMiddleware, ConcurrencyLimitMiddleware)
-
-
-def share_bentoml_log_handlers(target: logging.Logger) -> None:
-    """Our INFO lines go where BentoML's own log lines go, at BentoML's level when it is lower
-    (`bentoml serve --debug`: Triton's own output too); every line written while a request is
-    served, BentoML's access log line among them, starts with `[request_id=...]`.
-
-    BentoML configures its loggers when the worker starts; ours would otherwise reach only the
-    root logger, which shows warnings and errors alone.
-    """
-    source = logging.getLogger("bentoml")
-    if target.handlers or not source.handlers:
-        return
-    target.setLevel(min(logging.INFO, source.getEffectiveLevel()))
-    for handler in source.handlers:
-        if not any(isinstance(f, RequestIdLogFilter) for f in handler.filters):
-            handler.addFilter(RequestIdLogFilter())
-        target.addHandler(handler)
-    target.propagate = False
+app.install(TRTLLM, settings=SETTINGS, model_name=MODEL_NAME, drain=DRAIN)  # tokenizer routes, middlewares

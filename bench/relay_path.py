@@ -67,9 +67,14 @@ class Transport:
 
 async def run(tokenizer: Any, streams: int, tokens: int, route: str) -> tuple[float, int]:
     """CPU seconds of one run and the bytes the streams wrote."""
-    from trtllm_service.api import streaming
-    from trtllm_service.api.metrics import RequestMetrics
     from trtllm_service.api.openai import serving
+
+    try:  # since issue 45: api/ by role
+        from trtllm_service.api.server import streaming
+        from trtllm_service.api.server.metrics import RequestMetrics
+    except ImportError:
+        from trtllm_service.api import streaming  # type: ignore[no-redef]
+        from trtllm_service.api.metrics import RequestMetrics  # type: ignore[no-redef]
 
     connection = GrpcConnection("triton:8001")
     connection.connection_made(Transport())  # type: ignore[arg-type]
@@ -142,8 +147,11 @@ def _body(serving: Any, streaming: Any, route: str, stream: EngineStream, metric
 
     if route == "chat":
         encoder = ChatChunkEncoder(f"chatcmpl-{i}", "bench")
-        try:  # since issue 36: the SSE plumbing shared by every endpoint
-            from trtllm_service.api import choices, sse_frames
+        try:  # since issue 36: the SSE plumbing shared by every endpoint (in generation/ since issue 45)
+            try:
+                from trtllm_service.api.generation import choices, sse_frames
+            except ImportError:
+                from trtllm_service.api import choices, sse_frames  # type: ignore[no-redef]
             from trtllm_service.api.openai.sse import SSE_DONE, error_frame
 
             return sse_frames.sse_body(
@@ -165,7 +173,11 @@ def _body(serving: Any, streaming: Any, route: str, stream: EngineStream, metric
         chunks = serving._sse_frames(*args, encoder.finish, None, metrics, 32)
         return streaming.StreamBody(chunks, "text/event-stream")
     if hasattr(streaming, "PushBody"):
-        return streaming.PushBody(stream, streaming.TextFraming(stream, "", metrics, 32), "text/plain")
+        try:  # since issue 45: /generate's framing in api/generate/
+            from trtllm_service.api.generate.serving import TextFraming
+        except ImportError:
+            TextFraming = streaming.TextFraming
+        return streaming.PushBody(stream, TextFraming(stream, "", metrics, 32), "text/plain")
     return streaming.StreamBody(streaming.text_chunks(stream, "", metrics, 32), "text/plain")
 
 

@@ -85,7 +85,7 @@ def _none(path: str) -> bool:
 
 class RequestIdMiddleware:
     """Sets the request's id for its duration and echoes it in the `X-Request-Id` response header,
-    and also in `request-id` on the paths `anthropic_paths` picks (api.error_shape.is_anthropic)."""
+    and also in `request-id` on the paths `anthropic_paths` picks (api.anthropic.errors.is_anthropic)."""
 
     def __init__(self, app: ASGIApp, anthropic_paths: Callable[[str], bool] = _none) -> None:
         self.app = app

@@ -36,8 +36,8 @@ MIDDLEWARES = {  # module -> ASGI classes whose entry is marked (outermost first
     "opentelemetry.instrumentation.asgi": ["OpenTelemetryMiddleware"],
     "bentoml._internal.server.http.access": ["AccessLogMiddleware"],
     "starlette.middleware.cors": ["CORSMiddleware"],
-    "trtllm_service.api.limits": ["ConcurrencyLimitMiddleware", "BodyLimitMiddleware"],
-    "trtllm_service.api.openai.routes": ["V1NotFoundMiddleware"],
+    "trtllm_service.api.server.limits": ["ConcurrencyLimitMiddleware", "BodyLimitMiddleware"],
+    "trtllm_service.api.app": ["V1NotFoundMiddleware"],
     "_bentoml_impl.server.app": ["ContextMiddleware"],
     "starlette.routing": ["Router"],
     "fastapi.applications": ["FastAPI"],
@@ -85,15 +85,16 @@ def _patch(module: Any) -> None:
         cls = getattr(module, cls_name, None)
         if cls is not None:
             cls.__call__ = _on_entry(cls.__call__, cls_name)
-    if name == "trtllm_service.api.streaming":
+    if name == "trtllm_service.api.server.streaming":
         _patch_streaming(module)
-    elif name == "trtllm_service.api.openai.routes":
-        name_of_serve = "serve_body" if hasattr(module, "serve_body") else "_serve"  # _serve before issue 36
-        setattr(module, name_of_serve, _on_entry(getattr(module, name_of_serve), "handler"))
+    elif name == "trtllm_service.api.generation.bodies":
+        module.serve_body = _on_entry(module.serve_body, "handler")
         module.parse_request = _on_exit(module.parse_request, "parsed")
+    elif name == "trtllm_service.api.generate.serving":
+        module.first_text = _on_exit(module.first_text, "first text")
     elif name == "trtllm_service.api.openai.serving" and hasattr(module.OpenAIServing, "_start"):
         module.OpenAIServing._start = _on_exit(module.OpenAIServing._start, "first text")  # before issue 36
-    elif name in ("trtllm_service.api.generation", "trtllm_service.api.openai.completions.serving"):
+    elif name in ("trtllm_service.api.generation.serving", "trtllm_service.api.openai.completions.serving"):
         module.start_choices = _on_exit(module.start_choices, "first text")  # where it is called
     elif name in ("trtllm_service.runtime", "trtllm_service.relay.runtime"):  # relay/ before issue 37
         for method in ("prepare_chat", "prepare_prompts"):
@@ -113,7 +114,6 @@ def _patch_streaming(module: Any) -> None:
         await outermost(self, scope, receive, send)
 
     module.ServerSendApp.__call__ = entered
-    module.first_text = _on_exit(module.first_text, "first text")
     module.PushBody.__call__ = _on_entry(module.PushBody.__call__, "response")
     start = module.PushBody._start
 
@@ -155,9 +155,11 @@ def _patch_client(module: Any) -> None:
 _WANTED = frozenset(
     {
         *MIDDLEWARES,
-        "trtllm_service.api.streaming",
+        "trtllm_service.api.server.streaming",
+        "trtllm_service.api.generation.bodies",
+        "trtllm_service.api.generate.serving",
         "trtllm_service.api.openai.serving",
-        "trtllm_service.api.generation",
+        "trtllm_service.api.generation.serving",
         "trtllm_service.api.openai.completions.serving",
         "trtllm_service.runtime",
         "trtllm_service.relay.runtime",

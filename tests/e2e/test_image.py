@@ -238,7 +238,7 @@ def test_image_build_fails_loudly_without_tensorrt_llm(
     bentofile = home / "bentofile.yaml"
     plain = double.ensure_without_tensorrt_llm(podman)
     build = yaml.safe_load((REPO_ROOT / "bentofile.yaml").read_text())
-    build["docker"]["base_image"] = plain  # over service.py's image (api/deployment.py)
+    build["docker"]["base_image"] = plain  # over service.py's image (api/server/deployment.py)
     bentofile.write_text(yaml.safe_dump(build))
     bento = build_bento(home, "--bentofile", str(bentofile))
     done = double.containerize(

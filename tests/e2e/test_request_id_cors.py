@@ -92,7 +92,7 @@ def test_request_ids_are_echoed_and_logged(service: BentoService, model_name: st
 
 def test_log_lines_carry_the_requests_trace(service: BentoService) -> None:
     """BentoML's log lines show the trace of the request they belong to (OpenTelemetry's current
-    span), which api/tracing.py starts alone when nothing records spans: a caller's `traceparent`
+    span), which api/server/tracing.py starts alone when nothing records spans: a caller's `traceparent`
     is followed, its trace id and sampled flag kept; without one, each request is a fresh trace."""
     caller = "4bf92f3577b34da6a3ce929d0e0e4736"
     body = {"prompt": "Hi", "max_tokens": 2}

@@ -9,7 +9,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from tests.support import asgi_request
-from trtllm_service.api.auth import APIKeyMiddleware, APIKeys, bearer_token, is_open
+from trtllm_service.api.server.auth import APIKeyMiddleware, APIKeys, bearer_token, is_open
 
 
 def app_with_keys(*keys: str) -> APIKeyMiddleware:

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from trtllm_service.api.streaming import CutStreamLogFilter, quiet_cut_streams
+from trtllm_service.api.server.streaming import CutStreamLogFilter, quiet_cut_streams
 from trtllm_service.errors import APIError
 
 

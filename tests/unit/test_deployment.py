@@ -1,4 +1,4 @@
-"""What BentoML and BentoCloud are told about the service (api/deployment.py), and deployment.yaml
+"""What BentoML and BentoCloud are told about the service (api/server/deployment.py), and deployment.yaml
 read with BentoML's own deployment config classes and configuration schema."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from bentoml._internal.cloud.schemas.schemasv2 import CreateDeploymentSchema
 from bentoml._internal.configuration.containers import BentoMLConfiguration
 from bentoml._internal.utils.cattr import bentoml_cattr
 
-from trtllm_service.api import deployment
+from trtllm_service.api.server import deployment
 from trtllm_service.packed_model import PackInfo
 from trtllm_service.settings import Settings
 

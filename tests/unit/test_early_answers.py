@@ -1,4 +1,4 @@
-"""api/early.py: what the port answers between its bind and the first worker's start, on real sockets."""
+"""api/server/early.py: what the port answers between its bind and the first worker's start, on real sockets."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import httpx
 import pytest
 from circus.sockets import CircusSocket
 
-from trtllm_service.api import early
-from trtllm_service.api.anthropic.protocol import MESSAGES_ROUTE
+from trtllm_service.api.anthropic.errors import DIALECT
+from trtllm_service.api.server import early
 from trtllm_service.errors import STARTING, APIError
 from trtllm_service.request_ids import valid_request_id
 
@@ -22,16 +22,12 @@ def answering(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """EarlyAnswers on a listening socket of its own; (its URL, its stop flag)."""
     listener = socket.create_server(("127.0.0.1", 0))
     flag = tmp_path / early.STOP_FLAG
-    answers = early.EarlyAnswers(listener.fileno(), flag).start()
+    answers = early.EarlyAnswers(listener.fileno(), flag, dialects=(DIALECT,)).start()
     try:
         yield f"http://127.0.0.1:{listener.getsockname()[1]}", flag
     finally:
         answers.stop()
         listener.close()
-
-
-def test_the_anthropic_route_is_the_protocols() -> None:
-    assert early.ANTHROPIC_ROUTE == MESSAGES_ROUTE
 
 
 def test_answers_as_the_starting_service(answering: tuple[str, Path]) -> None:

@@ -1,4 +1,4 @@
-"""api/error_shape.py: every error answer in `{"error": {"message", "type", "param", "code"}}`,
+"""api/server/error_shape.py: every error answer in `{"error": {"message", "type", "param", "code"}}`,
 whoever made it (BentoML's validation, Starlette's 404 and 405, a probe's 503), and nothing else
 touched."""
 
@@ -13,7 +13,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from trtllm_service.api.error_shape import ErrorShapeMiddleware, reshape
+from trtllm_service.api.anthropic.errors import DIALECT
+from trtllm_service.api.server.error_shape import ErrorShapeMiddleware, reshape
 from trtllm_service.errors import APIError
 
 # What BentoML 1.4.40 answers when /generate's body fails its pydantic model (api_endpoint_wrapper).
@@ -27,8 +28,11 @@ async def bentoml_validation(request: Request) -> Response:
     return JSONResponse(BENTOML_VALIDATION, status_code=400)
 
 
+STARTING_SOON = "The service is starting; please retry shortly."
+
+
 async def ours(request: Request) -> Response:
-    error = APIError.unavailable("The service is starting; please retry shortly.", retry_after=1)
+    error = APIError.unavailable(STARTING_SOON, retry_after=1)
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
 
 
@@ -137,3 +141,32 @@ def test_reshape_leaves_shaped_bodies_alone() -> None:
         "Bad Gateway",
         "server_error",
     )
+
+
+async def ours_on_messages(request: Request) -> Response:
+    return await ours(request)
+
+
+async def anthropic_own(request: Request) -> Response:
+    return JSONResponse({"type": "error", "error": {"type": "x", "message": "as it is"}}, 400)
+
+
+def test_the_paths_of_an_error_dialect_answer_in_its_shape() -> None:
+    """Anthropic's routes (the dialect the service gives the middleware): our 503 is its 529
+    overloaded_error, Starlette's 404 its not_found_error, and a body in its shape passes as it is;
+    the middleware itself knows no endpoint."""
+    app = Starlette(
+        routes=[
+            Route("/v1/messages", ours_on_messages, methods=["POST"]),
+            Route("/v1/messages/own", anthropic_own),
+        ]
+    )
+    client = TestClient(ErrorShapeMiddleware(app, dialects=(DIALECT,)), raise_server_exceptions=False)
+    busy = client.post("/v1/messages")
+    assert busy.status_code == 529 and busy.headers["retry-after"] == "1"
+    assert busy.json()["error"] == {"type": "overloaded_error", "message": STARTING_SOON}
+    missing = client.get("/v1/messages/nowhere")
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
+    own = client.get("/v1/messages/own")
+    assert own.status_code == 400 and own.json()["error"] == {"type": "x", "message": "as it is"}
+    assert CLIENT.post("/v1/chat/completions").status_code == 503  # no dialect: the service's shape

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import weakref
 
-from trtllm_service.api.heap import freeze_startup_heap
+from trtllm_service.api.server.heap import freeze_startup_heap
 
 
 class Node:

@@ -1,4 +1,4 @@
-"""uvicorn with the bounded httptools protocol (api/http_limits.py), on loopback with a tiny ASGI
+"""uvicorn with the bounded httptools protocol (api/server/http_limits.py), on loopback with a tiny ASGI
 app: requests within the limits are served as before, on kept-alive connections too, whatever
 their body's size; a head over the limits is a 431, a stalled body a 408."""
 
@@ -16,7 +16,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from tests.support import free_port
-from trtllm_service.api.http_limits import ConnectionLimits, bounded_protocol
+from trtllm_service.api.server.http_limits import ConnectionLimits, bounded_protocol
 
 LIMITS = ConnectionLimits(header_timeout_s=1.0, body_timeout_s=1.0, max_header_bytes=8192, max_headers=20)
 

@@ -11,7 +11,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from trtllm_service.api.limits import ConcurrencyLimitMiddleware
+from trtllm_service.api.server.limits import ConcurrencyLimitMiddleware
 
 
 def _app(release: asyncio.Event) -> Starlette:
@@ -57,7 +57,7 @@ def _hold(path: str, ready: object, release: object, got: object) -> None:
     """In another process: take one slot, report, hold it until told to go."""
     from pathlib import Path
 
-    from trtllm_service.api.limits import SharedSlots
+    from trtllm_service.api.server.limits import SharedSlots
 
     got.value = SharedSlots(Path(path)).try_acquire(2)  # type: ignore[attr-defined]
     ready.set()  # type: ignore[attr-defined]
@@ -68,7 +68,7 @@ def test_the_limit_holds_across_processes_and_dead_ones_do_not_count(tmp_path: P
     """Two processes each hold a request; a third is refused; a process that dies frees its slot."""
     from multiprocessing import get_context
 
-    from trtllm_service.api.limits import SharedSlots
+    from trtllm_service.api.server.limits import SharedSlots
 
     spawn = get_context("spawn")
     path = tmp_path / "run" / "in_flight.slots"

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from trtllm_service.api.generation.protocol import parse_request
 from trtllm_service.api.openai.chat.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -18,8 +19,7 @@ from trtllm_service.api.openai.completions.protocol import (
     CompletionRequest,
     CompletionResponse,
 )
-from trtllm_service.api.openai.errors import from_validation_error
-from trtllm_service.api.openai.protocol import ErrorBody, ModelCard, ModelList, parse_request
+from trtllm_service.api.openai.protocol import ModelCard, ModelList
 from trtllm_service.api.openai.sse import (
     SSE_DONE,
     ChatChunkEncoder,
@@ -27,6 +27,8 @@ from trtllm_service.api.openai.sse import (
     error_frame,
     sse_frame,
 )
+from trtllm_service.api.server.error_shape import ErrorBody
+from trtllm_service.api.server.request_errors import from_validation_error
 from trtllm_service.errors import APIError
 from trtllm_service.relay.request import SamplingParams
 

@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from tests.unit.test_openai_serving import FakeRuntime, events, post
-from trtllm_service.api.openai import routes
+from trtllm_service.api import app
 from trtllm_service.api.openai.chat.protocol import ChatCompletionChunk
 from trtllm_service.chat.template import PromptFormatter
 
@@ -40,8 +40,8 @@ def run(runtime: FakeRuntime, use: Callable[[openai.AsyncOpenAI], Awaitable[T]])
     """`use` the official async client against the /v1 app serving `runtime`."""
 
     async def go() -> T:
-        routes.bind(runtime)  # type: ignore[arg-type]
-        transport = httpx.ASGITransport(app=routes.app)
+        app.bind(runtime)  # type: ignore[arg-type]
+        transport = httpx.ASGITransport(app=app.v1)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
             client = openai.AsyncOpenAI(base_url="http://test", api_key="x", http_client=http, max_retries=0)
             return await use(client)
@@ -277,8 +277,8 @@ def test_reasoning_effort_reaches_a_template_that_takes_it_and_is_a_400_otherwis
 
 def root(runtime: FakeRuntime, path: str, body: Any) -> httpx.Response:
     async def go() -> httpx.Response:
-        routes.bind(runtime)  # type: ignore[arg-type]
-        transport = httpx.ASGITransport(app=routes.root_app)
+        app.bind(runtime)  # type: ignore[arg-type]
+        transport = httpx.ASGITransport(app=app.root)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             if isinstance(body, str):
                 return await client.post(path, content=body, headers={"content-type": "application/json"})

@@ -16,10 +16,10 @@ import httpx
 import pytest
 
 from tests.support import engine_response
-from trtllm_service.api.openai import routes
+from trtllm_service.api import app
+from trtllm_service.api.generation.protocol import parse_request
 from trtllm_service.api.openai.chat.protocol import ChatCompletionChunk, ChatCompletionRequest
 from trtllm_service.api.openai.completions.protocol import CompletionChunk, CompletionRequest
-from trtllm_service.api.openai.protocol import parse_request
 from trtllm_service.api.openai.serving import OpenAIServing
 from trtllm_service.chat.reasoning import style_of
 from trtllm_service.chat.template import PromptFormatter
@@ -176,8 +176,8 @@ def runtime() -> FakeRuntime:
 
 
 def client_for(runtime: FakeRuntime) -> httpx.AsyncClient:
-    routes.bind(runtime)  # type: ignore[arg-type]
-    return httpx.AsyncClient(transport=httpx.ASGITransport(app=routes.app), base_url="http://test")
+    app.bind(runtime)  # type: ignore[arg-type]
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app.v1), base_url="http://test")
 
 
 def post(runtime: FakeRuntime, path: str, body: dict[str, Any]) -> httpx.Response:

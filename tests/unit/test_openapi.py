@@ -9,9 +9,8 @@ from typing import Any
 import bentoml
 import pytest
 
+from trtllm_service.api import app
 from trtllm_service.api.anthropic.errors import error_type as anthropic_error_type
-from trtllm_service.api.openai import routes as openai_routes
-from trtllm_service.api.openai.protocol import ErrorBody
 from trtllm_service.api.openapi import (
     ANTHROPIC_TAG,
     GENERATE_TAG,
@@ -22,13 +21,14 @@ from trtllm_service.api.openapi import (
     describe,
     openai_routes_of,
 )
+from trtllm_service.api.server.error_shape import ErrorBody
 from trtllm_service.versions import PYPROJECT, service_version
 
-ROUTES = openai_routes_of(openai_routes.app, "/v1") + openai_routes_of(openai_routes.root_app, "")
+ROUTES = openai_routes_of(app.v1, "/v1") + openai_routes_of(app.root, "")
 DESCRIPTION = describe("demo-model", ROUTES)
 
 
-@bentoml.asgi_app(openai_routes.app, path="/v1")
+@bentoml.asgi_app(app.v1, path="/v1")
 @bentoml.service(name="docs-check", description=DESCRIPTION, service_class=DocumentedService)
 class Documented:
     @bentoml.api
@@ -36,7 +36,7 @@ class Documented:
         return prompt
 
 
-Documented.mount_asgi_app(openai_routes.root_app, path="/")
+Documented.mount_asgi_app(app.root, path="/")
 
 
 @pytest.fixture(scope="module")

@@ -101,9 +101,9 @@ def test_the_resolver_refuses_a_pin_tensorrt_llm_holds_elsewhere(tmp_path: Path)
 
 
 def test_the_bento_builds_on_the_pinned_image() -> None:
-    """The base image and its Python come from pinned.py alone (api/deployment.py's image); the
+    """The base image and its Python come from pinned.py alone (api/server/deployment.py's image); the
     bentofile names neither (BentoML would warn that a v1 option is ignored)."""
-    from trtllm_service.api.deployment import image
+    from trtllm_service.api.server.deployment import image
 
     assert (image().base_image, image().python_version) == (pinned.IMAGE, pinned.IMAGE_PYTHON)
     bentofile = yaml.safe_load((ROOT / "bentofile.yaml").read_text())

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from tests.support import engine_response
-from trtllm_service.api.metrics import RequestMetrics
-from trtllm_service.api.streaming import SERVER_SEND, PushBody, TextFraming
+from trtllm_service.api.generate.serving import TextFraming
+from trtllm_service.api.server.metrics import RequestMetrics
+from trtllm_service.api.server.streaming import SERVER_SEND, PushBody
 from trtllm_service.errors import APIError
 from trtllm_service.relay.client import EngineStream
 from trtllm_service.relay.readers import TokenIdReader

@@ -18,9 +18,9 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from trtllm_service.api.bodies import openapi30
-from trtllm_service.api.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
-from trtllm_service.api.shutdown import Drain
+from trtllm_service.api.server.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
+from trtllm_service.api.server.openapi30 import openapi30
+from trtllm_service.api.server.shutdown import Drain
 from trtllm_service.chat.template import PromptFormatter
 from trtllm_service.errors import APIError
 from trtllm_service.relay.prompting import ChatPrompt, RequestPreparer

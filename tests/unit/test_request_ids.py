@@ -14,10 +14,10 @@ from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from tests.support import asgi_request
-from trtllm_service.api.bentoml_patches import arrange_middlewares
-from trtllm_service.api.deployment import ServiceConcurrencyLimit, http
-from trtllm_service.api.error_shape import is_anthropic
-from trtllm_service.api.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
+from trtllm_service.api.anthropic.errors import is_anthropic
+from trtllm_service.api.server.bentoml_patches import arrange_middlewares
+from trtllm_service.api.server.deployment import ServiceConcurrencyLimit, http
+from trtllm_service.api.server.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware
 from trtllm_service.request_ids import (
     MARK,
     REQUEST_ID,
@@ -191,6 +191,6 @@ def test_request_id_and_cors_go_first_and_bentomls_limiter_goes() -> None:
     assert sorted(map(str, after)) == sorted(
         map(str, (c for c in before if c is not MaxConcurrencyMiddleware))
     )
-    from trtllm_service.api.deployment import configured_traffic
+    from trtllm_service.api.server.deployment import configured_traffic
 
     assert configured_traffic("order-check")["max_concurrency"] == 16

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import REGISTRY
 
-from trtllm_service.api.metrics import RequestMetrics
+from trtllm_service.api.server.metrics import RequestMetrics
 
 
 def _sample(name: str, **labels: str) -> float:
@@ -39,7 +39,7 @@ def test_endpoint_labels_are_route_templates_or_other() -> None:
     from starlette.responses import Response
     from starlette.routing import Mount, Route
 
-    from trtllm_service.api.metrics import OTHER, EndpointLabels
+    from trtllm_service.api.server.metrics import OTHER, EndpointLabels
 
     def endpoint(request: object) -> Response:
         return Response()

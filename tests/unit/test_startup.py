@@ -1,4 +1,4 @@
-"""api/startup.py: the hook returns at once; until the runtime is loaded and Triton ready, requests
+"""api/server/startup.py: the hook returns at once; until the runtime is loaded and Triton ready, requests
 get a 503 with Retry-After; a start that fails is logged and answered without one, for good."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from trtllm_service.api.startup import Startup
+from trtllm_service.api.server.startup import Startup
 from trtllm_service.errors import APIError
 from trtllm_service.triton.process import TritonStartupError
 

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from trtllm_service.api.streaming import SERVER_SEND, ServerSendApp, StreamBody
+from trtllm_service.api.server.streaming import SERVER_SEND, ServerSendApp, StreamBody
 
 
 async def _chunks() -> AsyncGenerator[bytes, None]:
@@ -75,7 +75,7 @@ def test_the_server_send_is_recorded_for_http_only() -> None:
 def test_bentomls_app_is_wrapped_once() -> None:
     from _bentoml_sdk.service.factory import Service
 
-    from trtllm_service.api.bentoml_patches import expose_server_send
+    from trtllm_service.api.server.bentoml_patches import expose_server_send
 
     expose_server_send()
     wrapped = Service.to_asgi

@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ParentBasedTraceIdRatio
 from opentelemetry.util.http import ExcludeList
 
-from trtllm_service.api.tracing import tune_request_tracing
+from trtllm_service.api.server.tracing import tune_request_tracing
 
 tune_request_tracing()
 FULL_CALL = OpenTelemetryMiddleware.__call__.__wrapped__  # the middleware's own, unpatched

@@ -18,8 +18,8 @@ import bentoml
 from bentoml._internal.service.openapi import INFRA_TAG
 from bentoml._internal.service.openapi.specification import Info, OpenAPISpecification, Tag
 
-from trtllm_service.api.deployment import OPENAI_ROUTE
-from trtllm_service.api.limits import body_too_large, too_many_requests, unsupported_media_type
+from trtllm_service.api.server.deployment import OPENAI_ROUTE
+from trtllm_service.api.server.limits import body_too_large, too_many_requests, unsupported_media_type
 from trtllm_service.errors import APIError
 from trtllm_service.versions import service_version
 
@@ -217,7 +217,7 @@ def document(
     if isinstance(components, dict):
         schemas = dict(components.get("schemas") or {})
         if ERROR_SCHEMA not in schemas:  # the mounted app documents it; else from the model itself
-            from trtllm_service.api.openai.protocol import ErrorBody
+            from trtllm_service.api.server.error_shape import ErrorBody
 
             schema = ErrorBody.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas.update(schema.pop("$defs", {}))

@@ -173,13 +173,20 @@ class Flavor:
         return replace(params, beam_width=width, temperature=None, top_p=None, top_k=None)
 
     def check_engine_features(
-        self, params: SamplingParams, *, stream: bool = False, n: int = 1, logprobs_param: str = "logprobs"
+        self,
+        params: SamplingParams,
+        *,
+        stream: bool = False,
+        n: int = 1,
+        logprobs_param: str = "logprobs",
+        guide_param: str = "response_format",
     ) -> None:
         """400s for what this engine cannot do with these parameters: prompt log probs without the
         context logits, beam search beyond the engine's beams, or with what beam search is not
         served with here (streaming several beams, log probs, a guide, prompt log probs; NVIDIA's
         executor itself refuses a guide with beams, its PyTorch sampler more than one log prob).
-        One beam of a beam-packed model streams, as one chunk."""
+        One beam of a beam-packed model streams, as one chunk. `logprobs_param` and `guide_param`:
+        the fields a 400 about log probs or a guide names."""
         if params.prompt_logprobs is not None and self.no_prompt_logprobs:
             raise APIError.bad_request(self.no_prompt_logprobs, param="echo")
         width = params.beam_width or 1
@@ -210,7 +217,7 @@ class Flavor:
             (stream and not (n == 1 and self.beam_packed), "stream", "streaming of several beams"),
             (params.logprobs is not None, "logprobs", "log probabilities"),
             (params.prompt_logprobs is not None, "echo", "prompt log probabilities"),
-            (params.guide is not None, "response_format", "structured output"),
+            (params.guide is not None, guide_param, "structured output"),
         ):
             if used:
                 raise APIError.bad_request(f"beam search is not served with {what}", param=param)

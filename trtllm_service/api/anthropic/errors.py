@@ -16,6 +16,9 @@ Anthropic's errors carry no ``param``: where an error names one that its message
 the message starts with it (``messages[0].content[1].type: ...``), as Anthropic's own messages do.
 Every answer carries our request id as Anthropic's ``request-id`` header (the SDK's
 ``_request_id``), and an error body also as its ``request_id``.
+
+`DIALECT` says all this to the server's plumbing (its error-shape middleware, its early answers),
+which knows no endpoint.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
+from trtllm_service.api.anthropic.protocol import MESSAGES_ROUTE
+from trtllm_service.api.server.error_shape import ErrorDialect
 from trtllm_service.errors import APIError
 from trtllm_service.request_ids import ANTHROPIC_HEADER, REQUEST_ID
 
@@ -98,3 +103,27 @@ def error_response(error: APIError) -> JSONResponse:
 def error_event(error: APIError) -> str:
     """An SSE ``error`` event, for a failure after a stream has started (its 200 is sent)."""
     return f"event: error\ndata: {_encode(error_body(error))}\n\n"
+
+
+def is_anthropic(path: str) -> bool:
+    """Whether `path` is one of the Messages API's routes (answered in Anthropic's shape)."""
+    return path == MESSAGES_ROUTE or path.startswith(MESSAGES_ROUTE + "/")
+
+
+def is_error_body(payload: Any) -> bool:
+    """Whether a decoded body is an error in Anthropic's shape already."""
+    return (
+        isinstance(payload, dict)
+        and payload.get("type") == "error"
+        and isinstance(payload.get("error"), dict)
+    )
+
+
+DIALECT = ErrorDialect(
+    paths=is_anthropic,
+    status_of=status_of,
+    error_body=error_body,
+    request_id_headers=request_id_headers,
+    is_shaped=is_error_body,
+)
+"""The Messages API's errors, for the server's plumbing (`server.error_shape.ErrorDialect`)."""

@@ -42,8 +42,7 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from tensorrtllm_backend.stop_strings import StopStringError, check_stop
-from trtllm_service.api.openai.errors import request_error
-from trtllm_service.api.openai.protocol import (
+from trtllm_service.api.generation.protocol import (
     Rule,
     SamplingFields,
     StrictModel,
@@ -54,6 +53,7 @@ from trtllm_service.api.openai.protocol import (
     sent,
     unset,
 )
+from trtllm_service.api.server.request_errors import request_error
 from trtllm_service.relay.guided import GuideRequestError, json_schema_guide
 
 __all__ = [

@@ -1,8 +1,8 @@
 """Anthropic's ``/v1/messages`` and ``/v1/messages/count_tokens``: a router that the ``/v1`` app
-includes beside OpenAI's routes (`openai.routes`), served by the same bound serving object.
+(`api.app`) includes beside OpenAI's routes, served by the same bound serving object.
 
 Bodies are read raw and validated by the protocol's models, as OpenAI's are; every error on these
-paths reaches the client in Anthropic's shape (`api.error_shape`). ``anthropic-version`` and
+paths reaches the client in Anthropic's shape (`server.error_shape`). ``anthropic-version`` and
 ``anthropic-beta`` headers are accepted and not required: one version of the API is served.
 """
 
@@ -16,9 +16,9 @@ from starlette.responses import JSONResponse, Response
 
 from trtllm_service.api.anthropic.protocol import MESSAGES_ROUTE, CountTokensRequest, MessagesRequest
 from trtllm_service.api.anthropic.serving import count_message_tokens, serve_messages
-from trtllm_service.api.bodies import add_body_route, body_doc, bound_serving, event_stream_ok
-from trtllm_service.api.generation import error_docs, error_response
-from trtllm_service.api.openai.protocol import parse_request
+from trtllm_service.api.generation.bodies import add_body_route, body_doc, bound_serving, event_stream_ok
+from trtllm_service.api.generation.protocol import parse_request
+from trtllm_service.api.generation.serving import error_docs, error_response
 from trtllm_service.errors import APIError
 
 MESSAGES_EXAMPLE = {

@@ -1,7 +1,7 @@
 """Anthropic's Messages API over the request path every endpoint shares (`api.generation`): a
 message is one chat choice, generated like a chat completion's and written as Anthropic writes it
 (`events.MessageBuilder`). Errors are answered in the service's shape here and turned into
-Anthropic's by `api.error_shape` for every ``/v1/messages`` path.
+Anthropic's by `server.error_shape` for every ``/v1/messages`` path.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from trtllm_service.api.anthropic.protocol import (
     CountTokensRequest,
     MessagesRequest,
 )
-from trtllm_service.api.choices import Result, cached_tokens
-from trtllm_service.api.generation import EventAnswer, split_reasoning
+from trtllm_service.api.generation.choices import Result, cached_tokens
+from trtllm_service.api.generation.serving import EventAnswer, split_reasoning
 
 if TYPE_CHECKING:
-    from trtllm_service.api.generation import GenerationServing
+    from trtllm_service.api.generation.serving import GenerationServing
 
 
 async def serve_messages(

@@ -1,34 +1,29 @@
-"""The ``/v1`` FastAPI app: thin routes over ``OpenAIServing``, Anthropic's Messages API
-(``anthropic.routes``) beside them; and ``root_app``, vLLM's ``/tokenize`` and ``/detokenize`` at the root.
+"""OpenAI's routes: ``router``, thin routes over ``OpenAIServing`` (mounted under ``/v1`` by
+``api.app``, beside Anthropic's), and ``tokenizer_router``, vLLM's ``/tokenize`` and ``/detokenize``
+(at the root, as vLLM serves them).
 
-Request bodies are read raw and validated by the protocol's models (``api.bodies``), not by FastAPI, so
-that every error (malformed JSON, a wrong type, an unsupported parameter) names its ``param``.
-Unknown paths and methods under ``/v1`` are answered with OpenAI-shaped 404 / 405s.
-
-The service binds its runtime once per worker (``bind``); every route answers from it.
+Request bodies are read raw and validated by the protocol's models (``generation.bodies``), not by
+FastAPI, so that every error (malformed JSON, a wrong type, an unsupported parameter) names its
+``param``. Every route answers from the serving object the service binds once per worker
+(``api.app.bind``).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from fastapi import FastAPI, Request
-from starlette.exceptions import HTTPException as StarletteHTTPException
+from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Match
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trtllm_service import jsontext
-from trtllm_service.api.anthropic import routes as anthropic_routes
-from trtllm_service.api.bodies import (
+from trtllm_service.api.generation.bodies import (
     add_body_route,
-    bind_serving,
     body_doc,
     bound_serving,
     event_stream_ok,
-    inline_schema,
 )
-from trtllm_service.api.generation import error_docs, error_response
+from trtllm_service.api.generation.protocol import parse_request
+from trtllm_service.api.generation.serving import error_docs, error_response
 from trtllm_service.api.openai.chat.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -43,39 +38,25 @@ from trtllm_service.api.openai.completions.protocol import (
 from trtllm_service.api.openai.completions.serving import COMPLETIONS_ROUTE
 from trtllm_service.api.openai.protocol import (
     DetokenizeRequest,
-    ErrorBody,
     ModelCard,
     ModelList,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
-    parse_request,
 )
 from trtllm_service.api.openai.responses.protocol import RESPONSES_ROUTE, ResponsesRequest
 from trtllm_service.api.openai.serving import OpenAIServing
+from trtllm_service.api.server.error_shape import ErrorBody
+from trtllm_service.api.server.openapi30 import inline_schema
 from trtllm_service.errors import APIError
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
-    from trtllm_service.runtime import Runtime
 
 _Body = TypeVar("_Body", bound="BaseModel")
 
-app = FastAPI(
-    title="OpenAI-compatible API",
-    description="Chat and text completions in the OpenAI API's format, mounted at /v1.",
-    version="1",
-    docs_url=None,  # documented in the service's own /docs.json and Swagger UI
-    redoc_url=None,
-    openapi_url=None,
-)
-
-
-def bind(runtime: Runtime) -> OpenAIServing:
-    """Serves this app from `runtime` (called once per worker, when the service is created)."""
-    serving = OpenAIServing(runtime)
-    bind_serving(serving)
-    return serving
+router = APIRouter()
+"""OpenAI's routes under /v1: models, chat and text completions, responses."""
 
 
 _CHAT_EXAMPLE = {
@@ -116,7 +97,7 @@ ERROR_RESPONSES = error_docs(
 # ---- routes --------------------------------------------------------------------------------------------
 
 
-@app.get("/models", response_model=ModelList, summary="List models")
+@router.get("/models", response_model=ModelList, summary="List models")
 async def list_models(request: Request) -> Response:
     """The served model, with its context length (`max_model_len`)."""
     try:
@@ -125,7 +106,7 @@ async def list_models(request: Request) -> Response:
         return error_response(exc)
 
 
-@app.get(
+@router.get(
     "/models/{model}",
     response_model=ModelCard,
     summary="Retrieve a model",
@@ -143,7 +124,7 @@ async def retrieve_model(model: str, request: Request) -> Response:
 
 
 add_body_route(
-    app,
+    router,
     "/chat/completions",
     ChatCompletionRequest,
     CHAT_ROUTE,
@@ -155,7 +136,7 @@ add_body_route(
     responses=_responses(ChatCompletionResponse, ChatCompletionChunk),
 )
 add_body_route(
-    app,
+    router,
     "/completions",
     CompletionRequest,
     COMPLETIONS_ROUTE,
@@ -167,7 +148,7 @@ add_body_route(
     responses=_responses(CompletionResponse, CompletionChunk),
 )
 add_body_route(
-    app,
+    router,
     "/responses",
     ResponsesRequest,
     RESPONSES_ROUTE,
@@ -187,24 +168,11 @@ add_body_route(
 )
 
 
-app.include_router(anthropic_routes.router)  # Anthropic's Messages API, beside OpenAI's
-
-
 # ---- /tokenize and /detokenize: vLLM serves them at the root, not under /v1 ------------------------------
 
 
-root_app = FastAPI(
-    title="Tokenizer",
-    description="vLLM's /tokenize and /detokenize, at the root as vLLM serves them.",
-    version="1",
-    docs_url=None,  # documented in the service's own /docs.json and Swagger UI
-    redoc_url=None,
-    openapi_url=None,
-)
-"""The routes vLLM serves at the root, mounted at `/` after the service's own routes. BentoML mounts
-it passively: any other path falls through to BentoML's own routes (the Swagger UI at `/`,
-`/docs.json`) and 404. A FastAPI app (with no routes of its own) so that its routes reach the
-service's OpenAPI document; they share the /v1 app's serving (`app.state`)."""
+tokenizer_router = APIRouter()
+"""vLLM's /tokenize and /detokenize, served at the root (`api.app.root`)."""
 
 _TOKENIZE_EXAMPLE = {"prompt": "Explain superconductors in plain English."}
 _DETOKENIZE_EXAMPLE = {"tokens": [1, 2, 3]}
@@ -224,7 +192,7 @@ _TOKENIZE_BODY = {
 _TOKEN_ERRORS = {code: ERROR_RESPONSES[code] for code in (400, 401, 404, 503)}
 
 
-@root_app.post(
+@tokenizer_router.post(
     "/tokenize",
     summary="Tokenize a prompt or chat messages",
     openapi_extra=_TOKENIZE_BODY,
@@ -253,7 +221,7 @@ async def tokenize(request: Request) -> Response:
         return error_response(exc)
 
 
-@root_app.post(
+@tokenizer_router.post(
     "/detokenize",
     summary="Detokenize token ids",
     openapi_extra=body_doc(DetokenizeRequest, _DETOKENIZE_EXAMPLE),
@@ -273,61 +241,3 @@ async def detokenize(request: Request) -> Response:
         return JSONResponse(serving.detokenize(body))
     except APIError as exc:
         return error_response(exc)
-
-
-_ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
-
-
-def _not_routed(request: Request, status: int) -> Response:
-    where = f"{request.method} {request.url.path}"
-    if status == 405:
-        return error_response(APIError(405, f"Method not allowed ({where})", code="method_not_allowed"))
-    return error_response(APIError(404, f"Invalid URL ({where})", code="unknown_url"))
-
-
-@app.api_route("/{path:path}", methods=_ANY_METHOD, include_in_schema=False)
-async def unknown_route(path: str, request: Request) -> Response:
-    """Everything else under /v1: a 404 in OpenAI's shape, or a 405 for a known path.
-
-    BentoML mounts this app only for paths that one of its routes matches, so without this catch-all
-    unknown /v1 URLs would get BentoML's plain-text 404.
-    """
-    scope = request.scope
-    known = any(
-        route.matches(scope)[0] == Match.PARTIAL
-        for route in app.routes
-        if getattr(route, "endpoint", None) is not unknown_route
-    )
-    return _not_routed(request, 405 if known else 404)
-
-
-class V1NotFoundMiddleware:
-    """A /v1 path with a newline in it (`/v1/models/a%0Ab`) gets the OpenAI-shaped 404 of any
-    unknown URL: BentoML's mount of this app matches paths with `.*`, which stops at a newline,
-    so such paths would otherwise get BentoML's plain-text 404."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "") if scope["type"] == "http" else ""
-        if "\n" in path and path.startswith("/v1/"):
-            where = f"{scope['method']} {path}"
-            response = error_response(APIError(404, f"Invalid URL ({where})", code="unknown_url"))
-            await response(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
-
-
-@app.exception_handler(StarletteHTTPException)
-async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-    """Any other HTTP error raised by the framework, in OpenAI's error shape."""
-    if exc.status_code in (404, 405):
-        return _not_routed(request, exc.status_code)
-    response = error_response(APIError(exc.status_code, str(exc.detail)))
-    if exc.headers:
-        response.headers.update(exc.headers)
-    return response
-
-
-root_app.add_exception_handler(StarletteHTTPException, http_error)  # a wrong method: 405 in the same shape

@@ -12,7 +12,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from trtllm_service.api.generation import GenerationServing
+from trtllm_service.api.generation.serving import GenerationServing
 from trtllm_service.api.openai.chat.protocol import ChatCompletionRequest
 from trtllm_service.api.openai.chat.serving import serve_chat
 from trtllm_service.api.openai.completions.protocol import CompletionRequest

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from trtllm_service.api.choices import Choice, Result, cached_tokens
+from trtllm_service.api.generation.choices import Choice, Result, cached_tokens
 from trtllm_service.api.openai.chat.protocol import ChatCompletionRequest
 from trtllm_service.api.openai.completions.protocol import CompletionRequest
 from trtllm_service.api.openai.protocol import PromptTokensDetails, UsageInfo

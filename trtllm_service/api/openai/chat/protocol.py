@@ -1,5 +1,5 @@
-"""``POST /v1/chat/completions``: the request and the response objects (the chat template, tools
-and sampling fields they build on are the shared ``openai.protocol``'s)."""
+"""``POST /v1/chat/completions``: the request and the response objects (the messages and tools
+they build on are ``openai.protocol``'s, the sampling fields the shared ``generation.protocol``'s)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, model_serializer, model_validator
 
-from trtllm_service.api.openai.errors import request_error
+from trtllm_service.api.generation.protocol import Rule, ToolUse, unset
 from trtllm_service.api.openai.protocol import (
     MAX_TOOLS,
     NO_TOOLS,
@@ -20,15 +20,13 @@ from trtllm_service.api.openai.protocol import (
     NamedToolChoice,
     ReasoningEffort,
     RequestBase,
-    Rule,
     ToolCall,
     ToolChoiceMode,
     ToolDefinition,
-    ToolUse,
     new_id,
     plain_messages,
-    unset,
 )
+from trtllm_service.api.server.request_errors import request_error
 
 MAX_TOP_LOGPROBS = 20  # chat's top_logprobs, as OpenAI
 _CHAT_UNSUPPORTED: dict[str, Rule] = {

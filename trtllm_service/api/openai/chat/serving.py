@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 from starlette.responses import Response
 
-from trtllm_service.api.choices import Choice, Result, cached_tokens
-from trtllm_service.api.generation import split_reasoning
+from trtllm_service.api.generation.choices import Choice, Result, cached_tokens
+from trtllm_service.api.generation.serving import split_reasoning
+from trtllm_service.api.generation.sse_frames import SSE_HEADERS, sse_body, whole_frames
 from trtllm_service.api.openai.chat.protocol import (
     ChatCompletionChoice,
     ChatCompletionMessage,
@@ -18,15 +19,14 @@ from trtllm_service.api.openai.chat.protocol import (
 from trtllm_service.api.openai.protocol import FunctionCall, ToolCall, new_id
 from trtllm_service.api.openai.sse import SSE_DONE, ChatChunkEncoder, error_frame
 from trtllm_service.api.openai.usage import usage_frame, usage_info
-from trtllm_service.api.sse_frames import SSE_HEADERS, sse_body, whole_frames
-from trtllm_service.api.streaming import StreamBody
+from trtllm_service.api.server.streaming import StreamBody
 from trtllm_service.chat import tool_calls
 from trtllm_service.chat.reasoning import ReasoningSplitter
 from trtllm_service.relay.logprobs import TokenLogprob, chat_logprobs
 
 if TYPE_CHECKING:
-    from trtllm_service.api.generation import GenerationServing
-    from trtllm_service.api.metrics import RequestMetrics
+    from trtllm_service.api.generation.serving import GenerationServing
+    from trtllm_service.api.server.metrics import RequestMetrics
 
 CHAT_ROUTE = "/v1/chat/completions"
 

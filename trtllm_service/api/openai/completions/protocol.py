@@ -1,5 +1,5 @@
 """``POST /v1/completions``: the request and the response objects (no chat template; the sampling
-fields are the shared ``openai.protocol``'s)."""
+fields are the shared ``generation.protocol``'s)."""
 
 from __future__ import annotations
 
@@ -7,19 +7,18 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from trtllm_service.api.openai.errors import request_error
+from trtllm_service.api.generation.protocol import Rule, unset
 from trtllm_service.api.openai.protocol import (
     MAX_PROMPTS,
     CompletionChunkBase,
     CompletionResponseBase,
     FinishReason,
     RequestBase,
-    Rule,
     TokenIds,
     check_token_ids,
     new_id,
-    unset,
 )
+from trtllm_service.api.server.request_errors import request_error
 
 MAX_COMPLETION_LOGPROBS = 5  # completions' logprobs, as OpenAI
 _COMPLETION_UNSUPPORTED: dict[str, Rule] = {

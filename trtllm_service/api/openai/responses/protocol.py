@@ -29,7 +29,14 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from trtllm_service.api.openai.errors import request_error
+from trtllm_service.api.generation.protocol import (
+    Rule,
+    SamplingFields,
+    StrictModel,
+    ToolUse,
+    message_role,
+    unset,
+)
 from trtllm_service.api.openai.protocol import (
     MAX_TOOLS,
     PARALLEL_TOOL_CALLS_DOC,
@@ -37,14 +44,9 @@ from trtllm_service.api.openai.protocol import (
     FunctionDefinition,
     NamedFunction,
     ReasoningEffort,
-    Rule,
-    SamplingFields,
-    StrictModel,
     ToolChoiceMode,
-    ToolUse,
-    message_role,
-    unset,
 )
+from trtllm_service.api.server.request_errors import request_error
 from trtllm_service.relay.guided import Guide, GuideRequestError, json_schema_guide
 
 RESPONSES_ROUTE = "/v1/responses"

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from starlette.requests import Request
 from starlette.responses import Response
 
-from trtllm_service.api.choices import Result, cached_tokens
-from trtllm_service.api.generation import EventAnswer, split_reasoning
+from trtllm_service.api.generation.choices import Result, cached_tokens
+from trtllm_service.api.generation.serving import EventAnswer, split_reasoning
 from trtllm_service.api.openai.responses.protocol import RESPONSES_ROUTE, FunctionToolChoice, ResponsesRequest
 from trtllm_service.chat import tool_calls
 from trtllm_service.errors import APIError
@@ -273,7 +273,7 @@ class ResponseBuilder:
 
 
 if TYPE_CHECKING:
-    from trtllm_service.api.generation import GenerationServing
+    from trtllm_service.api.generation.serving import GenerationServing
 
 
 async def serve_responses(

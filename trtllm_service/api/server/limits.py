@@ -24,9 +24,9 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tensorrtllm_backend.launcher import pid_alive
-from trtllm_service.api.auth import is_open
-from trtllm_service.api.metrics import count_rejected
-from trtllm_service.api.shutdown import Drain
+from trtllm_service.api.server.auth import is_open
+from trtllm_service.api.server.metrics import count_rejected
+from trtllm_service.api.server.shutdown import Drain
 from trtllm_service.errors import APIError
 
 _SLOT = struct.Struct("<qq")  # pid, requests in flight

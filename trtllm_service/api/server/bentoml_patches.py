@@ -1,6 +1,6 @@
 """Changes to BentoML 1.4 that the service applies when it is imported: a leak fixed, a fast path,
 the middlewares' order (`arrange_middlewares`), its metrics' labels bounded and directory its own,
-bodies read strictly.
+bodies read strictly, our log lines where its own go (`share_bentoml_log_handlers`).
 
 BentoML's `TimeoutMiddleware` (the service's `traffic.timeout`) schedules a timer per request and
 never cancels it: each request's context (its tracing span, scope and futures, about 5 KB) stays
@@ -22,6 +22,8 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from trtllm_service.request_ids import RequestIdLogFilter
 
 logger = logging.getLogger("trtllm_service")
 
@@ -103,7 +105,7 @@ def bound_endpoint_labels() -> None:
     """
     from bentoml._internal.server.http.instruments import RunnerTrafficMetricsMiddleware as middleware
 
-    from trtllm_service.api.metrics import EndpointLabels
+    from trtllm_service.api.server.metrics import EndpointLabels
 
     if getattr(middleware, "_bounds_labels", False):
         return
@@ -167,7 +169,7 @@ def expose_server_send() -> None:
     """
     from _bentoml_sdk.service.factory import Service
 
-    from trtllm_service.api.streaming import ServerSendApp
+    from trtllm_service.api.server.streaming import ServerSendApp
 
     if getattr(Service, "_exposes_server_send", False):
         return
@@ -224,7 +226,7 @@ def read_strictly(input_model: Any) -> None:
     so a misspelt `max_new_tokens` is a 400 naming it instead of a request served with the default;
     and no value is coerced (BentoML's lax mode takes `"10"` and `true` as numbers). Its schema is
     written in the OpenAPI 3.0 dialect of the service's document, as /v1's bodies are."""
-    from trtllm_service.api.bodies import openapi30_tree
+    from trtllm_service.api.server.openapi30 import openapi30_tree
 
     config = input_model.model_config
     if config.get("extra") == "forbid" and config.get("strict"):
@@ -291,3 +293,22 @@ def quiet_logs(starting: Callable[[], bool]) -> None:
         target = logging.getLogger(name)
         if not any(isinstance(f, kind) for f in target.filters):
             target.addFilter(make())
+
+
+def share_bentoml_log_handlers(target: logging.Logger) -> None:
+    """Our INFO lines go where BentoML's own log lines go, at BentoML's level when it is lower
+    (`bentoml serve --debug`: Triton's own output too); every line written while a request is
+    served, BentoML's access log line among them, starts with `[request_id=...]`.
+
+    BentoML configures its loggers when the worker starts; ours would otherwise reach only the
+    root logger, which shows warnings and errors alone.
+    """
+    source = logging.getLogger("bentoml")
+    if target.handlers or not source.handlers:
+        return
+    target.setLevel(min(logging.INFO, source.getEffectiveLevel()))
+    for handler in source.handlers:
+        if not any(isinstance(f, RequestIdLogFilter) for f in handler.filters):
+            handler.addFilter(RequestIdLogFilter())
+        target.addHandler(handler)
+    target.propagate = False

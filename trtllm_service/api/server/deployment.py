@@ -8,8 +8,8 @@ Bento (its bento.yaml) and BentoCloud's scheduler and autoscaler read them there
   concurrency, within the Deployment's min and max replicas. Without it BentoCloud has no
   request-based target and scales on CPU alone. Requests beyond it wait in the engine's queue.
 - `traffic.max_concurrency`: the requests in flight a replica takes before it answers 429: four
-  batches' worth, at least 256. The service's own limiter (api/limits.py) enforces it across every
-  worker, in OpenAI's error shape; BentoML's per-worker one is left out (api/bentoml_patches.py).
+  batches' worth, at least 256. The service's own limiter (api/server/limits.py) enforces it across every
+  worker, in OpenAI's error shape; BentoML's per-worker one is left out (api/server/bentoml_patches.py).
 - `traffic.timeout`: as long as one request may stream (`TRTLLM_STREAM_TIMEOUT`).
 - `traffic.external_queue` stays off: with it BentoCloud holds every request beyond `concurrency`
   in its own queue (a replica then never sees more than `concurrency`, `max_concurrency` never
@@ -34,7 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from tensorrtllm_backend import pinned
-from trtllm_service.api.limits import ConcurrencyLimitMiddleware
+from trtllm_service.api.server.limits import ConcurrencyLimitMiddleware
 from trtllm_service.packed_model import PackInfo
 from trtllm_service.settings import Settings
 

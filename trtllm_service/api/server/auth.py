@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from trtllm_service.api.metrics import count_rejected
+from trtllm_service.api.server.metrics import count_rejected
 from trtllm_service.errors import APIError
 
 OPEN_PATHS = frozenset({"/", "/livez", "/readyz", "/healthz", "/metrics", "/docs.json", "/schema.json"})

@@ -1,7 +1,7 @@
 """What every generation endpoint does the same way (OpenAI's chat, completions and responses,
 Anthropic's messages): name the model a request asks for (the served model or a LoRA adapter),
 reduce its sampling fields once to `SamplingParams` the engine can serve, render a chat prompt and
-start its engine requests (`api.choices`), and answer with an SSE stream or one JSON body.
+start its engine requests (`generation.choices`), and answer with an SSE stream or one JSON body.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from trtllm_service.api.choices import (
+from trtllm_service.api.generation.choices import (
     Choice,
     Result,
     cached_tokens,
@@ -24,10 +24,10 @@ from trtllm_service.api.choices import (
     keep_best,
     start_choices,
 )
-from trtllm_service.api.metrics import RequestMetrics
-from trtllm_service.api.openai.protocol import SamplingFields
-from trtllm_service.api.sse_frames import SSE_HEADERS, plainly_text, sse_body, whole_frames
-from trtllm_service.api.streaming import StreamBody
+from trtllm_service.api.generation.protocol import SamplingFields
+from trtllm_service.api.generation.sse_frames import SSE_HEADERS, plainly_text, sse_body, whole_frames
+from trtllm_service.api.server.metrics import RequestMetrics
+from trtllm_service.api.server.streaming import StreamBody
 from trtllm_service.chat import reasoning
 from trtllm_service.chat.reasoning import ReasoningSplitter, ReasoningStyle
 from trtllm_service.errors import APIError
@@ -36,6 +36,24 @@ from trtllm_service.relay.request import SamplingParams
 
 if TYPE_CHECKING:
     from trtllm_service.runtime import Runtime
+
+
+class Sampled(Protocol):
+    """What `GenerationServing.params` reads of a request: its sampling fields' one reduction, and
+    what the engine's checks name (`SamplingFields` on /v1, `GenerateRequest` on /generate)."""
+
+    stream: bool
+
+    @property
+    def samples_per_prompt(self) -> int: ...
+
+    @property
+    def guide_param(self) -> str: ...
+
+    @property
+    def guide_path(self) -> str: ...
+
+    def sampling_params(self) -> SamplingParams: ...
 
 
 class ChatRequest(Protocol):
@@ -98,12 +116,15 @@ class GenerationServing:
         self.reasoning: ReasoningStyle | None = getattr(runtime, "reasoning", None)  # the model's, if any
         self._created = int(time.time())
 
-    def begin(self, model: str | None, route: str) -> tuple[str | None, str, RequestMetrics]:
+    def begin(
+        self, model: str | None, route: str, param: str = "model"
+    ) -> tuple[str | None, str, RequestMetrics]:
         """The LoRA adapter a request's ``model`` names (None: the served model), the model id its
-        answer and metrics name, and its metrics. An unknown name raises the 404, counted under the
-        served model."""
+        answer and metrics name, and its metrics. An unknown name raises the 404 (a 400 naming
+        `param` for another field than ``model``: /generate's ``lora``), counted under the served
+        model."""
         try:
-            adapter = self.runtime.adapter(model)
+            adapter = self.runtime.adapter(model, param=param)
         except APIError as exc:
             RequestMetrics(self.model_name, route).done(exc.status)
             raise
@@ -165,17 +186,25 @@ class GenerationServing:
         )
 
     async def params(
-        self, request: SamplingFields, adapter: str | None, logprobs_param: str
+        self,
+        request: Sampled,
+        adapter: str | None,
+        logprobs_param: str,
+        guide_param: str = "response_format",
     ) -> SamplingParams:
         """A request's sampling parameters (with its LoRA adapter), once it is known that the engine
         can serve them, its guide included (checked off the event loop): 400s naming the field
-        otherwise."""
+        otherwise (`guide_param`: the one a guide refused with beam search names)."""
         flavor = self.runtime.flavor
         # a beam-packed model: every request searches beams
         params = flavor.fill_beam_search(replace(request.sampling_params(), lora=adapter))
         flavor.check_logprobs(params, logprobs_param)
         flavor.check_engine_features(
-            params, stream=request.stream, n=request.samples_per_prompt, logprobs_param=logprobs_param
+            params,
+            stream=request.stream,
+            n=request.samples_per_prompt,
+            logprobs_param=logprobs_param,
+            guide_param=guide_param,
         )
         if params.guide is not None:
             flavor.check_guide(request.guide_param)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Generic, Protocol, TypeVar
 
-from trtllm_service.api.early import STARTING_RETRY_S
+from trtllm_service.api.server.early import STARTING_RETRY_S
 from trtllm_service.errors import STARTING, APIError
 from trtllm_service.triton.process import EXIT_TIMEOUT_S, TritonStartupError
 

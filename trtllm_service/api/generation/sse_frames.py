@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from starlette.responses import Response
 
-from trtllm_service.api.choices import Choice, Result, api_error, collect_all, finish_label
-from trtllm_service.api.metrics import RequestMetrics
-from trtllm_service.api.streaming import PushBody, StreamBody
+from trtllm_service.api.generation.choices import Choice, Result, api_error, collect_all, finish_label
+from trtllm_service.api.server.metrics import RequestMetrics
+from trtllm_service.api.server.streaming import PushBody, StreamBody
 from trtllm_service.errors import APIError
 from trtllm_service.relay.logprobs import TokenLogprob
 

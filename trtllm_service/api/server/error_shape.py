@@ -1,4 +1,5 @@
-"""Every error answer of the service in one shape: `{"error": {"message", "type", "param", "code"}}`.
+"""Every error answer of the service in one shape: `{"error": {"message", "type", "param", "code"}}`
+(`ErrorBody`, as the OpenAPI document shows it).
 
 The service's own routes and middlewares answer `APIError`s in that shape already. What BentoML and
 Starlette answer themselves does not: `/generate`'s request validation (`{"error": "1 validation
@@ -7,23 +8,25 @@ the probes' 503s, an unexpected 500. `ErrorShapeMiddleware` rewrites those answe
 a response below 400 passes untouched (a stream's chunks are never looked at), and an error body
 already in the shape is sent as it is.
 
-Anthropic's Messages API (`/v1/messages...`) answers in Anthropic's shape instead (`api.anthropic.errors`:
-`{"type": "error", "error": {"type", "message"}}`, a 503 as 529 overloaded_error): every error of
-those paths, ours included (auth, limits, validation), is rewritten here, so that no layer needs to
-know which API a request came through.
+An API whose routes answer errors in a shape of their own (an `ErrorDialect`: Anthropic's Messages
+API, `api.anthropic.errors.DIALECT`: `{"type": "error", "error": {"type", "message"}}`, a 503 as 529
+overloaded_error) is given to the middleware: every error of its paths, ours included (auth, limits,
+validation), is rewritten here in its shape, so that no layer needs to know which API a request came
+through. This module knows no endpoint.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
+from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from trtllm_service.api.anthropic import errors as anthropic_errors
-from trtllm_service.api.anthropic.protocol import MESSAGES_ROUTE
-from trtllm_service.api.openai.errors import from_validation_error
+from trtllm_service.api.server.request_errors import from_validation_error
 from trtllm_service.errors import APIError
 
 MAX_ERROR_BODY = 64 * 1024
@@ -38,6 +41,43 @@ _CODES = {
     503: "service_unavailable",
     504: "timeout",
 }
+
+
+class ErrorDetail(BaseModel):
+    """The inside of an error body."""
+
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """``{"error": {...}}``: the body of every non-2xx answer (and of an in-stream error event)."""
+
+    error: ErrorDetail
+
+    @classmethod
+    def of(cls, err: APIError) -> ErrorBody:
+        """The body of an ``APIError``."""
+        return cls.model_validate(err.body())
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorDialect:
+    """The routes of an API that answers errors in a shape of its own, and how it says an
+    `APIError` (the service's early answers and `ErrorShapeMiddleware` speak it on those paths)."""
+
+    paths: Callable[[str], bool]
+    """Whether a request path is one of its routes."""
+    status_of: Callable[[APIError], int]
+    """The HTTP status it answers an error with."""
+    error_body: Callable[[APIError, str | None], dict[str, Any]]
+    """The JSON body of an error (the request id: the current request's when None)."""
+    request_id_headers: Callable[[str | None], dict[str, str]]
+    """The headers that carry the request id on every answer (the current request's when None)."""
+    is_shaped: Callable[[Any], bool]
+    """Whether a decoded body is in its shape already."""
 
 
 def is_shaped(payload: Any) -> bool:
@@ -73,11 +113,6 @@ def reshape(status: int, body: bytes, method: str, path: str) -> APIError | None
     return APIError(status, message, type=kind, code=_CODES.get(status))
 
 
-def is_anthropic(path: str) -> bool:
-    """Whether `path` is one of Anthropic's Messages API routes (answered in Anthropic's shape)."""
-    return path == MESSAGES_ROUTE or path.startswith(MESSAGES_ROUTE + "/")
-
-
 def _shaped_error(status: int, body: bytes) -> APIError:
     """The `APIError` of a body in the service's shape."""
     error = json.loads(body)["error"]
@@ -110,16 +145,11 @@ def _reason(status: int) -> str:
         return f"HTTP {status}"
 
 
-def _is_anthropic_shaped(body: bytes) -> bool:
+def _decoded(body: bytes) -> Any:
     try:
-        payload = json.loads(body) if body else None
+        return json.loads(body) if body else None
     except ValueError:
-        return False
-    return (
-        isinstance(payload, dict)
-        and payload.get("type") == "error"
-        and isinstance(payload.get("error"), dict)
-    )
+        return None
 
 
 def _header(start: Message, name: bytes) -> str | None:
@@ -131,10 +161,12 @@ def _header(start: Message, name: bytes) -> str | None:
 
 class ErrorShapeMiddleware:
     """Answers every error response of the app it wraps in the service's one error shape
-    (`reshape`); keeps the response's headers (Retry-After, CORS, the request id) but its body's."""
+    (`reshape`), or on the paths of one of `dialects` in its shape; keeps the response's headers
+    (Retry-After, CORS, the request id) but its body's."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, dialects: Sequence[ErrorDialect] = ()) -> None:
         self.app = app
+        self.dialects = tuple(dialects)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] == "HEAD":
@@ -170,18 +202,17 @@ class ErrorShapeMiddleware:
 
         await self.app(scope, receive, shaped_send)
 
-    @staticmethod
-    async def _send_error(start: Message, body: bytes, scope: Scope, send: Send) -> None:
+    async def _send_error(self, start: Message, body: bytes, scope: Scope, send: Send) -> None:
         path = scope.get("path", "")
         error = reshape(start["status"], body, scope["method"], path)
-        anthropic = is_anthropic(path) and not _is_anthropic_shaped(body)
-        if anthropic:
+        dialect = next((d for d in self.dialects if d.paths(path)), None)
+        if dialect is not None and not dialect.is_shaped(_decoded(body)):
             error = error or _shaped_error(start["status"], body)
             retry_after = _header(start, b"retry-after")
             if retry_after is not None and error.retry_after is None:
                 error.retry_after = float(retry_after)
-            start = {**start, "status": anthropic_errors.status_of(error)}
-            body = json.dumps(anthropic_errors.error_body(error)).encode()
+            start = {**start, "status": dialect.status_of(error)}
+            body = json.dumps(dialect.error_body(error, None)).encode()
         elif error is not None:
             body = json.dumps(error.body()).encode()
         if error is not None:

@@ -1,0 +1,95 @@
+"""`/generate` over the shared generation path, as every other route: the LoRA adapter its `lora`
+names, its sampling parameters checked against what the engine can serve (`GenerationServing.params`:
+beam search, guides, the engine's features), its prompt through the chat template, and its answer
+streamed as plain text (UTF-8, as it comes). Errors before the first text are JSON answers with
+their status, never text in the stream: the first text is awaited before the response starts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.responses import Response
+
+from trtllm_service.api.generate.protocol import GENERATE_ROUTE, GenerateRequest
+from trtllm_service.api.generation.bodies import bound_serving
+from trtllm_service.api.generation.serving import GenerationServing, error_response
+from trtllm_service.api.server.metrics import RequestMetrics, count_rejected
+from trtllm_service.api.server.startup import Startup
+from trtllm_service.api.server.streaming import PushBody
+from trtllm_service.errors import APIError
+from trtllm_service.relay.client import EngineStream
+
+MEDIA_TYPE = "text/plain; charset=utf-8"
+
+
+async def serve_generate(request: GenerateRequest, startup: Startup[Any], model_name: str) -> Response:
+    """Answers `/generate`: the streamed text, or the error's JSON answer. `startup`: the service's
+    start-up (a 503 until the runtime exists, or after a failed start; counted under `model_name`)."""
+    try:
+        startup.serving()
+        serving: GenerationServing = bound_serving()
+    except APIError as exc:
+        count_rejected(model_name, GENERATE_ROUTE, exc.status)
+        return error_response(exc)
+    try:
+        adapter, _, metrics = serving.begin(request.lora, GENERATE_ROUTE, param="lora")
+    except APIError as exc:
+        return error_response(exc)
+    runtime = serving.runtime
+    try:
+        params = await serving.params(request, adapter, "logprobs", guide_param=request.guide_param)
+        prepared = await runtime.prepare_chat(
+            request.chat_messages(),
+            params,
+            default_max_tokens=runtime.settings.default_max_tokens,
+            param="prompt",
+            budget_param="max_tokens",
+        )
+        stream = await runtime.generate(prepared)  # one engine request, seeded only when asked
+        first = await first_text(stream, metrics)
+    except APIError as exc:
+        metrics.done(exc.status)
+        return error_response(exc)
+    return PushBody(stream, TextFraming(stream, first, metrics, prepared.prompt_tokens), MEDIA_TYPE)
+
+
+class TextFraming:
+    """The body of `/generate`: the generated text, UTF-8, as it comes; a failure after the start
+    aborts the connection (plain text has no way to report it)."""
+
+    __slots__ = ("first", "metrics", "prompt_tokens", "stream")
+
+    def __init__(self, stream: EngineStream, first: str, metrics: RequestMetrics, prompt_tokens: int) -> None:
+        self.stream = stream
+        self.first = first
+        self.metrics = metrics
+        self.prompt_tokens = prompt_tokens
+
+    def opening(self) -> bytes:
+        return self.first.encode()
+
+    def frame(self, text: str) -> bytes:
+        return text.encode()
+
+    def closing(self) -> bytes:
+        return b""
+
+    def failure(self, error: Exception) -> tuple[int, bytes | None]:
+        return (error.status if isinstance(error, APIError) else 500), None
+
+    def done(self, status: int) -> None:
+        stream = self.stream
+        stream.close()
+        self.metrics.done(status, stream.finish_reason, self.prompt_tokens, stream.completion_tokens)
+
+
+async def first_text(stream: EngineStream, metrics: RequestMetrics) -> str:
+    """Waits for the first text (or the end) of a stream, so that errors come before the response."""
+    try:
+        text = await stream.read()
+    except BaseException:
+        stream.close()
+        raise
+    metrics.first_token()
+    return text
