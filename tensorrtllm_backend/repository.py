@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR, TEMPLATES_DIR
+from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR, STANDIN_DIR, TEMPLATES_DIR
 from tensorrtllm_backend.nvidia_backend import TEMPLATED_TYPES, config_io
 from tensorrtllm_backend.pinned import ENSEMBLE_LEGACY_WARNING
 from tensorrtllm_backend.tools.fill_template import fill_text, placeholders
@@ -23,30 +23,40 @@ from tensorrtllm_backend.tools.fill_template import fill_text, placeholders
 MODELS = ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls")
 LLMAPI_MODELS = ("tensorrt_llm",)
 _HERE = Path(__file__).resolve().parent
-_STAND_IN = TEMPLATES_DIR / "tensorrt_llm" / "1"
+_STAND_IN = STANDIN_DIR
+_STAND_IN_ENGINES = tuple(
+    _STAND_IN / name
+    for name in (
+        "contract.py",
+        "engine.py",
+        "engine_stats.py",
+        "ngram.py",
+        "prefix_cache.py",
+        "reference.py",
+        "synthetic.py",
+    )
+)
 # Modules a model's code imports that live elsewhere (one copy in this tree): copied beside model.py.
 _PARAMS = _HERE / "config_params.py"
 SHARED_MODULES: dict[str, tuple[Path, ...]] = {
     "preprocessing": (_PARAMS,),
     "postprocessing": (_HERE / "detokenizer.py", _PARAMS),
-    "tensorrt_llm": (_HERE / "grammars.py", _HERE / "lora.py", _HERE / "nvidia_backend.py", _PARAMS),
+    "tensorrt_llm": (
+        *_STAND_IN_ENGINES,
+        _HERE / "triton_adapter.py",
+        _HERE / "grammars.py",
+        _HERE / "lora.py",
+        _HERE / "nvidia_backend.py",
+        _PARAMS,
+    ),
     "tensorrt_llm_bls": (_PARAMS,),
 }
 LLMAPI_SHARED_MODULES: dict[str, tuple[Path, ...]] = {
     "tensorrt_llm": (
-        *(
-            _STAND_IN / name
-            for name in (
-                "contract.py",
-                "engine.py",
-                "engine_stats.py",
-                "ngram.py",
-                "prefix_cache.py",
-                "reference.py",
-                "synthetic.py",
-            )
-        ),
-        _STAND_IN / "triton_adapter.py",
+        *_STAND_IN_ENGINES,
+        _STAND_IN / "llm_standin.py",
+        _STAND_IN / "text_engine.py",
+        _HERE / "triton_adapter.py",
         _HERE / "detokenizer.py",
         _HERE / "stop_strings.py",
         _HERE / "grammars.py",

@@ -15,10 +15,9 @@ import pytest
 import torch
 
 import tensorrtllm_backend
-from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR
-from tensorrtllm_backend.repository import TEMPLATES_DIR
+from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR, STANDIN_DIR
 
-sys.path.insert(0, str(TEMPLATES_DIR / "tensorrt_llm" / "1"))
+sys.path.insert(0, str(STANDIN_DIR))
 sys.path.insert(0, str(Path(tensorrtllm_backend.__file__).parent))
 from engine import EngineLoop
 from engine_stats import CPP_FAMILIES, LLMAPI_FAMILIES, LlmApiStats, cpp_backend_metrics, snapshot

@@ -18,10 +18,9 @@ import numpy as np
 import pytest
 
 import tensorrtllm_backend
-from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR
-from tensorrtllm_backend.repository import TEMPLATES_DIR
+from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR, STANDIN_DIR
 
-sys.path.insert(0, str(TEMPLATES_DIR / "tensorrt_llm" / "1"))
+sys.path.insert(0, str(STANDIN_DIR))
 sys.path.insert(0, str(LLMAPI_TEMPLATES_DIR / "tensorrt_llm" / "1"))
 sys.path.insert(0, str(Path(tensorrtllm_backend.__file__).parent))
 import llm_standin

@@ -11,9 +11,7 @@ import pytest
 
 import tensorrtllm_backend
 
-sys.path.insert(
-    0, str(Path(tensorrtllm_backend.__file__).parent / "all_models/inflight_batcher_llm/tensorrt_llm/1")
-)
+sys.path.insert(0, str(Path(tensorrtllm_backend.__file__).parent / "standin"))
 from ngram import NGramConfig, NGramDrafter
 
 

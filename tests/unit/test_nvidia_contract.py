@@ -19,7 +19,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 import tensorrtllm_backend
-from tensorrtllm_backend import TEMPLATES_DIR, nvidia_backend
+from tensorrtllm_backend import STANDIN_DIR, nvidia_backend
 from tensorrtllm_backend.repository import fill_model_config, repository_values
 from trtllm_service.relay.request import ENGINE_INPUTS, GenerationRequest, engine_message
 
@@ -31,9 +31,7 @@ def _stand_in() -> Any:
     shared = str(Path(tensorrtllm_backend.__file__).parent)
     if shared not in sys.path:
         sys.path.insert(0, shared)
-    spec = importlib.util.spec_from_file_location(
-        "standin_contract", TEMPLATES_DIR / "tensorrt_llm" / "1" / "contract.py"
-    )
+    spec = importlib.util.spec_from_file_location("standin_contract", STANDIN_DIR / "contract.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules["standin_contract"] = module

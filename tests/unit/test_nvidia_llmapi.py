@@ -27,15 +27,15 @@ from pydantic import ValidationError
 from tritonclient.grpc import model_config_pb2
 
 import tensorrtllm_backend
-from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR
+from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR, STANDIN_DIR
 from tensorrtllm_backend.lora import Adapter
-from tensorrtllm_backend.repository import TEMPLATES_DIR, fill_model_config, repository_values
+from tensorrtllm_backend.repository import fill_model_config, repository_values
 from trtllm_service.packing.adapters import lora_values
 from trtllm_service.packing.options import RuntimeOptions
 from trtllm_service.packing.sources import read_hf_checkpoint
 
 # As the llmapi model sees them: its own modules, the ensemble stand-in's and the shared ones beside it.
-sys.path.insert(0, str(TEMPLATES_DIR / "tensorrt_llm" / "1"))
+sys.path.insert(0, str(STANDIN_DIR))
 sys.path.insert(0, str(LLMAPI_TEMPLATES_DIR / "tensorrt_llm" / "1"))
 sys.path.insert(0, str(Path(tensorrtllm_backend.__file__).parent))
 import llm_standin

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 import tensorrtllm_backend
-from tensorrtllm_backend.repository import TEMPLATES_DIR
+from tensorrtllm_backend import STANDIN_DIR
 
 # As a Triton model sees them: its own modules, and the shared ones copied beside it.
-sys.path.insert(0, str(TEMPLATES_DIR / "tensorrt_llm" / "1"))
+sys.path.insert(0, str(STANDIN_DIR))
 sys.path.insert(0, str(Path(tensorrtllm_backend.__file__).parent))
 from contract import EngineRequest
 from engine import EngineLoop

@@ -20,7 +20,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
 import tensorrtllm_backend
-from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR, TEMPLATES_DIR
+from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR, STANDIN_DIR
 from tensorrtllm_backend.repository import fill_model_config, repository_values
 from trtllm_service.errors import APIError
 from trtllm_service.relay.request import (
@@ -47,7 +47,7 @@ def _contract() -> Any:
     shared = str(Path(tensorrtllm_backend.__file__).parent)
     if shared not in sys.path:
         sys.path.insert(0, shared)
-    path = TEMPLATES_DIR / "tensorrt_llm" / "1" / "contract.py"
+    path = STANDIN_DIR / "contract.py"
     spec = importlib.util.spec_from_file_location("engine_contract", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
