@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.unit.test_reference_batching import Sink, ids_and_log_probs, request, run
+from tests.unit.standin.test_reference_batching import Sink, ids_and_log_probs, request, run
 
 # test_reference_batching put the model's modules on sys.path, as a Triton model sees them
 EngineRequest = __import__("contract").EngineRequest

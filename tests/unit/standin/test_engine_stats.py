@@ -24,7 +24,7 @@ from engine_stats import CPP_FAMILIES, LLMAPI_FAMILIES, LlmApiStats, cpp_backend
 from prefix_cache import PrefixStore
 from reference import ReferenceSource
 
-from tests.unit.test_reference_batching import Recorder, Sink, ids_and_log_probs, request
+from tests.unit.standin.test_reference_batching import Recorder, Sink, ids_and_log_probs, request
 
 
 def test_prefix_store_matches_whole_blocks_and_leaves_the_last_token() -> None:
