@@ -44,6 +44,7 @@ SHARED_MODULES: dict[str, tuple[Path, ...]] = {
     "tensorrt_llm": (
         *_STAND_IN_ENGINES,
         _HERE / "triton_adapter.py",
+        _HERE / "shared_contract.py",
         _HERE / "grammars.py",
         _HERE / "lora.py",
         _HERE / "nvidia_backend.py",
@@ -57,6 +58,7 @@ LLMAPI_SHARED_MODULES: dict[str, tuple[Path, ...]] = {
         _STAND_IN / "llm_standin.py",
         _STAND_IN / "text_engine.py",
         _HERE / "triton_adapter.py",
+        _HERE / "shared_contract.py",
         _HERE / "detokenizer.py",
         _HERE / "stop_strings.py",
         _HERE / "grammars.py",

@@ -57,6 +57,7 @@ def _contract() -> Any:
 
 
 contract = _contract()
+shared_contract = sys.modules["shared_contract"]  # imported by contract.py
 
 
 def _declared(model: str, tmp_path: Path) -> dict[str, str]:
@@ -189,7 +190,7 @@ def test_logit_bias_prompt_logprobs_and_beams_reach_both_engines_as_they_read_th
         arrays.get, "b", contract.EngineLimits(vocab_size=50, max_seq_len=100, max_beam_width=4)
     )
     assert (cpp.beam_width, cpp.num_return, cpp.length_penalty, cpp.streaming) == (4, 2, 1.0, False)
-    with pytest.raises(contract.RequestError, match="exceeds the engine's max_beam_width 2"):
+    with pytest.raises(shared_contract.RequestError, match="exceeds the engine's max_beam_width 2"):
         contract.parse_request(
             arrays.get, "b", contract.EngineLimits(vocab_size=50, max_seq_len=100, max_beam_width=2)
         )
@@ -349,7 +350,7 @@ def test_llmapi_defaults_are_the_models_end_ids_and_the_context_left() -> None:
         ({"text_input": np.array([b"\xff"], dtype=np.object_)}, "not valid UTF-8"),
         ({"sampling_param_embedding_bias": np.zeros(3, np.float32)}, "has 3 values; the vocabulary has 100"),
     ):
-        with pytest.raises(contract.RequestError, match=message):
+        with pytest.raises(shared_contract.RequestError, match=message):
             _parse_llmapi({**text, **bad}, limits, lambda s: [5] * len(s))
 
 

@@ -40,9 +40,9 @@ sys.path.insert(0, str(LLMAPI_TEMPLATES_DIR / "tensorrt_llm" / "1"))
 sys.path.insert(0, str(Path(tensorrtllm_backend.__file__).parent))
 import llm_standin
 import nvidia_llmapi as nv
-from contract import RequestError
 from llm_engine import LLMEngine, token_log_probs
 from llmapi_contract import TextLimits, parse_text_request, text_arrays
+from shared_contract import RequestError
 
 pytestmark = pytest.mark.unit
 

@@ -23,17 +23,11 @@ import numpy as np
 import nvidia_backend as nv
 import triton_python_backend_utils as pb_utils
 from config_params import param
-from contract import (
-    INVALID_REQUEST,
-    BackendError,
-    EngineLimits,
-    RequestError,
-    is_stop_request,
-    parse_request,
-)
+from contract import BackendError, EngineLimits, is_stop_request, parse_request
 from engine import EngineLoop
 from engine_stats import snapshot
 from lora import CACHE_MISS, LoraCache, LoraError, from_rows
+from shared_contract import INVALID_REQUEST, RequestError
 from triton_adapter import (
     EngineModel,
     Responder,

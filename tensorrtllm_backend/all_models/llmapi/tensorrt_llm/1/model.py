@@ -28,9 +28,9 @@ from typing import Any
 import nvidia_llmapi as nv
 import triton_python_backend_utils as pb_utils
 import yaml
-from contract import INVALID_REQUEST, RequestError
 from llm_engine import LLMEngine, TensorRTLLM
 from llmapi_contract import LlmApiError, TextLimits, is_stop_request, parse_text_request
+from shared_contract import INVALID_REQUEST, RequestError
 from triton_adapter import EngineModel, Responder, brief, make_source
 
 REQUIRE_ENV = "TRTLLM_REQUIRE_TENSORRT_LLM"
