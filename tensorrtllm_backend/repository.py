@@ -34,6 +34,7 @@ _STAND_IN_ENGINES = tuple(
         "prefix_cache.py",
         "reference.py",
         "synthetic.py",
+        "sources.py",
     )
 )
 # Modules a model's code imports that live elsewhere (one copy in this tree): copied beside model.py.
@@ -45,6 +46,7 @@ SHARED_MODULES: dict[str, tuple[Path, ...]] = {
         *_STAND_IN_ENGINES,
         _HERE / "triton_adapter.py",
         _HERE / "shared_contract.py",
+        _HERE / "engine_metrics.py",
         _HERE / "grammars.py",
         _HERE / "lora.py",
         _HERE / "nvidia_backend.py",
@@ -59,6 +61,7 @@ LLMAPI_SHARED_MODULES: dict[str, tuple[Path, ...]] = {
         _STAND_IN / "text_engine.py",
         _HERE / "triton_adapter.py",
         _HERE / "shared_contract.py",
+        _HERE / "engine_metrics.py",
         _HERE / "detokenizer.py",
         _HERE / "stop_strings.py",
         _HERE / "grammars.py",

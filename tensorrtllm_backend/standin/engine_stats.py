@@ -1,31 +1,23 @@
-"""The engine's statistics as TensorRT-LLM states them, and as the metrics each flavour publishes.
+"""Our stand-in engines' statistics, as TensorRT-LLM states them, and the C++ backend's metrics.
 
-Iteration stats are the dicts TensorRT-LLM's LLM API returns from `llm.get_stats(timeout)` (1.2.1,
-with `enable_iter_perf_stats: true`; one dict per executor iteration since the last call):
-`iter`, `iterLatencyMS`, `numActiveRequests`, `numQueuedRequests`, `maxNumActiveRequests`,
-`kvCacheStats` {maxNumBlocks, freeNumBlocks, usedNumBlocks, tokensPerBlock, allocTotalBlocks,
-allocNewBlocks, reusedBlocks, missedBlocks, cacheHitRate} (the block counts cumulative, as the block
-manager keeps them) and, with speculative decoding, `specDecodingStats` {numDraftTokens,
-numAcceptedTokens, numRequestsWithDraftTokens, acceptanceLength, iterLatencyMS, draftOverhead} (this
-iteration's). Our stand-in engines make the same dicts from their own state (`snapshot`).
+`snapshot` makes one iteration-stats dict of a stand-in engine, the dict TensorRT-LLM's LLM API
+returns from `llm.get_stats` (engine_metrics.py describes it; the llmapi model publishes it under
+trtllm-serve's names, whichever engine serves). The ensemble's stand-in publishes it under the C++
+backend's own families instead (inflight_batcher_llm custom_metrics_reporter),
+`nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type}`, `nv_trt_llm_request_metrics{request_type}`,
+`nv_trt_llm_inflight_batcher_metrics{...}`, `nv_trt_llm_general_metrics{general_type}`, all gauges
+(`cpp_backend_metrics`, `CppBackendStats`), so the service reads one set of names whether NVIDIA's
+backend or our stand-in serves.
 
-What is published from them:
-- llmapi flavour: trtllm-serve's names (tensorrt_llm/metrics/collector.py) as Triton custom
-  metrics, `trtllm_kv_cache_utilization`, `trtllm_kv_cache_hit_rate`, `trtllm_kv_cache_*_blocks`,
-  `trtllm_num_requests_running|waiting`, `trtllm_spec_decode_*` (`llmapi_metrics`).
-- ensemble flavour: the C++ backend's own families (inflight_batcher_llm custom_metrics_reporter),
-  `nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type}`, `nv_trt_llm_request_metrics{request_type}`,
-  `nv_trt_llm_inflight_batcher_metrics{...}`, `nv_trt_llm_general_metrics{general_type}`, all gauges
-  (`cpp_backend_metrics`), so the service reads one set of names whether the real backend or our
-  stand-in serves.
-
-No Triton import: triton_adapter.StatsPublisher puts the values into Triton's metric families.
+No Triton import: triton_adapter.MetricsPublisher puts the values into Triton's metric families.
 """
 
 from __future__ import annotations
 
 import time
 from typing import Any
+
+from engine_metrics import GAUGE, number
 
 SPEC_COUNTERS = {
     "draft_tokens": "numDraftTokens",
@@ -37,34 +29,6 @@ started: draft tokens proposed, of them accepted, and verification passes, one p
 drafts per step, vLLM's `num_drafts`) -> the specDecodingStats key. A snapshot turns them into the
 counts since the last one, as TensorRT-LLM's per-iteration specDecodingStats are; an engine without
 them (or without drafts yet) reports no specDecodingStats."""
-
-GAUGE, COUNTER = "gauge", "counter"
-
-LLMAPI_FAMILIES: dict[str, tuple[str, str]] = {
-    "trtllm_kv_cache_utilization": (GAUGE, "KV cache utilization (used / max blocks)"),
-    "trtllm_kv_cache_hit_rate": (GAUGE, "KV cache hit rate (reused / (reused + missed) blocks)"),
-    "trtllm_kv_cache_max_blocks": (GAUGE, "KV cache blocks in all"),
-    "trtllm_kv_cache_free_blocks": (GAUGE, "KV cache blocks free"),
-    "trtllm_kv_cache_used_blocks": (GAUGE, "KV cache blocks in use"),
-    "trtllm_kv_cache_tokens_per_block": (GAUGE, "Tokens per KV cache block"),
-    "trtllm_kv_cache_reused_blocks_total": (COUNTER, "KV cache blocks reused (prefix cache hits)"),
-    "trtllm_kv_cache_missed_blocks_total": (COUNTER, "KV cache blocks missed (prompt blocks computed)"),
-    "trtllm_num_requests_running": (GAUGE, "Requests the executor runs"),
-    "trtllm_num_requests_waiting": (GAUGE, "Requests queued in the executor"),
-    "trtllm_iteration_latency_seconds": (GAUGE, "The last executor iteration's latency"),
-    "trtllm_spec_decode_num_drafts_total": (
-        COUNTER,
-        "Draft proposals (requests with draft tokens, per iteration)",
-    ),
-    "trtllm_spec_decode_num_draft_tokens_total": (COUNTER, "Draft tokens proposed"),
-    "trtllm_spec_decode_num_accepted_tokens_total": (COUNTER, "Draft tokens accepted"),
-    "trtllm_spec_decode_acceptance_length": (
-        GAUGE,
-        "Tokens per step of the requests with drafts, last iteration",
-    ),
-}
-"""llmapi flavour: family name -> (kind, description). trtllm-serve's names (TensorRT-LLM main's
-collector.py) except `trtllm_spec_decode_num_drafts_total`, ours, for vLLM's `num_drafts`."""
 
 CPP_FAMILIES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     "nv_trt_llm_request_metrics": (
@@ -119,122 +83,49 @@ def snapshot(loop: Any, source: Any, last_spec: dict[str, int]) -> dict[str, Any
     return stats
 
 
-def _number(value: Any) -> float | None:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-class CumulativeCounter:
-    """Turns a cumulative count (the block manager's) into the increments a Triton counter takes;
-    a count that went down (the executor restarted) starts over from it."""
-
-    __slots__ = ("last",)
-
-    def __init__(self) -> None:
-        self.last: float | None = None
-
-    def step(self, value: float) -> float:
-        last, self.last = self.last, value
-        if last is None or value < last:
-            return value
-        return value - last
-
-
-class LlmApiStats:
-    """Iteration stats -> (gauges to set, counters to increment) under LLMAPI_FAMILIES' names.
-    Gauges come from the newest iteration; per-iteration speculative counts are summed; keys an
-    iteration lacks publish nothing (no KV stats from the synthetic engine, no speculation)."""
-
-    def __init__(self) -> None:
-        self._reused = CumulativeCounter()
-        self._missed = CumulativeCounter()
-
-    def values(self, iterations: list[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
-        gauges: dict[str, float] = {}
-        counters: dict[str, float] = {}
-        if not iterations:
-            return gauges, counters
-        last = iterations[-1]
-        for key, name in (
-            ("numActiveRequests", "trtllm_num_requests_running"),
-            ("numQueuedRequests", "trtllm_num_requests_waiting"),
-        ):
-            value = _number(last.get(key))
-            if value is not None:
-                gauges[name] = value
-        latency = _number(last.get("iterLatencyMS"))
-        if latency is not None:
-            gauges["trtllm_iteration_latency_seconds"] = latency / 1000.0
-        kv = last.get("kvCacheStats")
-        if isinstance(kv, dict):
-            self._kv(kv, gauges, counters)
-        for stats in iterations:
-            spec = stats.get("specDecodingStats")
-            if not isinstance(spec, dict):
-                continue
-            for key, name in (
-                ("numRequestsWithDraftTokens", "trtllm_spec_decode_num_drafts_total"),
-                ("numDraftTokens", "trtllm_spec_decode_num_draft_tokens_total"),
-                ("numAcceptedTokens", "trtllm_spec_decode_num_accepted_tokens_total"),
-            ):
-                counters[name] = counters.get(name, 0.0) + (_number(spec.get(key)) or 0.0)
-            if (_number(spec.get("numRequestsWithDraftTokens")) or 0) > 0:
-                length = _number(spec.get("acceptanceLength"))
-                if length is not None:
-                    gauges["trtllm_spec_decode_acceptance_length"] = length
-        return gauges, counters
-
-    def _kv(self, kv: dict[str, Any], gauges: dict[str, float], counters: dict[str, float]) -> None:
-        for key, name in (
-            ("maxNumBlocks", "trtllm_kv_cache_max_blocks"),
-            ("freeNumBlocks", "trtllm_kv_cache_free_blocks"),
-            ("usedNumBlocks", "trtllm_kv_cache_used_blocks"),
-            ("tokensPerBlock", "trtllm_kv_cache_tokens_per_block"),
-            ("cacheHitRate", "trtllm_kv_cache_hit_rate"),
-        ):
-            value = _number(kv.get(key))
-            if value is not None:
-                gauges[name] = value
-        total, used = _number(kv.get("maxNumBlocks")), _number(kv.get("usedNumBlocks"))
-        if total and used is not None:
-            gauges["trtllm_kv_cache_utilization"] = used / total
-        for key, name, counter in (
-            ("reusedBlocks", "trtllm_kv_cache_reused_blocks_total", self._reused),
-            ("missedBlocks", "trtllm_kv_cache_missed_blocks_total", self._missed),
-        ):
-            value = _number(kv.get(key))
-            if value is not None:
-                counters[name] = counter.step(value)
-
-
 def cpp_backend_metrics(stats: dict[str, Any]) -> dict[tuple[str, str], float]:
     """One iteration's stats -> {(family, label value): value} of the C++ backend's gauge families,
     each as its reporter fills it (`fraction` = used / max; `reused` the cumulative reused blocks)."""
     values: dict[tuple[str, str], float] = {}
-    active = _number(stats.get("numActiveRequests")) or 0.0
+    active = number(stats.get("numActiveRequests")) or 0.0
     values[("nv_trt_llm_request_metrics", "active")] = active
-    values[("nv_trt_llm_request_metrics", "max")] = _number(stats.get("maxNumActiveRequests")) or 0.0
+    values[("nv_trt_llm_request_metrics", "max")] = number(stats.get("maxNumActiveRequests")) or 0.0
     values[("nv_trt_llm_request_metrics", "scheduled")] = active
     values[("nv_trt_llm_request_metrics", "context")] = 0.0  # prompts are prefilled within a step
-    values[("nv_trt_llm_request_metrics", "waiting")] = _number(stats.get("numQueuedRequests")) or 0.0
+    values[("nv_trt_llm_request_metrics", "waiting")] = number(stats.get("numQueuedRequests")) or 0.0
     kv = stats.get("kvCacheStats")
     if isinstance(kv, dict):
-        total = _number(kv.get("maxNumBlocks")) or 0.0
-        used = _number(kv.get("usedNumBlocks")) or 0.0
+        total = number(kv.get("maxNumBlocks")) or 0.0
+        used = number(kv.get("usedNumBlocks")) or 0.0
         family = "nv_trt_llm_kv_cache_block_metrics"
         values[(family, "max")] = total
-        values[(family, "free")] = _number(kv.get("freeNumBlocks")) or 0.0
+        values[(family, "free")] = number(kv.get("freeNumBlocks")) or 0.0
         values[(family, "used")] = used
-        values[(family, "tokens_per")] = _number(kv.get("tokensPerBlock")) or 0.0
-        values[(family, "reused")] = _number(kv.get("reusedBlocks")) or 0.0
+        values[(family, "tokens_per")] = number(kv.get("tokensPerBlock")) or 0.0
+        values[(family, "reused")] = number(kv.get("reusedBlocks")) or 0.0
         values[(family, "fraction")] = used / total if total else 0.0
     family = "nv_trt_llm_inflight_batcher_metrics"
     values[(family, "total_context_tokens")] = 0.0
     values[(family, "generation_requests")] = active
     values[(family, "micro_batch_id")] = 0.0
     values[(family, "paused_requests")] = 0.0
-    values[("nv_trt_llm_general_metrics", "iteration_counter")] = _number(stats.get("iter")) or 0.0
+    values[("nv_trt_llm_general_metrics", "iteration_counter")] = number(stats.get("iter")) or 0.0
     values[("nv_trt_llm_general_metrics", "timestamp")] = time.time() * 1e6  # microseconds, as the backend
     return values
+
+
+class CppBackendStats:
+    """The ensemble stand-in's iteration stats as triton_adapter.MetricsPublisher publishes them: the
+    C++ backend's gauge families of the newest iteration, labelled as its reporter labels them."""
+
+    @staticmethod
+    def labels(model_name: str, engine: str) -> dict[str, str]:
+        return {"model": model_name, "version": "1"}
+
+    def metrics(self, iterations: list[dict[str, Any]]) -> list[tuple[str, str, str, Any, float]]:
+        """(family, kind, description, (label, label value), value) rows."""
+        rows = []
+        for (name, value_label), value in cpp_backend_metrics(iterations[-1]).items():
+            description, label, _ = CPP_FAMILIES[name]
+            rows.append((name, GAUGE, description, (label, value_label), value))
+        return rows

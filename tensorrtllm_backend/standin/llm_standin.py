@@ -757,7 +757,7 @@ def _guide(params: Any, backend: str) -> tuple[str, str]:
 @dataclasses.dataclass
 class StandIn:
     """The stand-in `tensorrt_llm` surface for one model: `kind` (reference | synthetic), the tokenizer
-    the model loaded, and how to build the source (triton_adapter.make_source in Triton)."""
+    the model loaded, and how to build the source (sources.make_source in Triton)."""
 
     kind: str
     tokenizer: Any

@@ -20,7 +20,8 @@ from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR, STANDIN_DIR
 sys.path.insert(0, str(STANDIN_DIR))
 sys.path.insert(0, str(Path(tensorrtllm_backend.__file__).parent))
 from engine import EngineLoop
-from engine_stats import CPP_FAMILIES, LLMAPI_FAMILIES, LlmApiStats, cpp_backend_metrics, snapshot
+from engine_metrics import LLMAPI_FAMILIES, LlmApiStats
+from engine_stats import CPP_FAMILIES, CppBackendStats, cpp_backend_metrics, snapshot
 from prefix_cache import PrefixStore
 from reference import ReferenceSource
 
@@ -206,6 +207,28 @@ def test_cpp_backend_metrics_fill_the_backends_families() -> None:
     # Every label value is one the backend's reporter declares for its family.
     for name, value_label in values:
         assert value_label in CPP_FAMILIES[name][2]
+
+
+def test_publisher_rows_name_kind_and_label_each_flavours_families() -> None:
+    """What triton_adapter.MetricsPublisher publishes: the llmapi model's rows (trtllm-serve's names,
+    labelled by engine), the ensemble stand-in's (the C++ backend's gauges, labelled by version)."""
+    stats = {"iter": 7, "numActiveRequests": 2, "numQueuedRequests": 1, "kvCacheStats": kv(3, 5)}
+    llmapi = LlmApiStats()
+    rows = llmapi.metrics([stats])
+    gauges, counters = LlmApiStats().values([stats])
+    assert [(name, value) for name, _, _, _, value in rows] == [*gauges.items(), *counters.items()]
+    for name, kind, description, label, _ in rows:
+        assert (kind, description) == LLMAPI_FAMILIES[name] and label is None
+    assert llmapi.labels("m", "reference") == {"model": "m", "engine": "reference"}
+    cpp = CppBackendStats()
+    rows = cpp.metrics([{}, stats])  # the newest iteration's
+    values = cpp_backend_metrics(stats)
+    assert {(name, label[1]): value for name, _, _, label, value in rows if "timestamp" not in label} == {
+        key: value for key, value in values.items() if key[1] != "timestamp"
+    }
+    for name, kind, description, label, _ in rows:
+        assert kind == "gauge" and description == CPP_FAMILIES[name][0] and label[0] == CPP_FAMILIES[name][1]
+    assert cpp.labels("m", "reference") == {"model": "m", "version": "1"}
 
 
 def _standin_source(kind: str, model_dir: str, tokenizer_dir: str, **options: Any) -> tuple[Any, int, int]:

@@ -240,7 +240,7 @@ def test_finding_sampling_params_is_the_1_2_1_dataclass(monkeypatch: pytest.Monk
 
 
 def _make_source(kind: str, model_dir: str, tokenizer_dir: str, **options: Any) -> tuple[Any, int, int]:
-    """triton_adapter.make_source without Triton (it imports triton_python_backend_utils)."""
+    """sources.make_source with a batch of 4 and no block reuse."""
     if kind == "reference":
         from reference import ReferenceSource
 

@@ -25,14 +25,11 @@ import triton_python_backend_utils as pb_utils
 from config_params import param
 from contract import BackendError, EngineLimits, is_stop_request, parse_request
 from engine import EngineLoop
-from engine_stats import snapshot
+from engine_stats import CppBackendStats, snapshot
 from lora import CACHE_MISS, LoraCache, LoraError, from_rows
 from shared_contract import INVALID_REQUEST, RequestError
-from triton_adapter import (
-    EngineModel,
-    Responder,
-    make_source,
-)
+from sources import make_source
+from triton_adapter import EngineModel, Responder
 
 NUMPY_TYPES = {"TYPE_FP32": np.float32, "TYPE_FP16": np.float16}
 
@@ -122,7 +119,7 @@ class TritonPythonModel(EngineModel):
             logits_dtype=logits_dtype,
         )
         last_spec: dict[str, int] = {}
-        self._publish(kind, "ensemble", lambda: [snapshot(self.engine, source, last_spec)])
+        self._publish(kind, lambda: [snapshot(self.engine, source, last_spec)], CppBackendStats())
         pb_utils.Logger.log_info(f"{self.model_name}: {source.describe()}, max_seq_len {max_seq_len}")
 
     def _serve(self, request: Any, get: Any, sink: Any) -> None:
