@@ -7,20 +7,20 @@ without a server. The table is also checked against the model configs that decla
 
 from __future__ import annotations
 
-import importlib.util
 import struct
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import contract  # the models' own contracts, as Triton imports them (pyproject's pythonpath)
+import llmapi_contract
 import numpy as np
 import pytest
+import shared_contract
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
-import tensorrtllm_backend
-from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR, STANDIN_DIR
+from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR
 from tensorrtllm_backend.repository import fill_model_config, repository_values
 from trtllm_service.errors import APIError
 from trtllm_service.relay.request import (
@@ -39,25 +39,6 @@ from trtllm_service.relay.request import (
 
 LIMITS = EngineLimits(max_seq_len=100, max_input_len=90, end_ids=(7, 8))
 DTYPES = {"INT32": np.int32, "FP32": np.float32, "UINT64": np.uint64, "BOOL": np.bool_}
-
-
-def _contract() -> Any:
-    """The engine's contract.py, imported from the model repository template (with the shared
-    modules it imports, copied beside it in a real repository, importable)."""
-    shared = str(Path(tensorrtllm_backend.__file__).parent)
-    if shared not in sys.path:
-        sys.path.insert(0, shared)
-    path = STANDIN_DIR / "contract.py"
-    spec = importlib.util.spec_from_file_location("engine_contract", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["engine_contract"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-contract = _contract()
-shared_contract = sys.modules["shared_contract"]  # imported by contract.py
 
 
 def _declared(model: str, tmp_path: Path) -> dict[str, str]:
@@ -240,21 +221,6 @@ def test_settle_the_token_budget_once() -> None:
 
 
 # ---- the LLM API flavour -------------------------------------------------------------------------------
-
-
-def _llmapi_contract() -> Any:
-    """The llmapi model's contract module (it imports the engine's `contract` by that name)."""
-    sys.modules["contract"] = contract
-    path = LLMAPI_TEMPLATES_DIR / "tensorrt_llm" / "1" / "llmapi_contract.py"
-    spec = importlib.util.spec_from_file_location("llmapi_contract", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["llmapi_contract"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-llmapi_contract = _llmapi_contract()
 
 
 def _llmapi_declared(tmp_path: Path) -> tuple[dict[str, tuple[str, list[int]]], set[str]]:

@@ -6,19 +6,12 @@ the metric values each flavour publishes from them (trtllm-serve's names; the C+
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-
-import tensorrtllm_backend
-from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR, STANDIN_DIR
-
-sys.path.insert(0, str(STANDIN_DIR))
-sys.path.insert(0, str(Path(tensorrtllm_backend.__file__).parent))
 from engine import EngineLoop
 from engine_metrics import LLMAPI_FAMILIES, LlmApiStats
 from engine_stats import CPP_FAMILIES, CppBackendStats, cpp_backend_metrics, snapshot
@@ -245,10 +238,8 @@ def _standin_source(kind: str, model_dir: str, tokenizer_dir: str, **options: An
 
 
 def test_standin_llm_get_stats_as_the_llm_api(demo_model_dir: Path) -> None:
-    from transformers import AutoTokenizer
-
-    sys.path.insert(0, str(LLMAPI_TEMPLATES_DIR / "tensorrt_llm" / "1"))
     import llm_standin
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(demo_model_dir))
     api = llm_standin.StandIn("reference", tokenizer, _standin_source, log=lambda _: None)

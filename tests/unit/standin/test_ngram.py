@@ -3,15 +3,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-import tensorrtllm_backend
-
-sys.path.insert(0, str(Path(tensorrtllm_backend.__file__).parent / "standin"))
 from ngram import NGramConfig, NGramDrafter
 
 

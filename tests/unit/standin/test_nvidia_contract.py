@@ -8,39 +8,22 @@ paths and commits), not read from the module under test.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
+import contract as standin  # the stand-in's contract.py, as Triton imports it (pyproject's pythonpath)
 import numpy as np
 import pytest
+import shared_contract
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
-import tensorrtllm_backend
-from tensorrtllm_backend import STANDIN_DIR, nvidia_backend
+from tensorrtllm_backend import nvidia_backend
 from tensorrtllm_backend.repository import fill_model_config, repository_values
 from trtllm_service.relay.request import ENGINE_INPUTS, GenerationRequest, engine_message
 
 pytestmark = pytest.mark.unit
 
 
-def _stand_in() -> Any:
-    """The stand-in's contract.py as Triton imports it (shared modules beside it)."""
-    shared = str(Path(tensorrtllm_backend.__file__).parent)
-    if shared not in sys.path:
-        sys.path.insert(0, shared)
-    spec = importlib.util.spec_from_file_location("standin_contract", STANDIN_DIR / "contract.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["standin_contract"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-standin = _stand_in()
-shared_contract = sys.modules["shared_contract"]  # imported by contract.py
 LIMITS = standin.EngineLimits(vocab_size=100, max_seq_len=64, guided_decoding=False)
 BOTH = ("output_ids", "sequence_length")
 

@@ -9,7 +9,6 @@ they wait.
 
 from __future__ import annotations
 
-import sys
 import threading
 import uuid
 from pathlib import Path
@@ -18,13 +17,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-
-import tensorrtllm_backend
-from tensorrtllm_backend import STANDIN_DIR
-
-# As a Triton model sees them: its own modules, and the shared ones copied beside it.
-sys.path.insert(0, str(STANDIN_DIR))
-sys.path.insert(0, str(Path(tensorrtllm_backend.__file__).parent))
 from contract import EngineRequest
 from engine import EngineLoop
 from reference import SPAN_BLOCK, ReferenceSource
