@@ -1,10 +1,12 @@
 """Triton Python-backend adapter for our stand-in engines in the `tensorrt_llm` slot.
 
-Serves the exact tensor contract of NVIDIA's C++ TensorRT-LLM backend (contract.py), so
-preprocessing, postprocessing, the ensemble and every client cannot tell which engine answers.
-Production replaces it by filling the same config.pbtxt with `triton_backend:tensorrtllm`.
+A stand-in itself: production fills this slot with NVIDIA's C++ backend (the same config.pbtxt with
+`triton_backend:tensorrtllm`) and no model.py. It serves the exact tensor contract of that backend
+(contract.py), so preprocessing, postprocessing, the ensemble and every client cannot tell which
+engine answers. Everything but the Triton glue is in tensorrtllm_backend/standin/ (copied beside
+this file by the repository builder, as the production modules it stands on are).
 
-The `python_engine` parameter picks the token source:
+The `python_engine` parameter picks the token source (sources.py):
   reference  a Hugging Face checkpoint run with PyTorch (reference.py);
   synthetic  tokens as fast as Triton relays them, no model (synthetic.py), for load tests and
              benchmarks of everything around the engine.
