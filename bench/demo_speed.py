@@ -97,9 +97,9 @@ def engine_levels(
     model: Path, slots: int, max_len: int, dtype: str, streams: list[int], tokens: int, attention: str
 ) -> dict:
     """tokens/s and TTFT of the reference engine at each number of concurrent streams."""
-    from tensorrtllm_backend import TEMPLATES_DIR
+    from tensorrtllm_backend import STANDIN_DIR
 
-    sys.path.insert(0, str(TEMPLATES_DIR / "tensorrt_llm" / "1"))  # as a Triton model sees them
+    sys.path.insert(0, str(STANDIN_DIR))  # as a Triton model sees them
     sys.path.insert(0, str(ROOT / "tensorrtllm_backend"))
     import numpy as np
     from contract import EngineLimits, parse_request

@@ -104,9 +104,9 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=0, help="the engine's batch slots (default: --streams)")
     args = parser.parse_args()
 
-    from tensorrtllm_backend import TEMPLATES_DIR
+    from tensorrtllm_backend import STANDIN_DIR
 
-    sys.path.insert(0, str(TEMPLATES_DIR / "tensorrt_llm" / "1"))  # as a Triton model sees them
+    sys.path.insert(0, str(STANDIN_DIR))  # as a Triton model sees them
     sys.path.insert(0, str(ROOT / "tensorrtllm_backend"))
     import numpy as np
     import torch

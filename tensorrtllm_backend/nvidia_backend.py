@@ -5,7 +5,7 @@ What its source at the pinned tag (pinned.py) declares and enforces: every input
 requiredness, the parameters its model instance cannot load without, and the messages of the
 refusals our stand-in must reproduce (triton_backend/inflight_batcher_llm/src/model_instance_state.cc,
 utils.cc, utils.h). Our config.pbtxt is generated from these tables (`config_io`), the stand-in
-parses requests with them (contract.py) and the service names its tensors through `tensor()`, so
+parses requests with them (standin/contract.py) and the service names its tensors through `tensor()`, so
 nothing else spells a tensor name.
 
 Sources (NVIDIA/TensorRT-LLM; the v1.2.1 tag itself, 376f7e1b, is not in the index we can read,

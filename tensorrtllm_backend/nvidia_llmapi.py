@@ -6,7 +6,7 @@ nested, fails with "Extra inputs are not permitted"), how upstream's Triton mode
 (`update_llm_args_with_extra_dict`), `SamplingParams` (a kw_only slots dataclass: an unknown keyword
 is a TypeError) with its refusals, `GuidedDecodingParams`, the output objects (`CompletionOutput`,
 `Logprob`), and the tensors of upstream's llmapi Triton model. Our config.pbtxt keeps every upstream
-name and type (a unit test holds them together), the stand-in LLM API (llm_standin.py) is built from
+name and type (a unit test holds them together), the stand-in LLM API (standin/llm_standin.py) is built from
 these tables and refuses with these messages, and packing's model.yaml is checked against them.
 
 Sources (NVIDIA/TensorRT-LLM; no source file at the v1.2.1 tag, 376f7e1b, is in the index we can read,

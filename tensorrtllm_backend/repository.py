@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR, TEMPLATES_DIR
+from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR, STANDIN_DIR, TEMPLATES_DIR
 from tensorrtllm_backend.nvidia_backend import TEMPLATED_TYPES, config_io
 from tensorrtllm_backend.pinned import ENSEMBLE_LEGACY_WARNING
 from tensorrtllm_backend.tools.fill_template import fill_text, placeholders
@@ -23,37 +23,45 @@ from tensorrtllm_backend.tools.fill_template import fill_text, placeholders
 MODELS = ("ensemble", "preprocessing", "postprocessing", "tensorrt_llm", "tensorrt_llm_bls")
 LLMAPI_MODELS = ("tensorrt_llm",)
 _HERE = Path(__file__).resolve().parent
-_STAND_IN = TEMPLATES_DIR / "tensorrt_llm" / "1"
-# Modules a model's code imports that live elsewhere (one copy in this tree): copied beside model.py.
+
+
+def _modules(folder: Path, *names: str) -> tuple[Path, ...]:
+    return tuple(folder / f"{name}.py" for name in names)
+
+
+# What a model's code imports that lives elsewhere (one copy in this tree), copied beside its model.py
+# (build_repository says which model gets what). Production modules, tensorrtllm_backend/*.py: both
+# tensorrt_llm models stand on the Triton adapter and the contract rules they share (shared_contract
+# reads guides with grammars); lora reads the stand-ins' adapters.
+_ADAPTER = _modules(_HERE, "triton_adapter", "shared_contract", "engine_metrics", "grammars", "lora")
 _PARAMS = _HERE / "config_params.py"
 SHARED_MODULES: dict[str, tuple[Path, ...]] = {
     "preprocessing": (_PARAMS,),
     "postprocessing": (_HERE / "detokenizer.py", _PARAMS),
-    "tensorrt_llm": (_HERE / "grammars.py", _HERE / "lora.py", _HERE / "nvidia_backend.py", _PARAMS),
+    "tensorrt_llm": (*_ADAPTER, _HERE / "nvidia_backend.py", _PARAMS),  # with the stand-in only
     "tensorrt_llm_bls": (_PARAMS,),
 }
 LLMAPI_SHARED_MODULES: dict[str, tuple[Path, ...]] = {
     "tensorrt_llm": (
-        *(
-            _STAND_IN / name
-            for name in (
-                "contract.py",
-                "engine.py",
-                "engine_stats.py",
-                "ngram.py",
-                "prefix_cache.py",
-                "reference.py",
-                "synthetic.py",
-            )
-        ),
-        _STAND_IN / "triton_adapter.py",
-        _HERE / "detokenizer.py",
-        _HERE / "stop_strings.py",
-        _HERE / "grammars.py",
-        _HERE / "lora.py",
-        _HERE / "nvidia_backend.py",
-        _HERE / "nvidia_llmapi.py",
+        *_ADAPTER,
+        *_modules(_HERE, "detokenizer", "stop_strings", "nvidia_backend", "nvidia_llmapi"),
     )
+}
+# The stand-ins (standin/), copied only into a model that a stand-in serves or may serve.
+_CPP_STANDIN = _modules(
+    STANDIN_DIR,
+    "contract",
+    "engine",
+    "engine_stats",
+    "ngram",
+    "prefix_cache",
+    "reference",
+    "synthetic",
+    "sources",
+)
+STANDIN_MODULES: dict[str, tuple[Path, ...]] = {"tensorrt_llm": _CPP_STANDIN}
+LLMAPI_STANDIN_MODULES: dict[str, tuple[Path, ...]] = {
+    "tensorrt_llm": (*_CPP_STANDIN, *_modules(STANDIN_DIR, "llm_standin", "text_engine"))
 }
 BACKENDS = ("python", "tensorrtllm")
 
@@ -72,12 +80,16 @@ class RepositoryFlavor:
         default_engine: What serves the model unless --engine says otherwise.
         engine_key: The template value that names what serves it.
         legacy_warning: What packing and the doctor say about the flavour itself (None: nothing).
+        shared_modules: The production modules each model's code imports, copied beside its model.py.
+        standin_modules: The stand-in modules a model's code imports where a stand-in serves it,
+            copied beside its model.py only then (`standin_may_serve`).
     """
 
     name: str
     templates: Path
     models: tuple[str, ...]
     shared_modules: Mapping[str, tuple[Path, ...]]
+    standin_modules: Mapping[str, tuple[Path, ...]]
     llm_api: bool
     default_engine: str
     engine_key: str
@@ -90,12 +102,29 @@ class RepositoryFlavor:
         values[self.engine_key] = engine or self.default_engine
         return values
 
+    def standin_may_serve(self, model: str, values: Mapping[str, str]) -> bool:
+        """Whether a stand-in serves `model`, or may (build_repository says when)."""
+        if model not in self.standin_modules:
+            return False
+        return self.llm_api or values.get("triton_backend") == "python"
+
+    def code(self, model: str, values: Mapping[str, str], templates: Path) -> list[Path] | None:
+        """The Python files of `model`'s version dir (its template's, then the modules they import),
+        or None where NVIDIA's C++ backend serves it (no Python at all)."""
+        if not self.llm_api and model == "tensorrt_llm" and values.get("triton_backend") != "python":
+            return None
+        files = [*sorted((templates / model / "1").glob("*.py")), *self.shared_modules.get(model, ())]
+        if self.standin_may_serve(model, values):
+            files += self.standin_modules[model]
+        return files
+
 
 LLMAPI = RepositoryFlavor(
     "llmapi",
     LLMAPI_TEMPLATES_DIR,
     LLMAPI_MODELS,
     LLMAPI_SHARED_MODULES,
+    LLMAPI_STANDIN_MODULES,
     llm_api=True,
     default_engine="tensorrt_llm",
     engine_key="llmapi_engine",
@@ -105,6 +134,7 @@ ENSEMBLE = RepositoryFlavor(
     TEMPLATES_DIR,
     MODELS,
     SHARED_MODULES,
+    STANDIN_MODULES,
     llm_api=False,
     default_engine="reference",
     engine_key="python_engine",
@@ -349,12 +379,37 @@ def build_repository(
     llm_options: Mapping[str, object] | None = None,
 ) -> Path:
     """Writes every model of `flavor` (filled config + version dir with its code) under `dest`;
-    `llm_options` (the llmapi flavour's only) are merged into model.yaml (merge_llm_options)."""
+    `llm_options` (the llmapi flavour's only) are merged into model.yaml (merge_llm_options).
+
+    A version dir holds its template's files (model.py, model.yaml filled) and the modules they import,
+    kept once in this tree and copied beside them (RepositoryFlavor.code): the production modules
+    (SHARED_MODULES, LLMAPI_SHARED_MODULES: tensorrtllm_backend/*.py) always, the stand-ins
+    (STANDIN_MODULES, LLMAPI_STANDIN_MODULES: tensorrtllm_backend/standin/) only where a stand-in
+    serves or may serve:
+    - ensemble preprocessing, postprocessing, tensorrt_llm_bls: model.py and its production modules,
+      never a stand-in (they run as they are beside NVIDIA's C++ backend).
+    - ensemble tensorrt_llm, triton_backend `tensorrtllm`: nothing; NVIDIA's C++ backend serves it and
+      its version dir stays empty.
+    - ensemble tensorrt_llm, triton_backend `python` (`python_engine` reference or synthetic): our
+      stand-in fills the slot: model.py (a thin adapter over standin/), the stand-in engines with the
+      C++ backend's contract (contract, engine, engine_stats, ngram, prefix_cache, reference, synthetic,
+      sources) and the production modules they stand on (triton_adapter, shared_contract,
+      engine_metrics, grammars, lora, nvidia_backend, config_params).
+    - llmapi tensorrt_llm, whatever model.yaml's `engine`: model.py, llm_engine.py, llmapi_contract.py,
+      model.yaml and their production modules, and the stand-in LLM API with its engines (the
+      ensemble's stand-ins, llm_standin, text_engine). With `engine: reference | synthetic` a stand-in
+      serves. With `engine: tensorrt_llm` one may: model.py falls back to the reference engine where
+      `tensorrt_llm` cannot be imported, which is known only where the model is served (one packed
+      model serves in NVIDIA's image and on a machine without a GPU; TRTLLM_REQUIRE_TENSORRT_LLM, which
+      makes the fallback a load error, is read at serve time too), and the image double's
+      `tensorrt_llm` (tests/image_double) serves through llm_standin. model.py imports them only when
+      a stand-in serves (its `_standin`), so in NVIDIA's image they sit beside it unused.
+    """
     kind = flavor_named(flavor)
     if llm_options and not kind.llm_api:
         raise RepositoryError("LLM API options go into the llmapi flavour's model.yaml only")
     templates = templates or kind.templates
-    models, shared = kind.models, kind.shared_modules
+    models = kind.models
     dest = Path(dest)
     configs = {model: fill_model_config(model, values, templates) for model in models}
     extras = {
@@ -375,12 +430,10 @@ def build_repository(
         version_dir = model_dir / "1"
         version_dir.mkdir(parents=True)
         (model_dir / "config.pbtxt").write_text(config)
-        native_engine = (
-            not kind.llm_api and model == "tensorrt_llm" and values.get("triton_backend") != "python"
-        )
-        if not native_engine:  # a Python model: model.py, the modules beside it, the shared ones
-            for code in [*sorted((templates / model / "1").glob("*.py")), *shared.get(model, ())]:
-                shutil.copy2(code, version_dir / code.name)
+        code = kind.code(model, values, templates)
+        if code is not None:  # a Python model: model.py, the modules beside it, the shared ones
+            for path in code:
+                shutil.copy2(path, version_dir / path.name)
             for name, text in extras[model].items():
                 (version_dir / name).write_text(text)
     return dest

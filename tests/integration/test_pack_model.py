@@ -25,7 +25,7 @@ from bentoml._internal.models import ModelStore
 
 from tensorrtllm_backend.launcher import LauncherError, find_tritonserver
 from tensorrtllm_backend.pinned import ENSEMBLE_LEGACY_WARNING
-from tensorrtllm_backend.repository import FLAVORS, LLMAPI_SHARED_MODULES, SHARED_MODULES
+from tensorrtllm_backend.repository import FLAVORS
 from tests.support import engine_config
 from trtllm_service.packed_model import XGRAMMAR_TOKENIZER_INFO, layout_runtime_repository, read_pack_info
 from trtllm_service.packing import packer
@@ -120,7 +120,7 @@ def files_under(root: Path) -> set[str]:
 
 def assert_only_allowed_files(model_path: Path, engine_files: set[str], flavor: str = "ensemble") -> None:
     templates, models = FLAVORS[flavor].templates, FLAVORS[flavor].models
-    shared = LLMAPI_SHARED_MODULES if flavor == "llmapi" else SHARED_MODULES
+    shared, standins = FLAVORS[flavor].shared_modules, FLAVORS[flavor].standin_modules
     allowed = set(ALLOWED_TOP)
     allowed |= {f"engine/{name}" for name in engine_files}
     allowed |= {f"tokenizer/{name}" for name in TOKENIZER_FILES}
@@ -129,7 +129,7 @@ def assert_only_allowed_files(model_path: Path, engine_files: set[str], flavor: 
     for model in models:
         allowed |= {f"repository/{model}/config.pbtxt"}
         # A Python model's code: the template's files and the shared modules it imports, nothing else.
-        code = [*(templates / model / "1").glob("*.py"), *shared.get(model, ())]
+        code = [*(templates / model / "1").glob("*.py"), *shared.get(model, ()), *standins.get(model, ())]
         code += [*(templates / model / "1").glob("*.yaml")]
         allowed |= {f"repository/{model}/1/{path.name}" for path in code}
     present = files_under(model_path)

@@ -4,23 +4,17 @@ the LLM API's names, and the table docs/api.md shows."""
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import fields
 from pathlib import Path
 
-import tensorrtllm_backend
-from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR, nvidia_llmapi
-from tensorrtllm_backend.repository import TEMPLATES_DIR
+import llmapi_contract
+
+from tensorrtllm_backend import nvidia_llmapi
 from trtllm_service.api.openai.chat.protocol import ChatCompletionRequest
 from trtllm_service.api.openai.completions.protocol import CompletionRequest
 from trtllm_service.api.openai.fields import OPENAI_FIELDS, RESPONSE_ONLY, llmapi_keyword, markdown
 from trtllm_service.api.openai.responses.protocol import ResponsesRequest
 from trtllm_service.relay.request import ENGINE_INPUTS, LLMAPI_INPUTS, GenerationRequest
-
-sys.path.insert(0, str(TEMPLATES_DIR / "tensorrt_llm" / "1"))
-sys.path.insert(0, str(LLMAPI_TEMPLATES_DIR / "tensorrt_llm" / "1"))
-sys.path.insert(0, str(Path(tensorrtllm_backend.__file__).parent))
-import llmapi_contract
 
 API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 

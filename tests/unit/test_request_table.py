@@ -7,20 +7,20 @@ without a server. The table is also checked against the model configs that decla
 
 from __future__ import annotations
 
-import importlib.util
 import struct
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import contract  # the models' own contracts, as Triton imports them (pyproject's pythonpath)
+import llmapi_contract
 import numpy as np
 import pytest
+import shared_contract
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
-import tensorrtllm_backend
-from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR, TEMPLATES_DIR
+from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR
 from tensorrtllm_backend.repository import fill_model_config, repository_values
 from trtllm_service.errors import APIError
 from trtllm_service.relay.request import (
@@ -39,24 +39,6 @@ from trtllm_service.relay.request import (
 
 LIMITS = EngineLimits(max_seq_len=100, max_input_len=90, end_ids=(7, 8))
 DTYPES = {"INT32": np.int32, "FP32": np.float32, "UINT64": np.uint64, "BOOL": np.bool_}
-
-
-def _contract() -> Any:
-    """The engine's contract.py, imported from the model repository template (with the shared
-    modules it imports, copied beside it in a real repository, importable)."""
-    shared = str(Path(tensorrtllm_backend.__file__).parent)
-    if shared not in sys.path:
-        sys.path.insert(0, shared)
-    path = TEMPLATES_DIR / "tensorrt_llm" / "1" / "contract.py"
-    spec = importlib.util.spec_from_file_location("engine_contract", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["engine_contract"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-contract = _contract()
 
 
 def _declared(model: str, tmp_path: Path) -> dict[str, str]:
@@ -189,7 +171,7 @@ def test_logit_bias_prompt_logprobs_and_beams_reach_both_engines_as_they_read_th
         arrays.get, "b", contract.EngineLimits(vocab_size=50, max_seq_len=100, max_beam_width=4)
     )
     assert (cpp.beam_width, cpp.num_return, cpp.length_penalty, cpp.streaming) == (4, 2, 1.0, False)
-    with pytest.raises(contract.RequestError, match="exceeds the engine's max_beam_width 2"):
+    with pytest.raises(shared_contract.RequestError, match="exceeds the engine's max_beam_width 2"):
         contract.parse_request(
             arrays.get, "b", contract.EngineLimits(vocab_size=50, max_seq_len=100, max_beam_width=2)
         )
@@ -241,21 +223,6 @@ def test_settle_the_token_budget_once() -> None:
 # ---- the LLM API flavour -------------------------------------------------------------------------------
 
 
-def _llmapi_contract() -> Any:
-    """The llmapi model's contract module (it imports the engine's `contract` by that name)."""
-    sys.modules["contract"] = contract
-    path = LLMAPI_TEMPLATES_DIR / "tensorrt_llm" / "1" / "llmapi_contract.py"
-    spec = importlib.util.spec_from_file_location("llmapi_contract", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["llmapi_contract"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-llmapi_contract = _llmapi_contract()
-
-
 def _llmapi_declared(tmp_path: Path) -> tuple[dict[str, tuple[str, list[int]]], set[str]]:
     values = repository_values(engine_dir=tmp_path, tokenizer_dir=tmp_path, overrides={"end_ids": "7"})
     text = fill_model_config("tensorrt_llm", values, LLMAPI_TEMPLATES_DIR)
@@ -275,7 +242,7 @@ def test_llmapi_table_rows_are_inputs_the_model_declares(tmp_path: Path) -> None
         triton_type = "STRING" if spec.datatype == "BYTES" else spec.datatype
         assert declared.get(spec.name, ("?",))[0] == triton_type, spec.name
     assert set(LLMAPI_OUTPUTS) <= outputs
-    # Every input the contract reads is declared (upstream's all are: tests/unit/test_nvidia_llmapi.py).
+    # Every input the contract reads is declared (upstream's all are: tests/unit/standin/test_nvidia_llmapi.py).
     read = {*llmapi_contract.DEFAULTS, *llmapi_contract.OURS, *llmapi_contract.OPTIONAL_OUTPUTS}
     assert read <= set(declared)
 
@@ -349,7 +316,7 @@ def test_llmapi_defaults_are_the_models_end_ids_and_the_context_left() -> None:
         ({"text_input": np.array([b"\xff"], dtype=np.object_)}, "not valid UTF-8"),
         ({"sampling_param_embedding_bias": np.zeros(3, np.float32)}, "has 3 values; the vocabulary has 100"),
     ):
-        with pytest.raises(contract.RequestError, match=message):
+        with pytest.raises(shared_contract.RequestError, match=message):
             _parse_llmapi({**text, **bad}, limits, lambda s: [5] * len(s))
 
 

@@ -1,8 +1,8 @@
 """Triton's side of /metrics: its restarts (counted by the owner), its own exposition appended to the
 service's, the engine its `tensorrt_llm` model reports, and the engine's statistics under vLLM's names.
 
-The engine's statistics reach Triton's exposition from the `tensorrt_llm` model (engine_stats.py
-there): the llmapi model publishes trtllm-serve's names (`trtllm_kv_cache_utilization`,
+The engine's statistics reach Triton's exposition from the `tensorrt_llm` model (tensorrtllm_backend's
+engine_metrics.py and standin/engine_stats.py): the llmapi model publishes trtllm-serve's names (`trtllm_kv_cache_utilization`,
 `trtllm_kv_cache_reused_blocks_total`, ...), the C++ backend (real, or our stand-in in its slot) its
 `nv_trt_llm_kv_cache_block_metrics{kv_cache_block_type}` and `nv_trt_llm_request_metrics{request_type}`
 gauges. `engine_metrics` restates them once, per scrape, as the names dashboards made for vLLM read

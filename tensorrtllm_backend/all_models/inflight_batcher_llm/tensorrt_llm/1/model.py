@@ -1,10 +1,12 @@
 """Triton Python-backend adapter for our stand-in engines in the `tensorrt_llm` slot.
 
-Serves the exact tensor contract of NVIDIA's C++ TensorRT-LLM backend (contract.py), so
-preprocessing, postprocessing, the ensemble and every client cannot tell which engine answers.
-Production replaces it by filling the same config.pbtxt with `triton_backend:tensorrtllm`.
+A stand-in itself: production fills this slot with NVIDIA's C++ backend (the same config.pbtxt with
+`triton_backend:tensorrtllm`) and no model.py. It serves the exact tensor contract of that backend
+(contract.py), so preprocessing, postprocessing, the ensemble and every client cannot tell which
+engine answers. Everything but the Triton glue is in tensorrtllm_backend/standin/ (copied beside
+this file by the repository builder, as the production modules it stands on are).
 
-The `python_engine` parameter picks the token source:
+The `python_engine` parameter picks the token source (sources.py):
   reference  a Hugging Face checkpoint run with PyTorch (reference.py);
   synthetic  tokens as fast as Triton relays them, no model (synthetic.py), for load tests and
              benchmarks of everything around the engine.
@@ -23,22 +25,13 @@ import numpy as np
 import nvidia_backend as nv
 import triton_python_backend_utils as pb_utils
 from config_params import param
-from contract import (
-    INVALID_REQUEST,
-    BackendError,
-    EngineLimits,
-    RequestError,
-    is_stop_request,
-    parse_request,
-)
+from contract import BackendError, EngineLimits, is_stop_request, parse_request
 from engine import EngineLoop
-from engine_stats import snapshot
+from engine_stats import CppBackendStats, snapshot
 from lora import CACHE_MISS, LoraCache, LoraError, from_rows
-from triton_adapter import (
-    EngineModel,
-    Responder,
-    make_source,
-)
+from shared_contract import INVALID_REQUEST, RequestError
+from sources import make_source
+from triton_adapter import EngineModel, Responder
 
 NUMPY_TYPES = {"TYPE_FP32": np.float32, "TYPE_FP16": np.float16}
 
@@ -128,7 +121,7 @@ class TritonPythonModel(EngineModel):
             logits_dtype=logits_dtype,
         )
         last_spec: dict[str, int] = {}
-        self._publish(kind, "ensemble", lambda: [snapshot(self.engine, source, last_spec)])
+        self._publish(kind, lambda: [snapshot(self.engine, source, last_spec)], CppBackendStats())
         pb_utils.Logger.log_info(f"{self.model_name}: {source.describe()}, max_seq_len {max_seq_len}")
 
     def _serve(self, request: Any, get: Any, sink: Any) -> None:

@@ -32,8 +32,8 @@ import time
 from typing import Any
 
 import nvidia_llmapi as nv
-from contract import RequestError
 from llmapi_contract import LOGPROB_OUTPUTS, TOP_LOGPROB_OUTPUTS, TextRequest, beam_arrays, text_arrays
+from shared_contract import RequestError
 
 TOKEN_OUTPUTS = frozenset(LOGPROB_OUTPUTS + TOP_LOGPROB_OUTPUTS)
 """The outputs that need each new token's id and log probs."""

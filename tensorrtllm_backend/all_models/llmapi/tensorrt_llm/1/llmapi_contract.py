@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 import nvidia_llmapi as nv
-from contract import RequestError, contract_check, parse_guide
+from shared_contract import RequestError, contract_check, parse_guide
 
 GetInput = Callable[[str], "np.ndarray | None"]
 

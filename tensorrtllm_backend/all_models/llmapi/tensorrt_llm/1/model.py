@@ -7,7 +7,8 @@ engines' settings). As upstream's model does, everything but `triton_config` goe
 API's default). Every engine serves through llm_engine.py: `engine: tensorrt_llm` with TensorRT-LLM's
 LLM API and, where `tensorrt_llm` cannot be imported, with the stand-in LLM API over our reference
 engine (llm_standin.py, which validates model.yaml exactly as TorchLlmArgs does), saying so once in
-the log and in the `trtllm_engine_info` metric (the service shows it in /v1/models).
+the log and in the `trtllm_engine_info` metric (the service shows it in /v1/models). The stand-ins
+(tensorrtllm_backend/standin/, copied beside this file) are imported only then, in `_standin`.
 TRTLLM_REQUIRE_TENSORRT_LLM=1 (set in the production image) makes that fallback a start-up error.
 `engine: reference` or `synthetic` picks a stand-in outright.
 
@@ -28,10 +29,10 @@ from typing import Any
 import nvidia_llmapi as nv
 import triton_python_backend_utils as pb_utils
 import yaml
-from contract import INVALID_REQUEST, RequestError
 from llm_engine import LLMEngine, TensorRTLLM
 from llmapi_contract import LlmApiError, TextLimits, is_stop_request, parse_text_request
-from triton_adapter import EngineModel, Responder, brief, make_source
+from shared_contract import INVALID_REQUEST, RequestError
+from triton_adapter import EngineModel, Responder, brief
 
 REQUIRE_ENV = "TRTLLM_REQUIRE_TENSORRT_LLM"
 ENGINES = ("tensorrt_llm", "reference", "synthetic")
@@ -116,19 +117,19 @@ class TritonPythonModel(EngineModel):
             streaming_allowed=self.decoupled,
             end_ids=_end_ids(str(triton_config.get("end_ids", ""))),
         )
-        self._publish(kind, "llmapi", self._stats_poll())
+        self._publish(kind, self._stats_poll())
         pb_utils.Logger.log_info(f"{self.model_name}: {self.engine.describe()}, max_seq_len {max_seq_len}")
 
     def _stats_poll(self) -> Any:
         """The LLM's iteration stats (`get_stats`, with enable_iter_perf_stats in model.yaml), for
-        trtllm-serve's metrics (engine_stats.py), polled every second; None without them."""
+        trtllm-serve's metrics (engine_metrics.py), polled every second; None without them."""
         llm = self.engine.llm
         if not getattr(llm.args, "enable_iter_perf_stats", False) or not hasattr(llm, "get_stats"):
             return None
         return lambda: llm.get_stats(timeout=0.5)
 
     def _api(self, kind: str, triton_config: dict[str, Any]) -> Any:
-        """TensorRT-LLM's LLM API, or the stand-in over the `kind` (or fallback) engine."""
+        """TensorRT-LLM's LLM API, or the stand-in over the `kind` (or fallback) engine (`_standin`)."""
         if kind == "tensorrt_llm":
             try:
                 import tensorrt_llm  # noqa: F401
@@ -145,7 +146,14 @@ class TritonPythonModel(EngineModel):
                 kind = "reference"
             else:  # installed: a missing piece of its LLM API is a load error, never a fallback
                 return TensorRTLLM()
+        return self._standin(kind, triton_config)
+
+    def _standin(self, kind: str, triton_config: dict[str, Any]) -> Any:
+        """The stand-in LLM API over our `kind` engine. Its modules (tensorrtllm_backend/standin/) are
+        imported here and nowhere else in this model: the repository builder copies them beside
+        this file because a stand-in may serve it (repository.py says when)."""
         from llm_standin import StandIn
+        from sources import make_source
 
         return StandIn(
             kind,

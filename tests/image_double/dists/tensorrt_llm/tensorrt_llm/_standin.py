@@ -1,5 +1,6 @@
 """Where the double finds the stand-in LLM API: the llmapi Triton model's own modules (llm_standin,
-triton_adapter), on sys.path inside that model's Python backend stub only."""
+sources: tensorrtllm_backend/standin/, copied beside its model.py), on sys.path inside that model's
+Python backend stub only."""
 
 from typing import Any
 

@@ -45,8 +45,8 @@ class LLM:
 
         _connect_worker()  # rule 2
         from llm_standin import StandIn
+        from sources import make_source
         from transformers import AutoTokenizer
-        from triton_adapter import make_source
 
         tokenizer = AutoTokenizer.from_pretrained(str(kwargs.get("tokenizer") or kwargs["model"]))
         standin = StandIn("synthetic", tokenizer, make_source)

@@ -33,8 +33,6 @@ STOP_TTL_S = 30.0
 TOKENS_PER_BLOCK = 32
 """The KV cache block size the perf metrics count in (TensorRT-LLM's default tokens_per_block)."""
 
-OUTCOMES = ("completed", "cancelled", "stopped", "error")
-
 
 class Sink(Protocol):
     """Where the responses of one request go (a decoupled response sender, or a collector)."""

@@ -3,17 +3,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-
-import tensorrtllm_backend
-
-sys.path.insert(
-    0, str(Path(tensorrtllm_backend.__file__).parent / "all_models/inflight_batcher_llm/tensorrt_llm/1")
-)
 from ngram import NGramConfig, NGramDrafter
 
 

@@ -8,40 +8,22 @@ paths and commits), not read from the module under test.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from typing import Any
 
+import contract as standin  # the stand-in's contract.py, as Triton imports it (pyproject's pythonpath)
 import numpy as np
 import pytest
+import shared_contract
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2, service_pb2
 
-import tensorrtllm_backend
-from tensorrtllm_backend import TEMPLATES_DIR, nvidia_backend
+from tensorrtllm_backend import nvidia_backend
 from tensorrtllm_backend.repository import fill_model_config, repository_values
 from trtllm_service.relay.request import ENGINE_INPUTS, GenerationRequest, engine_message
 
 pytestmark = pytest.mark.unit
 
 
-def _stand_in() -> Any:
-    """The stand-in's contract.py as Triton imports it (shared modules beside it)."""
-    shared = str(Path(tensorrtllm_backend.__file__).parent)
-    if shared not in sys.path:
-        sys.path.insert(0, shared)
-    spec = importlib.util.spec_from_file_location(
-        "standin_contract", TEMPLATES_DIR / "tensorrt_llm" / "1" / "contract.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["standin_contract"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-standin = _stand_in()
 LIMITS = standin.EngineLimits(vocab_size=100, max_seq_len=64, guided_decoding=False)
 BOTH = ("output_ids", "sequence_length")
 
@@ -260,9 +242,9 @@ def test_lookahead_and_retention_checks() -> None:
 
 
 def test_what_nvidia_serves_and_the_stand_in_cannot_is_refused_as_ours() -> None:
-    with pytest.raises(standin.RequestError, match="draft_input_ids is served by NVIDIA"):
+    with pytest.raises(shared_contract.RequestError, match="draft_input_ids is served by NVIDIA"):
         parse(request(draft_input_ids=np.array([[1, 2]], np.int32)))
-    with pytest.raises(standin.RequestError, match="num_return_sequences"):
+    with pytest.raises(shared_contract.RequestError, match="num_return_sequences"):
         parse(request(num_return_sequences=np.array([[2]], np.int32)))
 
 
@@ -271,11 +253,11 @@ def test_what_nvidia_serves_and_the_stand_in_cannot_is_refused_as_ours() -> None
 
 @pytest.fixture
 def contract_check(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(standin.CONTRACT_CHECK_ENV, "1")
+    monkeypatch.setenv(shared_contract.CONTRACT_CHECK_ENV, "1")
 
 
 def test_ignored_inputs_pass_silently_as_on_nvidias_backend(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(standin.CONTRACT_CHECK_ENV, raising=False)
+    monkeypatch.delenv(shared_contract.CONTRACT_CHECK_ENV, raising=False)
     parse(request(runtime_top_p_min=np.array([[0.1]], np.float32)))
     unknown_guide = request(guided_decoding_guide_type=np.array([[b"yaml"]], np.object_))
     assert parse(unknown_guide).guide is None
@@ -286,13 +268,13 @@ def test_ignored_inputs_pass_silently_as_on_nvidias_backend(monkeypatch: pytest.
 
 @pytest.mark.usefixtures("contract_check")
 def test_ignored_inputs_are_refused_loudly_under_the_contract_check() -> None:
-    with pytest.raises(standin.RequestError, match="runtime_top_k_min"):
+    with pytest.raises(shared_contract.RequestError, match="runtime_top_k_min"):
         parse(request(runtime_top_p_min=np.array([[0.1]], np.float32)))
-    with pytest.raises(standin.RequestError, match="ignored by NVIDIA's backend"):
+    with pytest.raises(shared_contract.RequestError, match="ignored by NVIDIA's backend"):
         parse(request(guided_decoding_guide_type=np.array([[b"yaml"]], np.object_)))
-    with pytest.raises(standin.RequestError, match="ignores input_lengths"):
+    with pytest.raises(shared_contract.RequestError, match="ignores input_lengths"):
         parse(request(input_lengths=np.array([[2]], np.int32)))
-    with pytest.raises(standin.RequestError, match="cut request_output_len silently"):
+    with pytest.raises(shared_contract.RequestError, match="cut request_output_len silently"):
         parse(request(request_output_len=np.array([[100]], np.int32)))
 
 
@@ -338,7 +320,7 @@ def test_beams_logit_bias_context_logits_and_perf_outputs_as_the_contract_takes_
         ({"early_stopping": np.array([[False]])}, "early_stopping would not arrive as sent"),
         ({"embedding_bias": np.zeros((1, 99), np.float32)}, "has 99 values; the engine's vocabulary has 100"),
     ):
-        with pytest.raises(standin.RequestError, match=message):
+        with pytest.raises(shared_contract.RequestError, match=message):
             parse(request(**inputs), limits=wide)
     bias = parse(request(embedding_bias=np.arange(100, dtype=np.float32).reshape(1, 100)))
     assert bias.embedding_bias.shape == (100,) and bias.embedding_bias[7] == 7.0

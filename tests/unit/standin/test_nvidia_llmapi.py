@@ -8,41 +8,33 @@ LLM API (llm_standin.py) is the 1.2.1 surface with its refusals, and the product
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import inspect
 import math
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import llm_standin
 import numpy as np
+import nvidia_llmapi as nv
 import pytest
 import yaml
 from google.protobuf import text_format
+from llm_engine import LLMEngine, token_log_probs
+from llmapi_contract import TextLimits, parse_text_request, text_arrays
 from pydantic import ValidationError
+from shared_contract import RequestError
 from tritonclient.grpc import model_config_pb2
 
-import tensorrtllm_backend
 from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR
 from tensorrtllm_backend.lora import Adapter
-from tensorrtllm_backend.repository import TEMPLATES_DIR, fill_model_config, repository_values
+from tensorrtllm_backend.repository import fill_model_config, repository_values
 from trtllm_service.packing.adapters import lora_values
 from trtllm_service.packing.options import RuntimeOptions
 from trtllm_service.packing.sources import read_hf_checkpoint
-
-# As the llmapi model sees them: its own modules, the ensemble stand-in's and the shared ones beside it.
-sys.path.insert(0, str(TEMPLATES_DIR / "tensorrt_llm" / "1"))
-sys.path.insert(0, str(LLMAPI_TEMPLATES_DIR / "tensorrt_llm" / "1"))
-sys.path.insert(0, str(Path(tensorrtllm_backend.__file__).parent))
-import llm_standin
-import nvidia_llmapi as nv
-from contract import RequestError
-from llm_engine import LLMEngine, token_log_probs
-from llmapi_contract import TextLimits, parse_text_request, text_arrays
 
 pytestmark = pytest.mark.unit
 
@@ -240,7 +232,7 @@ def test_finding_sampling_params_is_the_1_2_1_dataclass(monkeypatch: pytest.Monk
 
 
 def _make_source(kind: str, model_dir: str, tokenizer_dir: str, **options: Any) -> tuple[Any, int, int]:
-    """triton_adapter.make_source without Triton (it imports triton_python_backend_utils)."""
+    """sources.make_source with a batch of 4 and no block reuse."""
     if kind == "reference":
         from reference import ReferenceSource
 
@@ -257,20 +249,6 @@ def _make_source(kind: str, model_dir: str, tokenizer_dir: str, **options: Any) 
 
 def _standin(kind: str, tokenizer: Any, log: Any = None) -> Any:
     return llm_standin.StandIn(kind, tokenizer, _make_source, log=log or (lambda _: None))
-
-
-@pytest.fixture(scope="module")
-def tokenizer(demo_model_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(demo_model_dir))
-
-
-@pytest.fixture(scope="module")
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
 
 
 @pytest.fixture(scope="module")

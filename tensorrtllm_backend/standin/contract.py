@@ -11,24 +11,20 @@ INTERNAL like the backend's); what NVIDIA serves and our engines cannot (specula
 inputs, prompt tables, several sequences per request) is refused as ours (`RequestError`, marked
 with INVALID_REQUEST). Inputs NVIDIA accepts and silently ignores are ignored here too, unless
 CONTRACT_CHECK_ENV is set (the tests set it): then such a request is refused loudly, so nothing the
-service sends can rely on an input that does nothing in production.
+service sends can rely on an input that does nothing in production. Those three, and the guided-
+decoding inputs, are the llmapi model's too: they live in shared_contract.py, which this imports.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import nvidia_backend as nv
-from grammars import as_read_by
-
-GetInput = Callable[[str], "np.ndarray | None"]
-
-CONTRACT_CHECK_ENV = "TRTLLM_CONTRACT_CHECK"
+from shared_contract import GetInput, RequestError, contract_check, parse_guide
 
 # Scalar inputs we honour: name -> default when absent. Scalars arrive as [1] or [1, 1].
 SCALAR_DEFAULTS: dict[str, object] = {
@@ -100,10 +96,6 @@ speculative decoding, prompt tables, disaggregated serving."""
 OUTPUTS = tuple(t.name for t in nv.OUTPUTS)
 
 
-class RequestError(ValueError):
-    """A request our stand-in cannot serve. Its message goes back after INVALID_REQUEST (INVALID_ARG)."""
-
-
 class BackendError(ValueError):
     """A request NVIDIA's backend refuses: the message is NVIDIA's, sent as INTERNAL like the backend's.
 
@@ -121,16 +113,6 @@ class BackendError(ValueError):
         return nv.EXECUTOR_ERROR.format(id=executor_id) + nv.FETCH_ERROR + str(self)
 
 
-INVALID_REQUEST = "invalid request: "
-"""Prefix of the message of a request our stand-in refuses (in-stream gRPC errors carry no status
-code, so this marker is how clients tell our refusal from a server fault)."""
-
-
-def contract_check() -> bool:
-    """Whether inputs NVIDIA would silently ignore are refused instead (tests)."""
-    return os.environ.get(CONTRACT_CHECK_ENV, "").lower() in ("1", "true", "yes")
-
-
 def scalar(get: GetInput, name: str) -> Any:
     """A scalar input as a Python value, or its default (SCALAR_DEFAULTS) when absent or empty.
 
@@ -141,33 +123,6 @@ def scalar(get: GetInput, name: str) -> Any:
     if array.size != 1:
         raise BackendError(nv.BAD_SINGLETON.format(name=name))
     return array.reshape(-1)[0].item()
-
-
-def text(get: GetInput, name: str) -> str | None:
-    """A string input (BYTES [1] or [1, 1]) as text, None when absent or empty."""
-    array = get(name)
-    if array is None or array.size == 0:
-        return None
-    value = array.reshape(-1)[0]
-    return value.decode("utf-8") if isinstance(value, bytes) else str(value)
-
-
-def parse_guide(get: GetInput) -> tuple[str, str] | None:
-    """The guided-decoding request (type, guide text), as the C++ backend reads it, or None.
-
-    NVIDIA's backend ignores a guide without a type and a type it does not know; so does this,
-    except under CONTRACT_CHECK_ENV. It guides with xgrammar only (`CompileJSONSchema(guide)`, strict
-    mode): a JSON schema comes back with that strictness written out (grammars.as_read_by)."""
-    guide_type = text(get, "guided_decoding_guide_type")
-    guide = text(get, "guided_decoding_guide")
-    if guide_type is None or guide_type not in nv.GUIDE_TYPES:
-        if contract_check() and (guide_type is not None or guide is not None):
-            raise RequestError(
-                f"guided_decoding_guide_type {guide_type!r} is ignored by NVIDIA's backend "
-                f"(it maps only {', '.join(nv.GUIDE_TYPES)}): the guide would do nothing in production"
-            )
-        return None
-    return guide_type, as_read_by("xgrammar", guide_type, guide or "")
 
 
 def parse_word_list(array: np.ndarray | None) -> list[list[int]]:

@@ -6,26 +6,19 @@ the metric values each flavour publishes from them (trtllm-serve's names; the C+
 from __future__ import annotations
 
 import asyncio
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-
-import tensorrtllm_backend
-from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR
-from tensorrtllm_backend.repository import TEMPLATES_DIR
-
-sys.path.insert(0, str(TEMPLATES_DIR / "tensorrt_llm" / "1"))
-sys.path.insert(0, str(Path(tensorrtllm_backend.__file__).parent))
 from engine import EngineLoop
-from engine_stats import CPP_FAMILIES, LLMAPI_FAMILIES, LlmApiStats, cpp_backend_metrics, snapshot
+from engine_metrics import LLMAPI_FAMILIES, LlmApiStats
+from engine_stats import CPP_FAMILIES, CppBackendStats, cpp_backend_metrics, snapshot
 from prefix_cache import PrefixStore
 from reference import ReferenceSource
 
-from tests.unit.test_reference_batching import Recorder, Sink, ids_and_log_probs, request
+from tests.unit.standin.engine_harness import Recorder, Sink, ids_and_log_probs, request
 
 
 def test_prefix_store_matches_whole_blocks_and_leaves_the_last_token() -> None:
@@ -209,6 +202,28 @@ def test_cpp_backend_metrics_fill_the_backends_families() -> None:
         assert value_label in CPP_FAMILIES[name][2]
 
 
+def test_publisher_rows_name_kind_and_label_each_flavours_families() -> None:
+    """What triton_adapter.MetricsPublisher publishes: the llmapi model's rows (trtllm-serve's names,
+    labelled by engine), the ensemble stand-in's (the C++ backend's gauges, labelled by version)."""
+    stats = {"iter": 7, "numActiveRequests": 2, "numQueuedRequests": 1, "kvCacheStats": kv(3, 5)}
+    llmapi = LlmApiStats()
+    rows = llmapi.metrics([stats])
+    gauges, counters = LlmApiStats().values([stats])
+    assert [(name, value) for name, _, _, _, value in rows] == [*gauges.items(), *counters.items()]
+    for name, kind, description, label, _ in rows:
+        assert (kind, description) == LLMAPI_FAMILIES[name] and label is None
+    assert llmapi.labels("m", "reference") == {"model": "m", "engine": "reference"}
+    cpp = CppBackendStats()
+    rows = cpp.metrics([{}, stats])  # the newest iteration's
+    values = cpp_backend_metrics(stats)
+    assert {(name, label[1]): value for name, _, _, label, value in rows if "timestamp" not in label} == {
+        key: value for key, value in values.items() if key[1] != "timestamp"
+    }
+    for name, kind, description, label, _ in rows:
+        assert kind == "gauge" and description == CPP_FAMILIES[name][0] and label[0] == CPP_FAMILIES[name][1]
+    assert cpp.labels("m", "reference") == {"model": "m", "version": "1"}
+
+
 def _standin_source(kind: str, model_dir: str, tokenizer_dir: str, **options: Any) -> tuple[Any, int, int]:
     source = ReferenceSource(
         model_dir,
@@ -223,10 +238,8 @@ def _standin_source(kind: str, model_dir: str, tokenizer_dir: str, **options: An
 
 
 def test_standin_llm_get_stats_as_the_llm_api(demo_model_dir: Path) -> None:
-    from transformers import AutoTokenizer
-
-    sys.path.insert(0, str(LLMAPI_TEMPLATES_DIR / "tensorrt_llm" / "1"))
     import llm_standin
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(demo_model_dir))
     api = llm_standin.StandIn("reference", tokenizer, _standin_source, log=lambda _: None)

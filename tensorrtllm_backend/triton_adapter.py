@@ -2,8 +2,10 @@
 
 What both models' TritonPythonModel do alike (EngineModel), response senders and collectors, the
 responder that builds `InferenceResponse`s from arrays, the engine's counters and its engine-info
-gauge, and the probe the service's supervisor sends. The engine logic (engine.py, contract.py)
-imports no Triton; this is the one module that adapts it to Triton.
+gauge, and the probe the service's supervisor sends. The llmapi model runs on it in NVIDIA's image,
+so it imports no stand-in (the stand-ins' token sources are built by standin/sources.py). The engine
+logic (llm_engine.py, and the stand-ins' engine.py, contract.py) imports no Triton; this is the one
+module that adapts it to Triton.
 
 Rules every thread here keeps, learnt from pytriton's stub (Triton 2.51, python_backend r24.10):
 - A custom metric call (`Metric.increment` / `set`) waits for the server while holding the GIL, and
@@ -26,16 +28,15 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-from engine import OUTCOMES
+from engine_metrics import GAUGE, LlmApiStats
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-ENGINES = ("reference", "synthetic")
-"""Stand-in engines: what serves the `tensorrt_llm` slot where TensorRT-LLM is not used."""
+OUTCOMES = ("completed", "cancelled", "stopped", "error")
+"""How a request ends, as the engines count it (Counters.finished)."""
 MESSAGE_LIMIT = 500
 """The most characters of a message logged or sent in an error (the rest is counted, not kept)."""
 FLUSH_S = 0.1
@@ -122,11 +123,11 @@ class EngineModel:
         self.counters = Counters(self.model_name, kind)
         self.info = EngineInfo(self.model_name, kind)
 
-    def _publish(self, kind: str, flavor: str, poll: Any = None) -> None:
+    def _publish(self, kind: str, poll: Any = None, stats: Any = None) -> None:
         """Starts the one thread that makes metric calls: the counters every FLUSH_S and, with
-        `poll`, the engine's iteration stats every second (see MetricsPublisher)."""
+        `poll`, the engine's iteration stats every second, as `stats` names them (see MetricsPublisher)."""
         assert self.counters is not None
-        self.metrics = MetricsPublisher(self.model_name, kind, flavor, self.counters, poll)
+        self.metrics = MetricsPublisher(self.model_name, kind, self.counters, poll, stats=stats)
 
     def _serve(self, request: Any, get: Callable[[str], np.ndarray | None], sink: Sender | Collector) -> None:
         """Answers `request` through `sink`: at once when refused, else by handing it to the engine."""
@@ -256,16 +257,6 @@ class Counters:
         self.requests_family = self.tokens_family = None
 
 
-def vocab_size(model_dir: str, fallback: int) -> int:
-    """The checkpoint's vocab_size (config.json), else `fallback`."""
-    config = Path(model_dir) / "config.json"
-    if config.is_file():
-        size = json.loads(config.read_text()).get("vocab_size")
-        if isinstance(size, int) and size > 0:
-            return size
-    return fallback
-
-
 class EngineInfo:
     """trtllm_engine_info{model, engine} = 1: which engine answers, for dashboards and the service.
 
@@ -289,9 +280,10 @@ class EngineInfo:
 
 class MetricsPublisher:
     """The one thread that makes the model's metric calls: every FLUSH_S it flushes `counters`, and
-    with `poll` it publishes the engine's iteration stats every `period_s` as Triton custom metrics
-    (engine_stats.py says which): `flavor` "llmapi" under trtllm-serve's names, "ensemble" under the
-    C++ backend's `nv_trt_llm_*` families. `poll()` returns the iteration-stats dicts since the last
+    with `poll` it publishes the engine's iteration stats every `period_s` as Triton custom metrics,
+    as `stats` names and labels them: by default trtllm-serve's names (engine_metrics.LlmApiStats, the
+    llmapi model's); the ensemble's stand-in passes the C++ backend's `nv_trt_llm_*` families
+    (standin/engine_stats.CppBackendStats). `poll()` returns the iteration-stats dicts since the last
     call (the LLM API's `get_stats`). A family is made the first time it has a value, so what the
     engine does not report (speculation, the synthetic engine's KV cache) never shows."""
 
@@ -299,17 +291,16 @@ class MetricsPublisher:
         self,
         model_name: str,
         engine: str,
-        flavor: str,
         counters: Counters,
         poll: Any = None,
         period_s: float = 1.0,
+        stats: Any = None,
     ) -> None:
-        from engine_stats import LlmApiStats
-
-        self.model_name, self.engine, self.flavor = model_name, engine, flavor
+        self.model_name, self.engine = model_name, engine
         self.counters = counters
         self.poll, self.period_s = poll, period_s
-        self.llmapi = LlmApiStats()
+        self.stats = stats if stats is not None else LlmApiStats()
+        self.labels = self.stats.labels(model_name, engine)
         self.families: dict[str, Any] = {}  # families must outlive their metrics: keep both
         self.metrics: dict[tuple[str, str], Any] = {}
         self._warned = False
@@ -326,33 +317,22 @@ class MetricsPublisher:
                 family = self.families[name] = pb_utils.MetricFamily(
                     name=name,
                     description=description,
-                    kind=pb_utils.MetricFamily.COUNTER if kind == "counter" else pb_utils.MetricFamily.GAUGE,
+                    kind=pb_utils.MetricFamily.GAUGE if kind == GAUGE else pb_utils.MetricFamily.COUNTER,
                 )
-            if self.flavor == "ensemble":  # the C++ backend's labels
-                labels = {"model": self.model_name, "version": "1"}
-            else:
-                labels = {"model": self.model_name, "engine": self.engine}
+            labels = dict(self.labels)
             if label is not None:
                 labels[label[0]] = label[1]
             metric = self.metrics[key] = family.Metric(labels=labels)
         return metric
 
     def publish(self, iterations: list[dict[str, Any]]) -> None:
-        from engine_stats import CPP_FAMILIES, LLMAPI_FAMILIES, cpp_backend_metrics
-
         if not iterations:
             return
-        if self.flavor == "ensemble":
-            for (name, value_label), value in cpp_backend_metrics(iterations[-1]).items():
-                description, label, _ = CPP_FAMILIES[name]
-                self._metric(name, "gauge", description, (label, value_label)).set(value)
-            return
-        gauges, counters = self.llmapi.values(iterations)
-        for name, value in gauges.items():
-            self._metric(name, "gauge", LLMAPI_FAMILIES[name][1]).set(value)
-        for name, value in counters.items():
-            metric = self._metric(name, "counter", LLMAPI_FAMILIES[name][1])
-            if value > 0:
+        for name, kind, description, label, value in self.stats.metrics(iterations):
+            metric = self._metric(name, kind, description, label)
+            if kind == GAUGE:
+                metric.set(value)
+            elif value > 0:
                 metric.increment(value)
 
     def _run(self) -> None:
@@ -386,48 +366,6 @@ class MetricsPublisher:
         self._thread.join(timeout=5)
         self.families.clear()
         self.metrics.clear()
-
-
-def make_source(
-    kind: str,
-    model_dir: str,
-    tokenizer_dir: str,
-    *,
-    device: str = "auto",
-    dtype: str = "auto",
-    slots: int = 0,
-    max_seq_len: int = 0,
-    block_reuse: bool = False,
-    tokens_per_block: int = 0,
-) -> tuple[Any, int, int]:
-    """The stand-in token source `kind`, its vocabulary size and its sequence-length limit.
-
-    `slots` (the reference engine's batch, 0 for its default) and `max_seq_len` (0: the model's
-    own) size the reference engine's KV cache; `block_reuse` lets prompts reuse the KV blocks of
-    earlier prompts' prefixes, in blocks of `tokens_per_block` (0: TensorRT-LLM's default)."""
-    if kind not in ENGINES:
-        raise pb_utils.TritonModelException(
-            f"tensorrt_llm: the stand-in engine must be one of {', '.join(ENGINES)}, got {kind!r}"
-        )
-    if kind == "reference":
-        from prefix_cache import DEFAULT_TOKENS_PER_BLOCK
-        from reference import DEFAULT_SLOTS, ReferenceSource
-
-        source = ReferenceSource(
-            model_dir,
-            device,
-            dtype,
-            slots=slots or DEFAULT_SLOTS,
-            max_len=max_seq_len,
-            tokenizer_dir=tokenizer_dir,
-            block_reuse=block_reuse,
-            tokens_per_block=tokens_per_block or DEFAULT_TOKENS_PER_BLOCK,
-        )
-        return source, source.vocab_size, source.max_len
-    from synthetic import SyntheticSource, printable_tokens
-
-    words = printable_tokens(tokenizer_dir or model_dir)
-    return SyntheticSource(words), vocab_size(model_dir, max(words) + 1), 1 << 20
 
 
 def take_sigterm() -> None:

@@ -9,25 +9,18 @@ with NVIDIA's message (nvidia_llmapi), delivered as NVIDIA delivers it.
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pytest
-
-import tensorrtllm_backend
-from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR
-from tensorrtllm_backend.repository import TEMPLATES_DIR
-
-sys.path.insert(0, str(TEMPLATES_DIR / "tensorrt_llm" / "1"))
-sys.path.insert(0, str(LLMAPI_TEMPLATES_DIR / "tensorrt_llm" / "1"))
-sys.path.insert(0, str(Path(tensorrtllm_backend.__file__).parent))
 import llm_standin
+import numpy as np
 import nvidia_llmapi as nv
+import pytest
 from llm_engine import LLMEngine
 from llmapi_contract import TextLimits, parse_text_request
+
+from tensorrtllm_backend import LLMAPI_TEMPLATES_DIR
 
 pytestmark = pytest.mark.unit
 
@@ -42,20 +35,6 @@ def _make_source(kind: str, model_dir: str, tokenizer_dir: str, **options: Any) 
         max_len=options["max_seq_len"], tokenizer_dir=tokenizer_dir,
     )  # fmt: skip
     return source, source.vocab_size, source.max_len
-
-
-@pytest.fixture(scope="module")
-def tokenizer(demo_model_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(demo_model_dir))
-
-
-@pytest.fixture(scope="module")
-def loop() -> Iterator[asyncio.AbstractEventLoop]:
-    loop = asyncio.new_event_loop()
-    yield loop
-    loop.close()
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ enable_iter_perf_stats: engine_stats.py) are modelled. model.yaml's `speculative
 engine (ngram.py, reference.py), and the perf metrics' `speculative_decoding` counts its draft tokens;
 another decoding type fails the LLM's construction (a draft model is not served by the stand-in). What the real LLM API serves and our
 engines cannot (several sampled sequences, generation logits, ...) is refused as ours
-(contract.RequestError), never ignored. Differences that
+(shared_contract.RequestError), never ignored. Differences that
 remain: stop strings are matched on the decoded text (TensorRT-LLM matches their token ids, so a
 stop string that tokenizes differently in context is missed there); an adapter is loaded on the
 asyncio loop the first time it is used.
@@ -56,8 +56,9 @@ from typing import Any
 
 import numpy as np
 import nvidia_llmapi as nv
-from contract import EngineRequest, RequestError
+from contract import EngineRequest
 from grammars import as_read_by
+from shared_contract import RequestError
 from text_engine import TextEngineLoop, Update
 
 VERSION = f"{nv.TAG.lstrip('v')} (stand-in)"
@@ -756,7 +757,7 @@ def _guide(params: Any, backend: str) -> tuple[str, str]:
 @dataclasses.dataclass
 class StandIn:
     """The stand-in `tensorrt_llm` surface for one model: `kind` (reference | synthetic), the tokenizer
-    the model loaded, and how to build the source (triton_adapter.make_source in Triton)."""
+    the model loaded, and how to build the source (sources.make_source in Triton)."""
 
     kind: str
     tokenizer: Any
