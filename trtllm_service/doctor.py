@@ -85,7 +85,7 @@ BEAM_PACKED = (
     "since TensorRT-LLM 1.2.1's executor refuses any other width; n <= {width} choices, one streams as "
     "one chunk; temperature/top_p/top_k, log probs, guides and several streamed beams are 400s"
 )
-"""The doctor's one line on a beam-packed LLM API model (README: beam search)."""
+"""The doctor's one line on a beam-packed LLM API model (docs/api.md: Beam search)."""
 
 
 STAND_IN_HONOURS = (

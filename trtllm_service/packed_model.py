@@ -3,7 +3,7 @@
 A model packed by pack_model.py holds ``repository/`` (the filled Triton model repository),
 ``engine/``, ``tokenizer/`` and ``pack.json``. The repository's configs name absolute paths inside
 the model directory as it was when packed (``packed_root``); ``layout_runtime_repository`` copies the
-repository with those paths pointing at where the model is now. Build-time code is in packing.py.
+repository with those paths pointing at where the model is now. Build-time code is in packing/.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One typed settings object for the service, read from the environment once.
 
-Every knob has a default that works on a fresh machine; the README's configuration table lists
+Every knob has a default that works on a fresh machine; docs/operations.md's configuration table lists
 them. Ports default to 0, which means "pick a free one", so two services can share a host.
 """
 
@@ -35,7 +35,8 @@ class Settings(BaseModel, frozen=True):
     """Service configuration; field names map to upper-case environment variables below."""
 
     model_tag: str | None = Field(
-        None, description="TRTLLM_MODEL: model store tag; default the served model (README: What is served)"
+        None,
+        description="TRTLLM_MODEL: model store tag; default the served model (docs/own-models.md: What is served)",
     )
     triton_host: str = Field("127.0.0.1", description="TRITON_HOST: Triton has no auth, keep it on loopback")
     triton_grpc_port: int = Field(0, ge=0, le=65535, description="TRITON_GRPC_PORT: 0 picks a free port")

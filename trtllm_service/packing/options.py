@@ -71,7 +71,7 @@ class RuntimeOptions:
 
     def llm_beam_width(self, source: ModelSource, flavor: RepositoryFlavor) -> int | None:
         """--max-beam-width for a checkpoint served by the LLM API: model.yaml's max_beam_width, the
-        beams EVERY request then runs (1.2.1's executor refuses other widths; README: beam search)."""
+        beams EVERY request then runs (1.2.1's executor refuses other widths; docs/api.md: Beam search)."""
         if flavor.llm_api and source.backend == "python" and self.max_beam_width:
             return self.max_beam_width
         return None

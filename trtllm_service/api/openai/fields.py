@@ -6,7 +6,7 @@ here but looked up: the C++ backend's tensor in `request.ENGINE_INPUTS` (names f
 contract, `tensorrtllm_backend/nvidia_backend.py`), the llmapi model's tensor in
 `request.LLMAPI_INPUTS`, and the `tensorrt_llm.SamplingParams` keyword that tensor fills in the LLM
 API (`llmapi_keyword`; tests/unit/test_openai_fields.py holds it to the llmapi model's contract).
-README's table is `markdown()` (`python -m trtllm_service.api.openai.fields`; a test keeps them equal).
+docs/api.md's table (OpenAI fields and the engine inputs) is `markdown()` (`python -m trtllm_service.api.openai.fields`; a test keeps them equal).
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def engine_columns(row: Row) -> tuple[str, str, str]:
 
 
 def markdown() -> str:
-    """The table as README shows it."""
+    """The table as docs/api.md shows it."""
     lines = [
         "| OpenAI field | request field | C++ backend (`tensorrt_llm` input) | llmapi model input "
         "| LLM API (`SamplingParams`) | notes |",
