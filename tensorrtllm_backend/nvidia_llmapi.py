@@ -680,7 +680,7 @@ def llm_args_model() -> Any:
     def speculative() -> Any:
         models = []
         for decoding_type, (name, table) in SPECULATIVE_CONFIGS.items():
-            extra: dict[str, Any] = {"decoding_type": (Literal[decoding_type], ...)}  # type: ignore[valid-type]
+            extra: dict[str, Any] = {"decoding_type": (Literal[decoding_type], ...)}
             validators = {}
             if decoding_type in SPECULATIVE_CHECKS or decoding_type == "Eagle":
                 validators["check_" + decoding_type.lower()] = _speculative_check(decoding_type)

@@ -42,7 +42,7 @@ class Choice:
     """One engine request of a response, once it has produced its first text."""
 
     index: int
-    stream: EngineStream
+    stream: EngineStream | Beam
     first: str
     echo: str = ""  # completions with echo: the prompt, sent before the generated text
 

@@ -37,13 +37,10 @@ def tune_request_tracing() -> None:
     original_call = OpenTelemetryMiddleware.__call__
 
     @functools.wraps(original_init)
-    def __init__(self: Any, *args: Any, exclude_spans: list[str] | None = None, **kwargs: Any) -> None:
-        original_init(
-            self,
-            *args,
-            exclude_spans=["receive", "send"] if exclude_spans is None else exclude_spans,
-            **kwargs,
-        )
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("exclude_spans") is None:
+            kwargs["exclude_spans"] = ["receive", "send"]
+        original_init(self, *args, **kwargs)
 
     @functools.wraps(original_call)
     async def __call__(self: Any, scope: Any, receive: Any, send: Any) -> None:
