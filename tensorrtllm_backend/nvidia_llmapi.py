@@ -627,7 +627,7 @@ def _annotation(field: Field) -> Any:
         "dict[str,str]": dict[str, str],
         "dict[int,int]": dict[int, int],
     }
-    literal = Literal[tuple(field.kind.split("|"))]  # type: ignore[valid-type]
+    literal = Literal[tuple(field.kind.split("|"))]  # type: ignore[valid-type]  # its values known at run time only
     kind = simple.get(field.kind, literal)
     return Optional[kind] if field.optional and kind is not Any else kind  # noqa: UP045
 

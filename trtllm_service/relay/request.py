@@ -208,7 +208,7 @@ def settle(
         # beam search defaults to transformers' and vLLM's length penalty (the executor's is 0)
         length_penalty=(1.0 if params.length_penalty is None else params.length_penalty) if beams else None,
         early_stopping=_EARLY_STOPPING.get(str(params.early_stopping)) if beams else None,
-        **sampling,  # type: ignore[arg-type]
+        **sampling,  # type: ignore[arg-type]  # each value its field's type (a dict of mixed values)
     )
     _check_ranges(request)
     return request

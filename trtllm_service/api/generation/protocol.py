@@ -346,7 +346,7 @@ class SamplingFields(BaseRequest):
     def samples_per_prompt(self) -> int:
         """The engine requests started per prompt: best_of candidates, else n (beam search: one
         request returns the n best beams)."""
-        return self.best_of if self.ranks_best_of else self.n  # type: ignore[return-value]
+        return self.best_of if self.ranks_best_of else self.n  # type: ignore[return-value]  # ranks_best_of: best_of is set
 
     def stop_strings(self) -> tuple[str, ...]:
         """Stop strings as a tuple, duplicates removed, order kept."""

@@ -50,8 +50,8 @@ def tune_request_tracing() -> None:
             await original_call(self, scope, receive, send)
 
     setattr(__init__, _MARK, True)
-    OpenTelemetryMiddleware.__init__ = __init__  # type: ignore[method-assign]
-    OpenTelemetryMiddleware.__call__ = __call__  # type: ignore[method-assign]
+    OpenTelemetryMiddleware.__init__ = __init__  # type: ignore[method-assign]  # OpenTelemetry's, patched once
+    OpenTelemetryMiddleware.__call__ = __call__  # type: ignore[method-assign]  # OpenTelemetry's, patched once
 
 
 def _recorded(tracer: Any) -> bool:
