@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # From a fresh clone:  ./dev.sh serve  (install, pack the demo model if none, `bentoml serve .` on :3000)
-#                      ./dev.sh test   (install, lint, run every test)
+#                      ./dev.sh test   (install, lint, type-check, run every test)
+#                      ./dev.sh types  (install, type-check: mypy)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -58,6 +59,26 @@ setup() {
   fi
 }
 
+typecheck() {
+  # mypy ([tool.mypy] in pyproject.toml), first over the service's side as the service imports it:
+  # service.py, pack_model.py and the packages. Then over Triton's side as Triton imports it: a
+  # model's version folder holds its own modules (model.py, and the llmapi model's) and, copied
+  # beside them, the ones they import by bare name (tensorrtllm_backend/*.py, standin/*.py), so
+  # those folders are the search path. Every model.py is a module named `model`: one run per model,
+  # each naming every module of its folder (the first also every stand-in and the modules only
+  # Triton's side imports); the cache in .mypy_cache keeps the later runs short.
+  local mypy="$VENV/bin/mypy" flat="tensorrtllm_backend:tensorrtllm_backend/standin" model file failed=0
+  local modules=(-m shared_contract -m triton_adapter)
+  for file in tensorrtllm_backend/standin/*.py; do modules+=(-m "$(basename "$file" .py)"); done
+  "$mypy" || failed=1
+  for model in tensorrtllm_backend/all_models/*/*/1/model.py; do
+    for file in "${model%/model.py}"/*.py; do modules+=(-m "$(basename "$file" .py)"); done
+    MYPYPATH="${model%/model.py}:$flat" "$mypy" "${modules[@]}" || failed=1
+    modules=()
+  done
+  return "$failed"
+}
+
 torch_version() {
   sed -nE 's/^torch==([^ ;#]+).*/\1/p' requirements-dev.txt
 }
@@ -102,10 +123,15 @@ case "${1:-}" in
     ensure_system_packages
     "$VENV/bin/ruff" check .
     "$VENV/bin/ruff" format --check .
+    typecheck
     exec "$PY" -m pytest "$@"
     ;;
+  types)
+    setup
+    typecheck
+    ;;
   *)
-    echo "usage: ./dev.sh serve | ./dev.sh test [pytest args]" >&2
+    echo "usage: ./dev.sh serve | ./dev.sh test [pytest args] | ./dev.sh types" >&2
     exit 2
     ;;
 esac

@@ -146,13 +146,13 @@ class TRTLLM:
         the stream: the first text is awaited before the response starts.
         """
         request = GenerateRequest.of(locals())  # the arguments above, as BentoML validated them
-        return await serve_generate(request, self.startup, MODEL_NAME)  # type: ignore[return-value]
+        return await serve_generate(request, self.startup, MODEL_NAME)  # type: ignore[return-value]  # a Response: see below
 
 
 # `generate` returns its stream rather than being a generator (so errors before the first chunk
 # can still be JSON responses with a status): tell BentoML and its clients that it streams.
-TRTLLM.apis["generate"].is_stream = True
+TRTLLM.apis["generate"].is_stream = True  # type: ignore[attr-defined]  # a bentoml Service: mypy applies no class decorator
 # Its body read by /v1's rules: a field it does not know is a 400 naming it, not ignored, and no
 # value is coerced (`"10"` and `true` are not numbers); the fields' ranges are /v1's (generation/protocol.py).
-read_strictly(TRTLLM.apis["generate"].input_spec)
+read_strictly(TRTLLM.apis["generate"].input_spec)  # type: ignore[attr-defined]  # a bentoml Service: mypy applies no class decorator
 app.install(TRTLLM, settings=SETTINGS, model_name=MODEL_NAME, drain=DRAIN)  # tokenizer routes, middlewares

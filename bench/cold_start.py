@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> dict:
 
     def read_log() -> None:
         with log_path.open("w") as log:
-            for raw in proc.stdout:  # type: ignore[union-attr]
+            for raw in proc.stdout:  # type: ignore[union-attr]  # stdout=PIPE: set
                 at = time.monotonic() - t0
                 line = raw.decode("utf-8", "replace").rstrip()
                 log.write(f"{at:8.1f} {line}\n")

@@ -101,7 +101,7 @@ class HTTPStream(asyncio.Protocol):
         self.content_length: int | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a TCP connection: a Transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.done is not None and not self.done.done():

@@ -73,11 +73,11 @@ async def run(tokenizer: Any, streams: int, tokens: int, route: str) -> tuple[fl
         from trtllm_service.api.server import streaming
         from trtllm_service.api.server.metrics import RequestMetrics
     except ImportError:
-        from trtllm_service.api import streaming  # type: ignore[no-redef]
-        from trtllm_service.api.metrics import RequestMetrics  # type: ignore[no-redef]
+        from trtllm_service.api import streaming  # type: ignore[no-redef]  # the older layout
+        from trtllm_service.api.metrics import RequestMetrics  # type: ignore[no-redef]  # the older layout
 
     connection = GrpcConnection("triton:8001")
-    connection.connection_made(Transport())  # type: ignore[arg-type]
+    connection.connection_made(Transport())  # type: ignore[arg-type]  # a fake transport
     request = GenerationRequest(prompt_ids=array("i", range(100, 132)), max_tokens=tokens + 1)
     vocabulary = [i for i in range(1000, 3000) if tokenizer.decode([i]).isalpha()][:97]
     written = [0]
@@ -151,7 +151,7 @@ def _body(serving: Any, streaming: Any, route: str, stream: EngineStream, metric
             try:
                 from trtllm_service.api.generation import choices, sse_frames
             except ImportError:
-                from trtllm_service.api import choices, sse_frames  # type: ignore[no-redef]
+                from trtllm_service.api import choices, sse_frames  # type: ignore[no-redef]  # the older layout
             from trtllm_service.api.openai.sse import SSE_DONE, error_frame
 
             return sse_frames.sse_body(

@@ -17,12 +17,19 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # llguidance is imported where used
+    from llguidance._lib import JsonCompileOptions
 
 GUIDE_TYPES = ("json", "json_schema", "regex", "ebnf_grammar")
 
 ANY_JSON_OBJECT = {"type": "object"}
-JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+JSON_LAYOUT: JsonCompileOptions = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+}
 """JSON is written on one line, one space after `,` and `:`: a grammar that allows free whitespace
 lets a model pad forever (a random-weights model does), and the output never ends."""
 
@@ -50,7 +57,7 @@ def grammar(guide_type: str, guide: str) -> str:
         if not isinstance(schema, (dict, bool)):
             raise GuideError("a JSON schema must be an object (or true/false)")
         try:
-            return LLMatcher.grammar_from_json_schema(schema, overrides=JSON_LAYOUT)
+            return LLMatcher.grammar_from_json_schema(schema, overrides=JSON_LAYOUT)  # type: ignore[arg-type]  # a bool schema too (its stub: str | dict)
         except ValueError as exc:  # llguidance refuses what it cannot read (an integer past 64 bits)
             raise GuideError(str(exc)) from None
     if guide_type == "regex":

@@ -55,6 +55,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 from tensorrtllm_backend import LAUNCHER
 
@@ -382,7 +383,7 @@ def staged(install: TritonInstall) -> Iterator[TritonInstall]:
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise LauncherError(message)
 
 
@@ -746,8 +747,9 @@ def supervise(
         except OSError as exc:
             raise LauncherError(f"cannot start {cmd[0]}: {exc.strerror or exc}") from exc
         state["proc"] = proc
-        if state["pending"] is not None:
-            forward(int(state["pending"]))  # a signal arrived while the child was starting
+        pending = state["pending"]
+        if isinstance(pending, int):
+            forward(pending)  # a signal arrived while the child was starting
         returncode = _wait_watching(proc, state) if watch_server else proc.wait()
         # mpirun's ranks stop on their own once it is gone; a trtllm-llmapi-launch script may exit
         # while its background subshell is still ending (the leader's stop request); a plain

@@ -17,14 +17,17 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-try:  # beside model.py in Triton's Python backend
+if TYPE_CHECKING:  # mypy reads one name per run (pyproject.toml: [tool.mypy], nvidia_backend)
     import nvidia_backend as _nv
-except ImportError:  # the service, packing
-    from tensorrtllm_backend import nvidia_backend as _nv
+else:
+    try:  # beside model.py in Triton's Python backend
+        import nvidia_backend as _nv
+    except ImportError:  # the service, packing
+        from tensorrtllm_backend import nvidia_backend as _nv
 
 HF_TO_TRTLLM = {
     "q_proj": "attn_q",

@@ -627,7 +627,7 @@ def _annotation(field: Field) -> Any:
         "dict[str,str]": dict[str, str],
         "dict[int,int]": dict[int, int],
     }
-    literal = Literal[tuple(field.kind.split("|"))]  # type: ignore[valid-type]
+    literal = Literal[tuple(field.kind.split("|"))]  # type: ignore[valid-type]  # its values known at run time only
     kind = simple.get(field.kind, literal)
     return Optional[kind] if field.optional and kind is not Any else kind  # noqa: UP045
 
@@ -680,7 +680,7 @@ def llm_args_model() -> Any:
     def speculative() -> Any:
         models = []
         for decoding_type, (name, table) in SPECULATIVE_CONFIGS.items():
-            extra: dict[str, Any] = {"decoding_type": (Literal[decoding_type], ...)}  # type: ignore[valid-type]
+            extra: dict[str, Any] = {"decoding_type": (Literal[decoding_type], ...)}
             validators = {}
             if decoding_type in SPECULATIVE_CHECKS or decoding_type == "Eagle":
                 validators["check_" + decoding_type.lower()] = _speculative_check(decoding_type)

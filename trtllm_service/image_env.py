@@ -36,6 +36,10 @@ import sys
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported where used at run time: importing this file needs the standard library only
+    from packaging.requirements import Requirement
 
 REQUIRED_IMPORTS = ("tensorrt_llm", "tensorrt_llm.serve", "torch", "tritonclient.grpc", "bentoml")
 """What the service's Python must import in the image: the engine (and `tensorrt_llm.serve`, which the
@@ -52,7 +56,7 @@ REQUIREMENTS = Path("env/python/requirements.txt")
 """The bento's requirements (requirements.txt and bentoml), relative to the bento's directory."""
 
 
-def _requirements(dist: str = TENSORRT_LLM) -> list[object]:
+def _requirements(dist: str = TENSORRT_LLM) -> list[Requirement]:
     """The installed distribution's requirements that apply here (markers evaluated, no extras)."""
     from packaging.requirements import InvalidRequirement, Requirement
 
@@ -70,14 +74,14 @@ def _requirements(dist: str = TENSORRT_LLM) -> list[object]:
 
 def constraint_lines(dist: str = TENSORRT_LLM) -> list[str]:
     """`name<specifier>` for each pinned requirement of `dist` (unpinned names constrain nothing)."""
-    return [f"{r.name}{r.specifier}" for r in _requirements(dist) if str(r.specifier)]  # type: ignore[attr-defined]
+    return [f"{r.name}{r.specifier}" for r in _requirements(dist) if str(r.specifier)]
 
 
 def versions(dist: str = TENSORRT_LLM) -> dict[str, str]:
     """name -> installed version of each requirement of `dist` that is installed."""
     found = {}
     for requirement in _requirements(dist):
-        name = requirement.name  # type: ignore[attr-defined]
+        name = requirement.name
         try:
             found[name] = importlib.metadata.version(name)
         except importlib.metadata.PackageNotFoundError:
@@ -90,10 +94,11 @@ def broken_pins(
 ) -> tuple[list[str], list[str]]:
     """(requirements of `dist` the install moved outside their pin, those outside it already `before`),
     each as `name version (pin)`; with no `before`, every broken pin counts as moved."""
-    moved, already = [], []
+    moved: list[str] = []
+    already: list[str] = []
     now = versions(dist)
     for requirement in _requirements(dist):
-        name, specifier = requirement.name, requirement.specifier  # type: ignore[attr-defined]
+        name, specifier = requirement.name, requirement.specifier
         version = now.get(name)
         if version is None or not str(specifier) or specifier.contains(version, prereleases=True):
             continue

@@ -283,9 +283,9 @@ class Runtime:
             raise APIError.bad_request(str(exc), param=exc.param, code="invalid_value") from None
 
     async def prepare_prompts(
-        self, prompts: Sequence[str], params: SamplingParams
+        self, prompts: Sequence[str | Sequence[int]], params: SamplingParams
     ) -> list[GenerationRequest]:
-        """Raw text prompts (no chat template), each tokenized and settled."""
+        """Raw prompts (no chat template), texts or token ids, each settled (a text tokenized)."""
         return await self._maybe_in_thread(sum(map(len, prompts)), self.preparer.prompts, prompts, params)
 
     @staticmethod

@@ -163,7 +163,7 @@ class Settings(BaseModel, frozen=True):
         }
         raw = {field: env[var] for field, var in names.items() if env.get(var, "") != ""}
         try:
-            return cls(**raw)
+            return cls.model_validate(raw)
         except ValidationError as exc:
             problems = "; ".join(
                 f"{names[str(err['loc'][0])]}: {err['msg']}" for err in exc.errors() if err["loc"]

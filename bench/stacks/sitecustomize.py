@@ -26,10 +26,10 @@ if os.environ.get("BENCH_PROFILE_DIR"):
     def _sample(signum: int, frame: object) -> None:
         parts = []
         while frame is not None:
-            code = frame.f_code  # type: ignore[attr-defined]
+            code = frame.f_code  # type: ignore[attr-defined]  # a frame, typed object
             name = getattr(code, "co_qualname", code.co_name)
-            parts.append(f"{name} ({code.co_filename}:{frame.f_lineno})")  # type: ignore[attr-defined]
-            frame = frame.f_back  # type: ignore[attr-defined]
+            parts.append(f"{name} ({code.co_filename}:{frame.f_lineno})")  # type: ignore[attr-defined]  # a frame, typed object
+            frame = frame.f_back  # type: ignore[attr-defined]  # a frame, typed object
         stack = ";".join(reversed(parts))
         _counts[stack] = _counts.get(stack, 0) + 1
 

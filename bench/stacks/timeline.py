@@ -188,7 +188,7 @@ class _Finder(importlib.abc.MetaPathFinder):
             execute(module)
             _patch(module)
 
-        spec.loader.exec_module = exec_module  # type: ignore[method-assign]
+        spec.loader.exec_module = exec_module  # type: ignore[method-assign]  # the loader's, patched for this module
         return spec
 
 

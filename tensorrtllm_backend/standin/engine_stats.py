@@ -75,7 +75,7 @@ def snapshot(loop: Any, source: Any, last_spec: dict[str, int]) -> dict[str, Any
     counts = spec() if spec is not None else None
     if counts and counts.get("draft_tokens"):
         now = {key: int(counts.get(name, 0)) for name, key in SPEC_COUNTERS.items()}
-        step = {key: value - last_spec.get(key, 0) for key, value in now.items()}
+        step: dict[str, float] = {key: value - last_spec.get(key, 0) for key, value in now.items()}
         last_spec.update(now)
         drafts = step["numRequestsWithDraftTokens"]
         step["acceptanceLength"] = 1.0 + step["numAcceptedTokens"] / drafts if drafts else 0.0

@@ -52,7 +52,7 @@ import datetime
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import nvidia_llmapi as nv
@@ -60,6 +60,9 @@ from contract import EngineRequest
 from grammars import as_read_by
 from shared_contract import RequestError
 from text_engine import TextEngineLoop, Update
+
+if TYPE_CHECKING:
+    import torch  # imported where a request keeps its context logits
 
 VERSION = f"{nv.TAG.lstrip('v')} (stand-in)"
 
@@ -160,7 +163,8 @@ def _sampling_post_init(self: Any) -> None:
     self.prompt_logprobs = self.prompt_logprobs and int(self.prompt_logprobs)
 
 
-SamplingParams = dataclasses.make_dataclass(
+# Any: its fields are made at run time (nv.SAMPLING_PARAMS), which mypy cannot see.
+SamplingParams: Any = dataclasses.make_dataclass(
     "SamplingParams",
     [(name, Any, dataclasses.field(default=default)) for name, default in nv.SAMPLING_PARAMS],
     kw_only=True,
@@ -300,12 +304,13 @@ class RequestOutput:
         self.prompt: str | None = None
         self.prompt_token_ids = prompt_token_ids
         self.outputs = [CompletionOutput(0)]
-        self.context_logits = None
+        self.context_logits: torch.Tensor | None = None
         self.finished = False
         self._logprobs = logprobs
         self._prompt_logprobs = prompt_logprobs
         self._keep_context_logits = context_logits
         self._engine = engine
+        assert engine.loop is not None  # generate_async binds the engine to its loop first
         self._loop = engine.loop
         self._pending: collections.deque[Update] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None

@@ -216,7 +216,7 @@ class ReferenceSource:
         )
         self.dtype_name = dtype
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
-        self.model.to(self.device).eval()
+        self.model.to(self.device).eval()  # type: ignore[arg-type]  # to() is functools.wraps'd: typeshed's _Wrapped binds no self
         config = self.model.config
         self.vocab_size = int(config.vocab_size)
         self.max_position_embeddings = int(getattr(config, "max_position_embeddings", 2048))
@@ -636,6 +636,7 @@ class ReferenceSource:
             self._lora_groups = []
         self._keep_prefix(seq, reused, out.past_key_values)
         if self.cache is not None:
+            assert state.slot is not None  # every request has a slot where there is a slot cache
             self.cache.store(state.slot, out.past_key_values)
         else:
             state.own_cache = out.past_key_values
@@ -695,6 +696,7 @@ class ReferenceSource:
         results: list[tuple[int, float] | BaseException] = []
         for seq in seqs:
             state = seq.state
+            assert state.slot is not None  # in the slot cache
             state.length += 1
             request = seq.request
             if state.plain and not (
@@ -722,6 +724,7 @@ class ReferenceSource:
                     input_ids=ids, past_key_values=DynamicCache(config=self.model.config), use_cache=True
                 )
             else:
+                assert beams.next_ids is not None  # set with the cache, by advance()
                 out = self.model(
                     input_ids=beams.next_ids[:, None], past_key_values=beams.cache, use_cache=True
                 )
@@ -741,6 +744,8 @@ class ReferenceSource:
     def _sample(self, seq: Sequence, logits: torch.Tensor) -> tuple[int, float]:
         state: _State = seq.state
         request = seq.request
+        counts, prompt_mask = state.counts, state.prompt_mask
+        assert counts is not None and prompt_mask is not None  # set by _prefill
         raw = logits[: self.vocab_size]
         # Log probs are the model's own distribution (raw logits: before bias, penalties, masks,
         # temperature, top-k/top-p), recorded for every step before anything can end it.
@@ -749,22 +754,23 @@ class ReferenceSource:
             raw_log_probs = torch.log_softmax(raw.float(), -1)
         if request.return_generation_logits:
             seq.generation_logits.append(raw.float().cpu().numpy())
-        if request.top_logprobs:
+        if request.top_logprobs and raw_log_probs is not None:  # it is, with top_logprobs
             top = torch.topk(raw_log_probs, min(request.top_logprobs, self.vocab_size))
             seq.top_logprobs.append((top.indices.tolist(), top.values.tolist()))
         logits = raw.clone()
         if state.bias is not None:
             logits += state.bias
         if request.repetition_penalty != 1.0:
-            seen = state.prompt_mask | (state.counts > 0)
+            seen = prompt_mask | (counts > 0)
             penalized = torch.where(
                 logits > 0, logits / request.repetition_penalty, logits * request.repetition_penalty
             )
             logits = torch.where(seen, penalized, logits)
         if request.presence_penalty or request.frequency_penalty:
-            counts = state.counts.to(logits.dtype)
+            counted = counts.to(logits.dtype)
             logits -= (
-                request.presence_penalty * (counts > 0).to(logits.dtype) + request.frequency_penalty * counts
+                request.presence_penalty * (counted > 0).to(logits.dtype)
+                + request.frequency_penalty * counted
             )
         for word in request.bad_words:
             if len(word) == 1 or seq.generated[-(len(word) - 1) :] == word[:-1]:
@@ -791,7 +797,7 @@ class ReferenceSource:
                 scaled = scaled.scatter(0, order, sorted_logits.masked_fill(drop, -float("inf")))
             token = int(torch.multinomial(torch.log_softmax(scaled, -1).exp(), 1, generator=state.generator))
         log_prob = float(raw_log_probs[token]) if raw_log_probs is not None else 0.0
-        state.counts[token] += 1
+        counts[token] += 1
         if matcher is not None:
             if token in self._guide_ends:  # the grammar is satisfied and the model ends here
                 return request.end_id, log_prob

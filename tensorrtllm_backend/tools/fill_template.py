@@ -32,6 +32,7 @@ import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NoReturn
 
 __all__ = [
     "TemplateError",
@@ -160,7 +161,7 @@ def fill_file(path: str | os.PathLike[str], values: Mapping[str, str], *, in_pla
 
 
 class _OneLineErrorParser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise TemplateError(message)
 
 

@@ -120,13 +120,13 @@ def test_a_tool_round_trip(claude: anthropic.Anthropic, model_name: str) -> None
         "tool_choice": {"type": "tool", "name": "get_weather"},
         "extra_body": GREEDY,
     }
-    message = claude.messages.create(messages=asked, **forced)  # type: ignore[arg-type]
+    message = claude.messages.create(messages=asked, **forced)  # type: ignore[arg-type]  # the options as a plain dict
     (call,) = message.content
     assert call.type == "tool_use" and call.name == "get_weather" and call.id.startswith("toolu_")
     assert message.stop_reason == "tool_use"
     jsonschema.validate(call.input, WEATHER["input_schema"])
 
-    with claude.messages.stream(messages=asked, **forced) as stream:  # type: ignore[arg-type]
+    with claude.messages.stream(messages=asked, **forced) as stream:  # type: ignore[arg-type]  # the options as a plain dict
         events = list(stream)
         final = stream.get_final_message()
     assert any(e.type == "content_block_delta" and e.delta.type == "input_json_delta" for e in events)
@@ -144,9 +144,9 @@ def test_a_tool_round_trip(claude: anthropic.Anthropic, model_name: str) -> None
     reply = claude.messages.create(
         model=model_name,
         max_tokens=16,
-        tools=[WEATHER],  # type: ignore[list-item]
+        tools=[WEATHER],  # type: ignore[list-item]  # the tool as a plain dict
         tool_choice={"type": "none"},
-        messages=answered,  # type: ignore[arg-type]
+        messages=answered,  # type: ignore[arg-type]  # messages as plain dicts
         extra_body=GREEDY,
     )
     assert (
@@ -154,11 +154,11 @@ def test_a_tool_round_trip(claude: anthropic.Anthropic, model_name: str) -> None
     )
     counted = claude.messages.count_tokens(
         model=model_name,
-        tools=[WEATHER],  # type: ignore[list-item]
-        messages=answered,  # type: ignore[arg-type]
+        tools=[WEATHER],  # type: ignore[list-item]  # the tool as a plain dict
+        messages=answered,  # type: ignore[arg-type]  # messages as plain dicts
     )
     assert counted.input_tokens == reply.usage.input_tokens + (reply.usage.cache_read_input_tokens or 0)
-    plain = claude.messages.count_tokens(model=model_name, messages=asked)  # type: ignore[arg-type]
+    plain = claude.messages.count_tokens(model=model_name, messages=asked)  # type: ignore[arg-type]  # messages as plain dicts
     assert 0 < plain.input_tokens < counted.input_tokens
 
 
@@ -177,9 +177,9 @@ def test_errors_in_anthropics_shape(claude: anthropic.Anthropic, model_name: str
         claude.messages.create(
             model=model_name,
             max_tokens=4,
-            messages=[{"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}],  # type: ignore[list-item]
+            messages=[{"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]}],  # type: ignore[list-item]  # content the client's types refuse, on purpose
         )
-    error = refused.value.body["error"]  # type: ignore[index]
+    error = refused.value.body["error"]  # type: ignore[index]  # the error body is a dict
     assert error["type"] == "invalid_request_error" and "image" in error["message"]
     assert "messages[0].content[1]" in error["message"]
 

@@ -231,7 +231,7 @@ def test_api_keys_rate_limit_and_unavailable(
 
     def claude(key: str, bearer: bool = False) -> anthropic.Anthropic:
         credentials = {"auth_token": key} if bearer else {"api_key": key}
-        return anthropic.Anthropic(base_url=url, max_retries=0, timeout=60, **credentials)  # type: ignore[arg-type]
+        return anthropic.Anthropic(base_url=url, max_retries=0, timeout=60, **credentials)  # type: ignore[arg-type]  # api_key or auth_token, both str
 
     message = {"model": model_name, "max_tokens": 3, "messages": user()}
 
@@ -280,7 +280,7 @@ def test_api_keys_rate_limit_and_unavailable(
         assert httpx.get(f"{url}/readyz", timeout=30).status_code == 200  # probes are not limited
         with pytest.raises(anthropic.RateLimitError) as limited:
             claude("k1").messages.create(**message)
-        assert limited.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
+        assert limited.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]  # the error body is a dict
         assert limited.value.response.headers["retry-after"] == "1"
 
     # The held request is closed; the server counts it out when it sees the disconnect.
@@ -316,6 +316,6 @@ def test_api_keys_rate_limit_and_unavailable(
         with pytest.raises(anthropic.OverloadedError) as overloaded:
             claude("k2").messages.create(**message)
         assert overloaded.value.status_code == 529
-        assert overloaded.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]
+        assert overloaded.value.body["error"]["type"] == "overloaded_error"  # type: ignore[index]  # the error body is a dict
         assert overloaded.value.response.headers["retry-after"] == "1"
         assert time.monotonic() - start < 20, "answered while Triton is still down (backoff 30 s)"

@@ -174,7 +174,7 @@ def test_the_readmes_anthropic_example_prints_what_it_shows(smollm2: BentoServic
     readme = (REPO_ROOT / "README.md").read_text()
     code, shown = re.search(
         r"```python\n(import anthropic\n.*?)```\n\n```text\n(.*?)```", readme, flags=re.DOTALL
-    ).groups()  # type: ignore[union-attr]
+    ).groups()  # type: ignore[union-attr]  # the README holds the example
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
         exec(code.replace("http://localhost:3000", smollm2.url), {})

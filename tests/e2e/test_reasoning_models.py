@@ -97,7 +97,7 @@ def test_responses_return_a_reasoning_item(thinker: openai.OpenAI) -> None:
     params: dict[str, Any] = {"model": "trtllm-demo", "input": "Two and two?", "max_output_tokens": 6}
     whole = thinker.responses.create(temperature=0, **params)
     assert [item.type for item in whole.output] == ["reasoning", "message"]
-    thought = whole.output[0].content[0].text  # type: ignore[union-attr,index]
+    thought = whole.output[0].content[0].text  # type: ignore[union-attr,index]  # a reasoning item: asserted above
     assert thought and whole.output_text == "" and whole.status == "incomplete"
 
     events = list(thinker.responses.create(stream=True, temperature=0, **params))
@@ -137,7 +137,7 @@ def test_messages_return_a_thinking_block_streamed_or_not(
     }
     message = claude.messages.create(**params)
     assert [block.type for block in message.content] == ["thinking"]
-    assert message.content[0].thinking == expected and message.stop_reason == "max_tokens"  # type: ignore[union-attr]
+    assert message.content[0].thinking == expected and message.stop_reason == "max_tokens"  # type: ignore[union-attr]  # a thinking block: asserted above
 
     with claude.messages.stream(**params) as stream:
         events = list(stream)
@@ -152,5 +152,5 @@ def test_messages_return_a_thinking_block_streamed_or_not(
         block.model_dump() for block in message.content
     ]
     omitted = {"type": "enabled", "budget_tokens": 1024, "display": "omitted"}  # budget < max_tokens
-    hidden = claude.messages.create(**{**params, "max_tokens": 1025}, thinking=omitted)  # type: ignore[arg-type]
-    assert [block.type for block in hidden.content] == ["thinking"] and hidden.content[0].thinking == ""  # type: ignore[union-attr]
+    hidden = claude.messages.create(**{**params, "max_tokens": 1025}, thinking=omitted)  # type: ignore[arg-type]  # the options as a plain dict
+    assert [block.type for block in hidden.content] == ["thinking"] and hidden.content[0].thinking == ""  # type: ignore[union-attr]  # a thinking block: asserted first

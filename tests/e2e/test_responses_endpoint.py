@@ -38,7 +38,7 @@ WEATHER = {
 
 @pytest.mark.box
 def test_responses_answer_as_chat_does_streamed_or_not(client: openai.OpenAI, model_name: str) -> None:
-    chat = client.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=24, temperature=0)  # type: ignore[arg-type]
+    chat = client.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=24, temperature=0)  # type: ignore[arg-type]  # messages as plain dicts
     params: dict[str, Any] = {
         "model": model_name,
         "instructions": INSTRUCTIONS,
@@ -61,7 +61,7 @@ def test_responses_answer_as_chat_does_streamed_or_not(client: openai.OpenAI, mo
     assert events[-1].type == f"response.{expected}"
     deltas = [e.delta for e in events if e.type == "response.output_text.delta"]
     assert "".join(deltas) == whole.output_text and len(deltas) > 1  # token by token
-    assert events[-1].response.output_text == whole.output_text  # type: ignore[union-attr]
+    assert events[-1].response.output_text == whole.output_text  # type: ignore[union-attr]  # the last event is response.completed or .incomplete
     assert [e.sequence_number for e in events] == list(range(len(events)))
 
 
@@ -84,7 +84,7 @@ def test_a_forced_function_call_and_its_result(client: openai.OpenAI, model_name
         kinds = [event.type for event in stream]
         final = stream.get_final_response()
     assert "response.function_call_arguments.done" in kinds
-    assert [(item.type, item.arguments) for item in final.output] == [("function_call", call.arguments)]  # type: ignore[union-attr]
+    assert [(item.type, item.arguments) for item in final.output] == [("function_call", call.arguments)]  # type: ignore[union-attr]  # function calls: asserted by the kinds
 
     follow_up = client.responses.create(
         model=model_name,
@@ -98,7 +98,7 @@ def test_a_forced_function_call_and_its_result(client: openai.OpenAI, model_name
             },
             {"type": "function_call_output", "call_id": call.call_id, "output": '{"celsius": 21}'},
         ],
-        tools=[WEATHER],  # type: ignore[list-item]
+        tools=[WEATHER],  # type: ignore[list-item]  # the tool as a plain dict
         tool_choice="none",
         max_output_tokens=8,
     )
@@ -150,7 +150,7 @@ def test_non_text_content_parts_in_chat_are_400s_naming_them(
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(
             model=model_name,
-            messages=[{"role": "user", "content": content}],  # type: ignore[list-item]
+            messages=[{"role": "user", "content": content}],  # type: ignore[list-item]  # content the client's types refuse, on purpose
             max_tokens=4,
         )
     assert (info.value.param, info.value.code) == (param, "unsupported_value")
@@ -163,7 +163,7 @@ def test_non_text_content_parts_in_chat_are_400s_naming_them(
 @pytest.fixture(scope="module")
 def http(service: BentoService) -> httpx.Client:
     with httpx.Client(base_url=service.url, timeout=60) as client:
-        yield client  # type: ignore[misc]
+        yield client  # type: ignore[misc]  # a generator fixture, annotated as what it yields
 
 
 def test_tokenize_gives_the_engines_token_ids(
@@ -177,7 +177,7 @@ def test_tokenize_gives_the_engines_token_ids(
     ids = tokenizer.encode(prompt, add_special_tokens=True)  # BOS, as the engine gets a completion prompt
     assert body == {
         "count": len(ids),
-        "max_model_len": client.models.retrieve(model_name).model_extra["max_model_len"],  # type: ignore[index]
+        "max_model_len": client.models.retrieve(model_name).model_extra["max_model_len"],  # type: ignore[index]  # our extra field
         "tokens": ids,
         "token_strs": tokenizer.convert_ids_to_tokens(ids),
     }
@@ -189,7 +189,7 @@ def test_tokenize_gives_the_engines_token_ids(
     chat = http.post("/tokenize", json={"messages": MESSAGES}).json()
     text = tokenizer.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True)
     assert chat["tokens"] == tokenizer.encode(text, add_special_tokens=False)  # the template wrote BOS
-    answer = client.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=1)  # type: ignore[arg-type]
+    answer = client.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=1)  # type: ignore[arg-type]  # messages as plain dicts
     assert answer.usage is not None and answer.usage.prompt_tokens == chat["count"]
 
     assert http.post("/detokenize", json={"tokens": bare["tokens"]}).json() == {"prompt": prompt}

@@ -57,7 +57,7 @@ def error_of(response: httpx.Response) -> dict[str, Any]:
     assert set(payload) == {"error"} and set(payload["error"]) == {"message", "type", "param", "code"}, (
         payload
     )
-    return payload["error"]  # type: ignore[no-any-return]
+    return payload["error"]  # type: ignore[no-any-return]  # parsed JSON
 
 
 def test_answers_from_the_moment_the_port_is_bound(make_service: Any, model_name: str) -> None:

@@ -115,7 +115,7 @@ def test_a_two_turn_loop_call_result_answer(client: openai.OpenAI, model_name: s
     first = client.chat.completions.create(
         model=model_name, messages=MESSAGES, tools=TOOLS, tool_choice="required", seed=1, max_tokens=200
     )
-    call = first.choices[0].message.tool_calls[0]  # type: ignore[index]
+    call = first.choices[0].message.tool_calls[0]  # type: ignore[index]  # tool_choice required: a call
     conversation = [
         *MESSAGES,
         first.choices[0].message.model_dump(exclude_none=True),
@@ -127,7 +127,7 @@ def test_a_two_turn_loop_call_result_answer(client: openai.OpenAI, model_name: s
     choice = second.choices[0]
     assert choice.message.tool_calls is None and isinstance(choice.message.content, str)
     assert choice.finish_reason in ("stop", "length")
-    assert second.usage is not None and second.usage.prompt_tokens > first.usage.prompt_tokens  # type: ignore[union-attr]
+    assert second.usage is not None and second.usage.prompt_tokens > first.usage.prompt_tokens  # type: ignore[union-attr]  # usage is always sent
 
 
 def test_auto_lets_the_model_answer_in_text(client: openai.OpenAI, model_name: str) -> None:

@@ -204,7 +204,7 @@ def listening_addresses(pid: int) -> list[tuple[str, int]]:
 @pytest.mark.flavors("ensemble")
 def test_killing_the_owner_leaves_exactly_one_triton(make_service: Callable[..., BentoService]) -> None:
     service = make_service({"TRTLLM_WORKERS": "2"})
-    owner = int(state(service)["owner_pid"])  # type: ignore[call-overload]
+    owner = int(state(service)["owner_pid"])  # type: ignore[call-overload]  # triton.json's owner_pid is an int
     (old_triton,) = tritons(service)
     os.kill(owner, signal.SIGKILL)
     assert wait_for(

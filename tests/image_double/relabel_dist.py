@@ -10,7 +10,7 @@ from pathlib import Path
 
 name, version = sys.argv[1:3]
 dist = importlib.metadata.distribution(name)
-info = Path(dist._path)  # type: ignore[attr-defined]  (the .dist-info folder)
+info = Path(dist._path)  # type: ignore[attr-defined]  # PathDistribution's private _path: the .dist-info folder
 metadata = info / "METADATA"
 lines = metadata.read_text().splitlines()
 metadata.write_text(

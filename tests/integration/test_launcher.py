@@ -155,7 +155,7 @@ def launch(tmp_path: Path) -> Iterator[Callable[..., Launched]]:
                 recorded.extend(procs)
         return procs
 
-    start.remember = remember  # type: ignore[attr-defined]
+    start.remember = remember  # type: ignore[attr-defined]  # an attribute on the function, for the test
     try:
         yield start
     finally:

@@ -48,7 +48,7 @@ def servers(
 
 
 def _ids(result: object) -> list[int]:
-    return [int(i) for output in result.outputs for i in output["output_ids"].reshape(-1)]  # type: ignore[attr-defined]
+    return [int(i) for output in result.outputs for i in output["output_ids"].reshape(-1)]  # type: ignore[attr-defined]  # a tritonclient result (typed object here)
 
 
 @pytest.mark.box

@@ -49,7 +49,7 @@ def _supervisor(repo: Path, tmp_path: Path, **kwargs: object) -> TritonSuperviso
         run_dir=tmp_path / "run",
         ports=TritonPorts(0, 0, 0),
         startup_timeout_s=120,
-        **kwargs,  # type: ignore[arg-type]
+        **kwargs,  # type: ignore[arg-type]  # each test passes the fields it sets
     )
 
 

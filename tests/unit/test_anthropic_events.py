@@ -115,7 +115,7 @@ def test_a_streamed_text_answer_is_the_non_streamed_one() -> None:
         "message_stop",
     ]  # the SDK's events (a `text` event after each text delta); the ping is read and dropped
     assert [block.type for block in streamed.content] == ["text"]
-    assert streamed.content[0].text == 'Hello, "world" \u00e9\n'  # type: ignore[union-attr]
+    assert streamed.content[0].text == 'Hello, "world" \u00e9\n'  # type: ignore[union-attr]  # a text block: asserted above
     assert (streamed.stop_reason, streamed.stop_sequence, streamed.model) == (
         "end_turn",
         None,
@@ -293,9 +293,9 @@ def test_the_matched_stop_string_is_read_from_the_relay() -> None:
             self._matcher = StopStringMatcher(stops) if stops else None
 
     stream = Stream(["\n\nUser:", "END"])
-    shown, stopped = stream._matcher.push("The answer.EN")  # type: ignore[union-attr]
+    shown, stopped = stream._matcher.push("The answer.EN")  # type: ignore[union-attr]  # set: stops were given
     assert (shown, stopped, stop_sequence_of(stream)) == ("The answer.", False, None)
-    assert stream._matcher.push("D and more")[1]  # type: ignore[union-attr]
+    assert stream._matcher.push("D and more")[1]  # type: ignore[union-attr]  # set: stops were given
     assert stop_sequence_of(stream) == "END"
     assert stop_sequence_of(Stream([])) is None
 

@@ -313,7 +313,7 @@ def test_tool_choice(choice: dict[str, Any] | None, mode: str | None, named: str
         assert guide is None
         return
     assert request.guide_param == "tool_choice"
-    kind, schema = guide  # type: ignore[misc]
+    kind, schema = guide  # type: ignore[misc]  # a pair here, not None
     assert kind == "json_schema"
     names = {
         option["properties"]["name"]["const"]
@@ -340,7 +340,7 @@ def test_calls_are_read_from_an_auto_answer() -> None:
 def test_output_format_is_a_json_schema_guide() -> None:
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
     request = messages(output_config={"format": {"type": "json_schema", "schema": schema}})
-    kind, text = request.sampling_params().guide  # type: ignore[misc]
+    kind, text = request.sampling_params().guide  # type: ignore[misc]  # a pair here, not None
     assert kind == "json_schema"
     assert json.loads(text) == schema
     assert request.guide_param == "output_config.format"

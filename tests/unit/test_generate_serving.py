@@ -99,9 +99,9 @@ class ScriptedRuntime:
 
 def generate(runtime: ScriptedRuntime | None, **fields: Any) -> tuple[Response, dict[str, Any]]:
     if runtime is not None:
-        bind_serving(GenerationServing(runtime))  # type: ignore[arg-type]
+        bind_serving(GenerationServing(runtime))  # type: ignore[arg-type]  # a ScriptedRuntime for the Runtime
     request = GenerateRequest(**fields)
-    response = asyncio.run(serve_generate(request, Startup(runtime), "fake-model"))  # type: ignore[arg-type]
+    response = asyncio.run(serve_generate(request, Startup(runtime), "fake-model"))  # type: ignore[arg-type]  # a ScriptedRuntime for the Runtime
     return response, json.loads(bytes(response.body))
 
 

@@ -59,9 +59,9 @@ def _hold(path: str, ready: object, release: object, got: object) -> None:
 
     from trtllm_service.api.server.limits import SharedSlots
 
-    got.value = SharedSlots(Path(path)).try_acquire(2)  # type: ignore[attr-defined]
-    ready.set()  # type: ignore[attr-defined]
-    release.wait(30)  # type: ignore[attr-defined]
+    got.value = SharedSlots(Path(path)).try_acquire(2)  # type: ignore[attr-defined]  # multiprocessing's Value, passed as object
+    ready.set()  # type: ignore[attr-defined]  # multiprocessing's Event, passed as object
+    release.wait(30)  # type: ignore[attr-defined]  # multiprocessing's Event, passed as object
 
 
 def test_the_limit_holds_across_processes_and_dead_ones_do_not_count(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ def run(runtime: FakeRuntime, use: Callable[[openai.AsyncOpenAI], Awaitable[T]])
     """`use` the official async client against the /v1 app serving `runtime`."""
 
     async def go() -> T:
-        app.bind(runtime)  # type: ignore[arg-type]
+        app.bind(runtime)  # type: ignore[arg-type]  # a FakeRuntime for the Runtime
         transport = httpx.ASGITransport(app=app.v1)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
             client = openai.AsyncOpenAI(base_url="http://test", api_key="x", http_client=http, max_retries=0)
@@ -60,7 +60,7 @@ def test_a_text_response_non_streamed_and_streamed() -> None:
     }
     whole = run(runtime, lambda client: client.responses.create(**params))
     assert whole.output_text == " w0 w1 w2"
-    assert whole.status == "incomplete" and whole.incomplete_details.reason == "max_output_tokens"  # type: ignore[union-attr]
+    assert whole.status == "incomplete" and whole.incomplete_details.reason == "max_output_tokens"  # type: ignore[union-attr]  # set when incomplete
     assert [item.type for item in whole.output] == ["message"]
     # "<system> Be brief. <user> hi there <assistant>": 7 word tokens
     assert whole.usage is not None and (whole.usage.input_tokens, whole.usage.output_tokens) == (7, 3)
@@ -120,7 +120,7 @@ def test_a_function_tool_call_non_streamed_and_streamed() -> None:
 
     kinds, final = run(runtime, streamed)
     assert "response.function_call_arguments.done" in kinds and kinds[-1] == "response.completed"
-    assert [(item.type, item.name) for item in final.output] == [("function_call", "get_weather")]  # type: ignore[union-attr]
+    assert [(item.type, item.name) for item in final.output] == [("function_call", "get_weather")]  # type: ignore[union-attr]  # function calls: asserted by the kinds
 
     # the call's result in the next turn's input
     turn = [
@@ -132,8 +132,8 @@ def test_a_function_tool_call_non_streamed_and_streamed() -> None:
         FakeRuntime(context=512),
         lambda client: client.responses.create(
             model="fake-model",
-            input=turn,  # type: ignore[arg-type]
-            tools=[WEATHER],  # type: ignore[list-item]
+            input=turn,  # type: ignore[arg-type]  # the turn as plain dicts
+            tools=[WEATHER],  # type: ignore[list-item]  # the tool as a plain dict
             max_output_tokens=2,
             temperature=0,
         ),
@@ -230,7 +230,7 @@ def test_responses_carry_the_reasoning_as_an_item() -> None:
     whole = run(runtime, lambda client: client.responses.create(**params))
     reasoning, message = whole.output
     assert message.type == "message"
-    assert reasoning.type == "reasoning" and [c.text for c in reasoning.content or []] == ["Two and two"]  # type: ignore[union-attr]
+    assert reasoning.type == "reasoning" and [c.text for c in reasoning.content or []] == ["Two and two"]  # type: ignore[union-attr]  # a reasoning item: asserted first
     assert whole.output_text == "Four."
 
     async def streamed(client: openai.AsyncOpenAI) -> tuple[list[Any], Any]:
@@ -258,7 +258,7 @@ def test_reasoning_effort_reaches_a_template_that_takes_it_and_is_a_400_otherwis
 
     seen: list[Any] = []
 
-    class EffortTokenizer(type(runtime.tokenizer)):  # type: ignore[misc]
+    class EffortTokenizer(type(runtime.tokenizer)):  # type: ignore[misc]  # a base class known at run time
         def apply_chat_template(self, messages: list[dict[str, str]], **kwargs: Any) -> str:
             seen.append(kwargs.get("reasoning_effort"))
             return super().apply_chat_template(messages)
@@ -277,7 +277,7 @@ def test_reasoning_effort_reaches_a_template_that_takes_it_and_is_a_400_otherwis
 
 def root(runtime: FakeRuntime, path: str, body: Any) -> httpx.Response:
     async def go() -> httpx.Response:
-        app.bind(runtime)  # type: ignore[arg-type]
+        app.bind(runtime)  # type: ignore[arg-type]  # a FakeRuntime for the Runtime
         transport = httpx.ASGITransport(app=app.root)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
             if isinstance(body, str):

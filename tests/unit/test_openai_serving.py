@@ -143,7 +143,7 @@ class FakeRuntime:
         self.requests.append(request)
         tag = f"s{request.seed}" if request.seed is not None else ""  # sampled text shows its seed
         decoder = WordDecoder(tag) if self.script is None else ScriptDecoder(self.script)
-        stream = EngineStream(request, TokenIdReader(request, decoder), "id", self._cancelled.add)  # type: ignore[arg-type]
+        stream = EngineStream(request, TokenIdReader(request, decoder), "id", self._cancelled.add)  # type: ignore[arg-type]  # fake decoders
         stream.stream_id = self._next
         self._next += 1
         asyncio.get_running_loop().create_task(self._engine(stream, request))
@@ -176,7 +176,7 @@ def runtime() -> FakeRuntime:
 
 
 def client_for(runtime: FakeRuntime) -> httpx.AsyncClient:
-    app.bind(runtime)  # type: ignore[arg-type]
+    app.bind(runtime)  # type: ignore[arg-type]  # a FakeRuntime for the Runtime
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=app.v1), base_url="http://test")
 
 
@@ -344,7 +344,7 @@ def test_closing_a_stream_closes_every_engine_stream() -> None:
 
     async def go(n: int) -> tuple[FakeRuntime, int]:
         runtime = FakeRuntime(hang=True)
-        serving = OpenAIServing(runtime)  # type: ignore[arg-type]
+        serving = OpenAIServing(runtime)  # type: ignore[arg-type]  # a FakeRuntime for the Runtime
         request = parse_request(ChatCompletionRequest, {**CHAT, "n": n, "max_tokens": 50, "stream": True})
         response = await serving.chat(request)
         gone = asyncio.Event()
@@ -375,7 +375,7 @@ def test_closing_a_stream_closes_every_engine_stream() -> None:
 def test_a_client_that_goes_away_stops_a_non_streamed_request() -> None:
     async def go() -> tuple[FakeRuntime, int]:
         runtime = FakeRuntime(hang=True)
-        serving = OpenAIServing(runtime)  # type: ignore[arg-type]
+        serving = OpenAIServing(runtime)  # type: ignore[arg-type]  # a FakeRuntime for the Runtime
 
         async def receive() -> dict[str, Any]:
             await asyncio.sleep(0.3)
@@ -383,7 +383,7 @@ def test_a_client_that_goes_away_stops_a_non_streamed_request() -> None:
 
         http_request = SimpleNamespace(receive=receive)
         request = parse_request(CompletionRequest, {"prompt": "a", "n": 2, "max_tokens": 50})
-        response = await serving.completions(request, http_request)  # type: ignore[arg-type]
+        response = await serving.completions(request, http_request)  # type: ignore[arg-type]  # a SimpleNamespace for the Request
         return runtime, response.status_code
 
     runtime, status = asyncio.run(go())

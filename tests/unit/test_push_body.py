@@ -56,7 +56,7 @@ class RecordingFraming(TextFraming):
 
 def _stream(recorded: Recorded, interval_s: float = 0.0, reading: Any = None) -> EngineStream:
     request = GenerationRequest(prompt_ids=array("i", [1]), max_tokens=100)
-    reader = TokenIdReader(request, Words())  # type: ignore[arg-type]
+    reader = TokenIdReader(request, Words())  # type: ignore[arg-type]  # Words: a fake decoder
     stream = EngineStream(
         request, reader, "id", recorded.cancelled.append, reading=reading, interval_s=interval_s
     )
@@ -302,7 +302,7 @@ def test_responses_that_arrive_in_one_socket_read_go_out_as_one_chunk() -> None:
 
     async def scenario() -> None:
         connection = GrpcConnection("triton:8001")
-        connection.connection_made(Socket())  # type: ignore[arg-type]
+        connection.connection_made(Socket())  # type: ignore[arg-type]  # a fake socket
         stream = _stream(recorded, reading=connection)
         stream.stream_id = connection.start_call(
             "/inference.GRPCInferenceService/ModelStreamInfer", b"", stream

@@ -33,11 +33,11 @@ R1, QWEN3 = STYLES["deepseek-r1"], STYLES["qwen3"]
     ],
 )
 def test_split_whole(style: object, text: str, expected: tuple[str | None, str | None]) -> None:
-    assert split(style, text) == expected  # type: ignore[arg-type]
+    assert split(style, text) == expected  # type: ignore[arg-type]  # a ReasoningStyle, parametrized as object
 
 
 def streamed(style: object, chunks: list[str]) -> tuple[str, str]:
-    splitter = ReasoningSplitter(style)  # type: ignore[arg-type]
+    splitter = ReasoningSplitter(style)  # type: ignore[arg-type]  # a ReasoningStyle, parametrized as object
     reasoning = content = ""
     for chunk in chunks:
         r, c = splitter.push(chunk)
@@ -59,7 +59,7 @@ TEXTS = [
 @pytest.mark.parametrize("style", [R1, QWEN3], ids=lambda s: s.name)
 @pytest.mark.parametrize("text", TEXTS)
 def test_streamed_in_any_chunks_equals_whole(style: object, text: str) -> None:
-    reasoning, content = split(style, text)  # type: ignore[arg-type]
+    reasoning, content = split(style, text)  # type: ignore[arg-type]  # a ReasoningStyle, parametrized as object
     whole = (reasoning or "", content or "")
     assert streamed(style, list(text)) == whole  # one character per chunk: every tag split
     rng = random.Random(text)

@@ -302,7 +302,7 @@ def test_a_stop_string_ends_the_token_count_where_it_completes() -> None:
     async def scenario() -> None:
         cancelled: list[int] = []
         request = GenerationRequest(prompt_ids=array("i", [1]), max_tokens=10, stop=("w1 w",))
-        stream = EngineStream(request, TokenIdReader(request, Words()), "id", cancelled.append)  # type: ignore[arg-type]
+        stream = EngineStream(request, TokenIdReader(request, Words()), "id", cancelled.append)  # type: ignore[arg-type]  # Words: a fake decoder
         stream.stream_id = 7
         stream.on_message(engine_response([0, 1, 2, 3, 4]))
         assert await stream.read() == " w0 "

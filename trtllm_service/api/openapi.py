@@ -199,7 +199,7 @@ def document(
     OpenAI's shape."""
     paths = {}
     for path, item in spec.paths.items():
-        changes = {}
+        changes: dict[str, Any] = {}
         for method in ("get", "put", "post", "delete", "patch"):
             operation = getattr(item, method)
             if not isinstance(operation, dict):
@@ -232,7 +232,7 @@ def document(
     )
 
 
-class DocumentedService(bentoml.Service):  # type: ignore[misc]
+class DocumentedService(bentoml.Service):
     """A BentoML service whose README is its `description` (also when served from source) and whose
     OpenAPI document is `document`'s."""
 

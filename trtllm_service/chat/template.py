@@ -163,14 +163,22 @@ class PromptFormatter:
             ValueError: As `render`; in `text` mode also a template that alters the message text
                 it is given beyond recognition (the text could not be kept apart from its own).
         """
-        options = {"add_generation_prompt": add_generation_prompt, "reasoning_effort": reasoning_effort}
+
+        def render(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+            return self.render(
+                messages,
+                tools=tools,
+                add_generation_prompt=add_generation_prompt,
+                reasoning_effort=reasoning_effort,
+            )
+
         if self.content_special_tokens == "control":
-            return self.encode(self.render(messages, tools=tools, **options), add_special_tokens)
+            return self.encode(render(messages, tools), add_special_tokens)
         if self._as_text is None:
             self._as_text = _TextTokenizer(self._tokenizer)
         as_text = self._as_text
         (messages, tools), originals, nonce = as_text.hide((messages, tools))
-        text = self.render(messages, tools=tools, **options)
+        text = render(messages, tools)
         add_special = add_special_tokens and not (self._bos is not None and text.startswith(self._bos))
         return as_text.encode(text, originals, nonce, add_special)
 

@@ -98,7 +98,7 @@ def read_loras(source: ModelSource, loras: Sequence[tuple[str, Path | str]]) -> 
 
 
 def write_loras(
-    staging: Path, adapters: Mapping[str, Adapter], sources: Mapping[str, Path], dtype: str
+    staging: Path, adapters: Mapping[str, Adapter], sources: Mapping[str, Path | str], dtype: str
 ) -> None:
     """Copies each adapter's PEFT files and writes its TensorRT-LLM rows beside them."""
     _, stored = LORA_DTYPES.get(dtype, LORA_DTYPES["float16"])

@@ -23,7 +23,7 @@ class Progress:
         if enabled and sys.stderr.isatty():
             from tqdm import tqdm
 
-            scale = {"unit_scale": True, "unit_divisor": 1024} if unit == "B" else {}
+            scale: dict[str, Any] = {"unit_scale": True, "unit_divisor": 1024} if unit == "B" else {}
             self._bar = tqdm(total=total, unit=unit, desc=desc, file=sys.stderr, **scale)
 
     def update(self, count: int) -> None:

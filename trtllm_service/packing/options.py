@@ -78,7 +78,8 @@ class RuntimeOptions:
 
     def without_build_options(self) -> RuntimeOptions:
         """These options with the --build-engine ones cleared (what packing the built engine takes)."""
-        return dataclasses.replace(self, **dict.fromkeys(self.BUILD_OPTIONS))
+        cleared: dict[str, Any] = dict.fromkeys(self.BUILD_OPTIONS)  # each an optional field
+        return dataclasses.replace(self, **cleared)
 
     def guides(self, flavor: RepositoryFlavor) -> bool:
         """Whether the packed model is to guide answers (the LLM API always does)."""

@@ -251,7 +251,7 @@ def pack(
     if (name is not None and name in adapters) or (name is None and default_name(source) in adapters):
         raise PackError("--lora names must differ from the model's name (clients pick either by `model`)")
 
-    tag = bentoml.Tag(name).make_new_version()
+    tag = bentoml.Tag(name).make_new_version()  # type: ignore[call-arg]  # Tag's own __init__ defaults version (mypy's attrs plugin reads the generated one)
     assert tag.version is not None
     packed_root = Path(BentoMLContainer.model_store_dir.get()).expanduser().resolve() / tag.name / tag.version
     check_path_safe(packed_root)

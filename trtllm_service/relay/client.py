@@ -316,7 +316,7 @@ class EngineStream:
             await self._waiter
         if self._error is not None:
             raise self._error
-        out = self._reader.finished(self.max_tokens)  # type: ignore[attr-defined]
+        out = self._reader.finished(self.max_tokens)  # type: ignore[attr-defined]  # a beam search's reader: a BeamReader
         self.finish_reason = out[0][2] if out else "stop"
         self._done()
         return out

@@ -23,7 +23,7 @@ import logging
 import struct
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, cast
 from urllib.parse import unquote
 
 from hpack import Decoder
@@ -144,7 +144,8 @@ class HeaderBlocks:
         known = self._known.get(block)
         if known is not None:
             return known
-        headers = self._decoder.decode(block, raw=True)
+        # hpack says Iterable[HeaderTuple]; it returns a list (HeaderTuple: tuple[bytes, bytes])
+        headers = cast("list[tuple[bytes, bytes]]", self._decoder.decode(block, raw=True))
         if not _only_indexed(block):
             self._known.clear()
         elif len(self._known) < self.MAX_KNOWN:
@@ -203,7 +204,8 @@ class GrpcConnection(asyncio.Protocol):
     # ---- asyncio.Protocol ----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport  # type: ignore[assignment]
+        # create_connection's: a stream's transport (asyncio.Protocol's signature says BaseTransport)
+        self._transport = cast(asyncio.Transport, transport)
         self._lost = asyncio.get_running_loop().create_future()
         with contextlib.suppress(OSError, AttributeError):
             import socket
@@ -444,9 +446,9 @@ class GrpcConnection(asyncio.Protocol):
             increment = _u32.unpack(payload[:4])[0] & 0x7FFFFFFF
             if stream_id == 0:
                 self._send_window += increment
-                for call in list(self._calls.values()):
-                    if call.pending:
-                        self._send_pending(call)
+                for waiting in list(self._calls.values()):
+                    if waiting.pending:
+                        self._send_pending(waiting)
             elif (call := self._calls.get(stream_id)) is not None:
                 call.send_window += increment
                 self._send_pending(call)

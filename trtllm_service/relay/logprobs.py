@@ -109,7 +109,7 @@ class TokenTexts:
         """The token's text; a token that is part of a character shows its bytes as U+FFFD."""
         return self.token_bytes(token).decode("utf-8", errors="replace")
 
-    def entry(self, token: int, logprob: float) -> dict[str, Any]:
+    def entry(self, token: int, logprob: float | None) -> dict[str, Any]:
         """OpenAI's {token, logprob, bytes} of one token."""
         return {"token": self.text(token), "logprob": logprob, "bytes": list(self.token_bytes(token))}
 

@@ -58,6 +58,7 @@ class Reader:
     completed (the answer ends there). `logprobs`: the tokens' log probs (None: not asked for)."""
 
     __slots__ = ("_matcher", "completion_tokens", "logprobs", "pending", "shape_outputs", "stopped")
+    pending: Any  # each reader's own: what arrived and was not taken yet
 
     def __init__(self, request: GenerationRequest) -> None:
         self.shape_outputs: tuple[str, ...] = ()  # what a learned response shape locates (none: never learn)
@@ -111,21 +112,21 @@ class Logprobs:
     def read(self) -> None:
         """The text of the tokens that arrived is being read."""
         if self._cut is not None:
-            self._arrived = self._uncut(self._arrived)
+            self._arrived = self._uncut(self._arrived, self._cut)
         self._read.extend(self._arrived)
         self._arrived = []
 
-    def _uncut(self, entries: list[TokenLogprob]) -> list[TokenLogprob]:
+    def _uncut(self, entries: list[TokenLogprob], cut: frozenset[int]) -> list[TokenLogprob]:
         if self._prompt_only:
             return []
         for i, entry in enumerate(entries):
-            if entry.token in self._cut:  # type: ignore[operator]
+            if entry.token in cut:
                 return entries[:i]
         return entries
 
     def take(self, finished: bool) -> list[TokenLogprob]:
         if self._cut is not None:
-            self._arrived = self._uncut(self._arrived)
+            self._arrived = self._uncut(self._arrived, self._cut)
         if finished:  # the end: tokens that brought no text come too
             self._read.extend(self._arrived)
             self._arrived = []
@@ -241,7 +242,7 @@ class TokenIdReader(Reader):
 
     def take(self) -> str:
         if self._cut is not None:
-            self._take_cut()
+            self._take_cut(self._cut)
         if self.logprobs is not None:
             self.logprobs.read()
         ids, self.pending = self.pending, array("i")
@@ -266,7 +267,7 @@ class TokenIdReader(Reader):
                     break
         return "".join(pieces)
 
-    def _take_cut(self) -> None:
+    def _take_cut(self, cut: frozenset[int]) -> None:
         """Drops from the pending ids the caller's stop token and what follows it (a prompt-only
         request: all of them); the answer then ends there."""
         ids = self.pending
@@ -274,7 +275,7 @@ class TokenIdReader(Reader):
             self.pending = array("i")
             return
         for i, token in enumerate(ids):
-            if token in self._cut:  # type: ignore[operator]
+            if token in cut:
                 self.pending = ids[:i]  # the engine ends the request with that token
                 return
 
@@ -294,7 +295,9 @@ class TextReader(Reader):
         super().__init__(request)
         self.pending: Any = []  # (text bytes, tokens generated up to and including them)
         self._prompt_only = request.prompt_only
-        cut = frozenset() if request.prompt_only else None  # prompt only: no token is shown
+        cut: frozenset[int] | None = (
+            frozenset() if request.prompt_only else None
+        )  # prompt only: no token is shown
         if logprobs:  # every response is read whole
             self.logprobs = LLMAPILogprobs(request, cut)
         else:
@@ -391,7 +394,9 @@ class TokenIdBeams(BeamReader):
             return None
         lengths = np.frombuffer(named["sequence_length"][1], dtype=np.int32).tolist()
         raw = named["output_ids"][1]
-        rows = np.frombuffer(raw, dtype=np.int32).reshape(len(lengths), -1) if lengths else []
+        rows: np.ndarray | list[np.ndarray] = (
+            np.frombuffer(raw, dtype=np.int32).reshape(len(lengths), -1) if lengths else []
+        )
         return [
             (self._decoder.decode(row[:length].tolist()), int(length))
             for row, length in zip(rows, lengths, strict=True)

@@ -18,12 +18,15 @@ import struct
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from tritonclient.grpc import service_pb2
 
 from tensorrtllm_backend import nvidia_backend
 from trtllm_service.errors import APIError
+
+if TYPE_CHECKING:  # imported where used at run time
+    import numpy as np
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +208,7 @@ def settle(
         # beam search defaults to transformers' and vLLM's length penalty (the executor's is 0)
         length_penalty=(1.0 if params.length_penalty is None else params.length_penalty) if beams else None,
         early_stopping=_EARLY_STOPPING.get(str(params.early_stopping)) if beams else None,
-        **sampling,  # type: ignore[arg-type]
+        **sampling,  # type: ignore[arg-type]  # each value its field's type (a dict of mixed values)
     )
     _check_ranges(request)
     return request
@@ -277,15 +280,17 @@ class TensorSpec:
     datatype: str  # Triton's: INT32, FP32, UINT64, BOOL, BYTES
     batched: bool = True  # a leading batch dimension (models with max_batch_size > 0)
 
-    def datatype_of(self, value: object) -> str:
+    # `value`: the request's field, of the type the spec's subclass takes (here: str, bytes, a number
+    # or a list of int)
+    def datatype_of(self, value: Any) -> str:
         return self.datatype
 
-    def encode(self, value: object) -> tuple[list[int], bytes]:
+    def encode(self, value: Any) -> tuple[list[int], bytes]:
         """(shape, raw little-endian contents) of `value`, with the leading batch dimension if batched."""
         kind = self.datatype
         lead = [1] if self.batched else []
         if kind == "BYTES":
-            data = value.encode("utf-8") if isinstance(value, str) else bytes(value)  # type: ignore[arg-type]
+            data = value.encode("utf-8") if isinstance(value, str) else bytes(value)
             return [*lead, 1], struct.pack("<I", len(data)) + data
         if isinstance(value, (list, tuple, array)):
             return [*lead, len(value)], array("i", value).tobytes()
@@ -311,19 +316,19 @@ class RawTensor(TensorSpec):
         "int32": "INT32",
     }
 
-    def datatype_of(self, value: object) -> str:
-        return self.DATATYPES[str(value.dtype)]  # type: ignore[attr-defined]
+    def datatype_of(self, value: np.ndarray) -> str:
+        return self.DATATYPES[str(value.dtype)]
 
-    def encode(self, value: object) -> tuple[list[int], bytes]:
-        shape = list(value.shape)  # type: ignore[attr-defined]
-        return [1, *shape] if self.batched else shape, value.tobytes()  # type: ignore[attr-defined]
+    def encode(self, value: np.ndarray) -> tuple[list[int], bytes]:
+        shape = list(value.shape)
+        return [1, *shape] if self.batched else shape, value.tobytes()
 
 
 class WordList(TensorSpec):
     """TRT-LLM's word-list layout [1, 2, N]: flat token ids, then cumulative end offsets (-1 padded)."""
 
-    def encode(self, value: object) -> tuple[list[int], bytes]:
-        words = [[token] if isinstance(token, int) else list(token) for token in value]  # type: ignore[attr-defined]
+    def encode(self, value: Sequence[int | Sequence[int]]) -> tuple[list[int], bytes]:
+        words = [[token] if isinstance(token, int) else list(token) for token in value]
         flat = [token for word in words for token in word]
         offsets, end = [], 0
         for word in words:

@@ -204,7 +204,7 @@ def test_finding_sampling_params_is_the_1_2_1_dataclass(monkeypatch: pytest.Monk
     with pytest.raises(TypeError, match="unexpected keyword argument 'logprobs_mode'"):
         sp(logprobs_mode="raw")
     with pytest.raises(TypeError):
-        sp(32)  # type: ignore[misc]
+        sp(32)
     params = sp(end_id=5, logprobs=True, n=1)
     assert (params.pad_id, params.best_of, params.logprobs, params.max_tokens) == (5, 1, 1, 32)
     monkeypatch.delenv(nv.ALLOW_N_GREEDY_ENV, raising=False)

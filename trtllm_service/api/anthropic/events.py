@@ -261,6 +261,7 @@ class MessageBuilder:
             index = self._index
             self._index += 1
             kind = block["type"]
+            value: dict[str, Any] | str
             if kind == "tool_use":
                 field, value = "input", {}
                 delta = {"type": "input_json_delta", "partial_json": _encode(block["input"])}

@@ -42,7 +42,7 @@ class Choice:
     """One engine request of a response, once it has produced its first text."""
 
     index: int
-    stream: EngineStream
+    stream: EngineStream | Beam
     first: str
     echo: str = ""  # completions with echo: the prompt, sent before the generated text
 
@@ -212,8 +212,9 @@ async def collect_all(choices: list[Choice], http_request: Request | None) -> li
         while True:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for task in tasks:
-                if task in done and task.exception() is not None:
-                    raise api_error(task.exception())  # type: ignore[arg-type]
+                failure = task.exception() if task in done else None
+                if failure is not None:
+                    raise api_error(failure)
             if all(task.done() for task in tasks):
                 return [task.result() for task in tasks]
             if watcher is not None and watcher in done and watcher.exception() is None:

@@ -21,8 +21,8 @@ does both steps for a raw body.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Mapping
-from typing import Annotated, Any, ClassVar, Literal, TypeVar
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Protocol, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -129,7 +129,7 @@ def message_role(message: Mapping[str, Any], roles: Collection[str], which: str,
     role = message.get("role")
     if role not in roles:
         raise request_error("invalid_value", f"Invalid role {role!r}: {which}.", *where, "role")
-    return role
+    return cast(str, role)  # one of `roles`
 
 
 class BaseRequest(StrictModel):
@@ -290,8 +290,8 @@ class SamplingFields(BaseRequest):
                         name,
                     )
         else:
-            for name, off in (("length_penalty", 1.0), ("early_stopping", False)):
-                if getattr(self, name) not in (None, off):
+            for name, neutral in (("length_penalty", 1.0), ("early_stopping", False)):
+                if getattr(self, name) not in (None, neutral):
                     raise request_error(
                         "invalid_value",
                         f"'{name}' applies to beam search only (use_beam_search: true).",
@@ -346,7 +346,7 @@ class SamplingFields(BaseRequest):
     def samples_per_prompt(self) -> int:
         """The engine requests started per prompt: best_of candidates, else n (beam search: one
         request returns the n best beams)."""
-        return self.best_of if self.ranks_best_of else self.n  # type: ignore[return-value]
+        return self.best_of if self.ranks_best_of else self.n  # type: ignore[return-value]  # ranks_best_of: best_of is set
 
     def stop_strings(self) -> tuple[str, ...]:
         """Stop strings as a tuple, duplicates removed, order kept."""
@@ -395,17 +395,40 @@ def is_token_id(value: Any) -> bool:
 _RequestT = TypeVar("_RequestT", bound=BaseModel)
 
 
+if TYPE_CHECKING:
+
+    class ToolRequest(Protocol):
+        """What ToolUse's methods read of the request class it is mixed into (SamplingFields: the guide)."""
+
+        _guide: Guide | None
+        _guide_path: str | None
+
+        @property
+        def tools(self) -> Sequence[Any] | None: ...
+        @property
+        def tool_choice(self) -> object: ...
+        @property
+        def parallel_tool_calls(self) -> bool | None: ...
+        @property
+        def tool_mode(self) -> Literal["auto", "forced"] | None: ...
+        def functions(self) -> list[dict[str, Any]]: ...
+
+
 class ToolUse:
     """The rules of `tools` and `tool_choice`, shared by chat and responses (whose tools differ in
     shape only): a named function must be offered, `required` needs tools, and a forced call is
     guided decoding on the calls' schema. The request class provides `tools`, `tool_choice`,
     `parallel_tool_calls`, `functions()` and calls `_settle_tools` once its guide is known."""
 
+    if TYPE_CHECKING:  # SamplingFields' (the request class's other base)
+        _guide: Guide | None
+        _guide_path: str | None
+
     def functions(self) -> list[dict[str, Any]]:
         """The offered functions as OpenAI's `function` objects (name, description, parameters)."""
         raise NotImplementedError
 
-    def _settle_tools(self, named: str | None) -> None:
+    def _settle_tools(self: ToolRequest, named: str | None) -> None:
         """Checks the tools against `tool_choice` (`named`: the function it names) and, for a forced
         call, sets the request's guide."""
         functions = self.functions()
@@ -418,10 +441,10 @@ class ToolUse:
                 f"tool_choice names function {named!r}, which is not in 'tools'.",
                 "tool_choice",
             )
-        if self.tool_choice == "required" and not names:  # type: ignore[attr-defined]
+        if self.tool_choice == "required" and not names:
             raise request_error("invalid_value", "tool_choice 'required' needs 'tools'.", "tool_choice")
         if self.tool_mode == "forced":
-            if self._guide is not None:  # type: ignore[attr-defined]
+            if self._guide is not None:
                 raise request_error(
                     "invalid_value",
                     "A forced tool call cannot be combined with another output format.",
@@ -429,23 +452,23 @@ class ToolUse:
                 )
             schema = tool_calls.call_schema(functions, named)
             self._guide = ("json_schema", json.dumps(schema))
-            self._guide_path = "tools"  # type: ignore[attr-defined]
+            self._guide_path = "tools"
 
     @property
-    def tool_mode(self) -> Literal["auto", "forced"] | None:
+    def tool_mode(self: ToolRequest) -> Literal["auto", "forced"] | None:
         """None: no tools in play; auto: the answer may be calls; forced: it is a call."""
-        choice = self.tool_choice  # type: ignore[attr-defined]
-        if not self.tools or choice == "none":  # type: ignore[attr-defined]
+        choice = self.tool_choice
+        if not self.tools or choice == "none":
             return None
         return "auto" if choice in (None, "auto") else "forced"
 
-    def calls_in(self, text: str) -> list[tuple[str, str]] | None:
+    def calls_in(self: ToolRequest, text: str) -> list[tuple[str, str]] | None:
         """The (name, arguments) calls an answer makes, when tools are in play and it is calls
         (one only with `parallel_tool_calls: false`); None for a text answer."""
         if not self.tool_mode:
             return None
         calls = tool_calls.parse_calls(text, self.functions())
-        if calls and self.parallel_tool_calls is False:  # type: ignore[attr-defined]
+        if calls and self.parallel_tool_calls is False:
             return calls[:1]
         return calls or None
 

@@ -24,7 +24,6 @@ from trtllm_service.api.generation.choices import (
     keep_best,
     start_choices,
 )
-from trtllm_service.api.generation.protocol import SamplingFields
 from trtllm_service.api.generation.sse_frames import SSE_HEADERS, plainly_text, sse_body, whole_frames
 from trtllm_service.api.server.metrics import RequestMetrics
 from trtllm_service.api.server.streaming import StreamBody
@@ -42,7 +41,8 @@ class Sampled(Protocol):
     """What `GenerationServing.params` reads of a request: its sampling fields' one reduction, and
     what the engine's checks name (`SamplingFields` on /v1, `GenerateRequest` on /generate)."""
 
-    stream: bool
+    @property
+    def stream(self) -> bool: ...
 
     @property
     def samples_per_prompt(self) -> int: ...
@@ -56,14 +56,30 @@ class Sampled(Protocol):
     def sampling_params(self) -> SamplingParams: ...
 
 
-class ChatRequest(Protocol):
+class Collected(Protocol):
+    """What `GenerationServing.respond` reads of a request (`SamplingFields` on /v1)."""
+
+    @property
+    def stream(self) -> bool: ...
+
+    @property
+    def samples_per_prompt(self) -> int: ...
+
+    @property
+    def n(self) -> int: ...
+
+    @property
+    def ranks_best_of(self) -> bool: ...
+
+
+class ChatRequest(Sampled, Collected, Protocol):
     """A request whose prompt is chat messages (chat completions, responses, messages): its
     `SamplingFields`, and what `serve_chat` reads besides."""
 
     model: str | None
-    reasoning_effort: Any
-    samples_per_prompt: int
-    stream: bool
+
+    @property
+    def reasoning_effort(self) -> Any: ...
 
     @property
     def tool_mode(self) -> str | None: ...
@@ -148,7 +164,7 @@ class GenerationServing:
         except APIError as exc:
             return error_response(exc)
         try:
-            params = await self.params(request, adapter, "top_logprobs")  # type: ignore[arg-type]
+            params = await self.params(request, adapter, "top_logprobs")
             effort = request.reasoning_effort
             if effort is not None and not self.runtime.formatter.takes_reasoning_effort:
                 raise APIError.bad_request(
@@ -176,7 +192,7 @@ class GenerationServing:
             # the stream sends it whole.
             return written.stream_whole(metrics)
         return await self.respond(
-            request,  # type: ignore[arg-type]
+            request,
             choices,
             http_request,
             lambda: written.stream(metrics),
@@ -213,7 +229,7 @@ class GenerationServing:
 
     async def respond(
         self,
-        request: SamplingFields,
+        request: Collected,
         choices: list[Choice],
         http_request: Request | None,
         frames: Callable[[], Response],
@@ -317,7 +333,7 @@ class EventAnswer:
             head=builder.opening(),
             failure_frame=builder.failure,
         )
-        return StreamBody(frames, "text/event-stream", SSE_HEADERS)  # type: ignore[return-value]
+        return StreamBody(frames, "text/event-stream", SSE_HEADERS)
 
 
 def split_reasoning(style: ReasoningStyle | None, text: str) -> tuple[str | None, str | None]:

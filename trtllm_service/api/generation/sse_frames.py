@@ -51,7 +51,7 @@ def sse_body(
     frames = Frames("".join(opening), text_frame, finish_frame, usage_frame, failure_frame, done)
     if len(choices) == 1:
         framing = SSEFraming(choices[0], frames, metrics, prompt_tokens)
-        return PushBody(choices[0].stream, framing, "text/event-stream", SSE_HEADERS)
+        return PushBody(choices[0].stream, framing, "text/event-stream", SSE_HEADERS)  # type: ignore[arg-type]  # not a Beam: beams never stream (Flavor.check_engine_features)
     merged = _merged_frames(choices, frames, metrics, prompt_tokens)
     return StreamBody(merged, "text/event-stream", SSE_HEADERS)
 

@@ -251,7 +251,7 @@ class RequestBase(SamplingFields):
             name
             for name in _GUIDE_FIELDS
             if getattr(self, name) is not None
-            and not (name == "response_format" and self.response_format.type == "text")  # type: ignore[union-attr]
+            and not (name == "response_format" and self.response_format.type == "text")  # type: ignore[union-attr]  # not None: checked before
         ]
         if len(given) > 1:
             raise request_error(

@@ -189,7 +189,9 @@ _TOKENIZE_BODY = {
         },
     }
 }
-_TOKEN_ERRORS = {code: ERROR_RESPONSES[code] for code in (400, 401, 404, 503)}
+_TOKEN_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: ERROR_RESPONSES[code] for code in (400, 401, 404, 503)
+}
 
 
 @tokenizer_router.post(

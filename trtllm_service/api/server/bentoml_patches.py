@@ -66,8 +66,8 @@ def cancel_request_timers() -> None:
         finally:
             timer.cancel()
 
-    middleware.__call__ = __call__  # type: ignore[method-assign]
-    middleware._cancels_timers = True  # type: ignore[attr-defined]
+    middleware.__call__ = __call__  # type: ignore[method-assign]  # BentoML's, patched once (the mark below)
+    middleware._cancels_timers = True  # type: ignore[attr-defined]  # our mark on BentoML's class
 
 
 _ENDPOINT_LABELLED = (
@@ -111,8 +111,8 @@ def bound_endpoint_labels() -> None:
         return
     setup, call = middleware._setup, middleware.__call__
 
-    def _setup(self: Any) -> None:
-        setup(self)
+    def _setup(self: Any, *args: Any, **kwargs: Any) -> None:
+        setup(self, *args, **kwargs)
         self._endpoint_labels = EndpointLabels()
         for name in _ENDPOINT_LABELLED:
             setattr(self, name, _Relabelled(getattr(self, name), self._endpoint_labels))
@@ -125,9 +125,9 @@ def bound_endpoint_labels() -> None:
             labels.learn(scope.get("app"))
         await call(self, scope, receive, send)
 
-    middleware._setup = _setup  # type: ignore[method-assign]
-    middleware.__call__ = __call__  # type: ignore[method-assign]
-    middleware._bounds_labels = True  # type: ignore[attr-defined]
+    middleware._setup = _setup  # type: ignore[method-assign]  # BentoML's, patched once (the mark below)
+    middleware.__call__ = __call__  # type: ignore[method-assign]  # BentoML's, patched once (the mark below)
+    middleware._bounds_labels = True  # type: ignore[attr-defined]  # our mark on BentoML's class
 
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -178,8 +178,8 @@ def expose_server_send() -> None:
     def wrapped(self: Any, *args: Any, **kwargs: Any) -> Any:
         return ServerSendApp(to_asgi(self, *args, **kwargs))
 
-    Service.to_asgi = wrapped  # type: ignore[method-assign]
-    Service._exposes_server_send = True  # type: ignore[attr-defined]
+    Service.to_asgi = wrapped
+    Service._exposes_server_send = True
 
 
 _ARRANGED = "_trtllm_arranged"
@@ -217,7 +217,7 @@ def arrange_middlewares(outermost: type, limiter: type) -> None:
         return first + [m for m in found if id(m) not in moved]
 
     setattr(middlewares, _ARRANGED, True)
-    ServiceAppFactory.middlewares = property(middlewares)  # type: ignore[method-assign,assignment]
+    ServiceAppFactory.middlewares = property(middlewares)
 
 
 def read_strictly(input_model: Any) -> None:

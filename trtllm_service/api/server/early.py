@@ -177,8 +177,8 @@ def answer_from_bind(stop_flag: Callable[[], Path], dialects: Sequence[ErrorDial
             flag.unlink(missing_ok=True)  # a flag left by an earlier run of the same run dir
             EarlyAnswers(self.fileno(), flag, dialects=dialects).start()
 
-    bind_and_answer._answers_early = True  # type: ignore[attr-defined]
-    CircusSocket.bind_and_listen = bind_and_answer  # type: ignore[method-assign]
+    bind_and_answer._answers_early = True  # type: ignore[attr-defined]  # our mark: CircusSocket is patched once
+    CircusSocket.bind_and_listen = bind_and_answer
 
 
 def serving(stop_flag: Path) -> None:

@@ -104,7 +104,7 @@ def install(limits: ConnectionLimits) -> bool:
 def bounded_protocol(base: type, limits: ConnectionLimits) -> type:
     """A subclass of uvicorn's `HttpToolsProtocol` that enforces `limits`."""
 
-    class BoundedHttpToolsProtocol(base):  # type: ignore[valid-type,misc]
+    class BoundedHttpToolsProtocol(base):
         """uvicorn's httptools protocol, with the head and body of each request read within limits."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -73,11 +73,11 @@ class SharedSlots:
     def _locked(self) -> Iterator[mmap.mmap]:
         """The slot table, under the exclusive flock for as long as the block runs."""
         table = self._open()
-        fcntl.flock(self._fd, fcntl.LOCK_EX)  # type: ignore[arg-type]
+        fcntl.flock(self._fd, fcntl.LOCK_EX)  # type: ignore[arg-type]  # _open() set it
         try:
             yield table
         finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)  # type: ignore[arg-type]
+            fcntl.flock(self._fd, fcntl.LOCK_UN)  # type: ignore[arg-type]  # _open() set it
 
     @staticmethod
     def _in_flight(slots: list[tuple[int, int]], me: int) -> int:

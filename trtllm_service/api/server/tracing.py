@@ -37,13 +37,10 @@ def tune_request_tracing() -> None:
     original_call = OpenTelemetryMiddleware.__call__
 
     @functools.wraps(original_init)
-    def __init__(self: Any, *args: Any, exclude_spans: list[str] | None = None, **kwargs: Any) -> None:
-        original_init(
-            self,
-            *args,
-            exclude_spans=["receive", "send"] if exclude_spans is None else exclude_spans,
-            **kwargs,
-        )
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("exclude_spans") is None:
+            kwargs["exclude_spans"] = ["receive", "send"]
+        original_init(self, *args, **kwargs)
 
     @functools.wraps(original_call)
     async def __call__(self: Any, scope: Any, receive: Any, send: Any) -> None:
@@ -53,8 +50,8 @@ def tune_request_tracing() -> None:
             await original_call(self, scope, receive, send)
 
     setattr(__init__, _MARK, True)
-    OpenTelemetryMiddleware.__init__ = __init__  # type: ignore[method-assign]
-    OpenTelemetryMiddleware.__call__ = __call__  # type: ignore[method-assign]
+    OpenTelemetryMiddleware.__init__ = __init__  # type: ignore[method-assign]  # OpenTelemetry's, patched once
+    OpenTelemetryMiddleware.__call__ = __call__  # type: ignore[method-assign]  # OpenTelemetry's, patched once
 
 
 def _recorded(tracer: Any) -> bool:

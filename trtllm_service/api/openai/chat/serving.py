@@ -107,8 +107,8 @@ class ChatAnswer:
                 ChatCompletionChoice(
                     index=choice.index,
                     message=message,
-                    finish_reason=finish,  # type: ignore[arg-type]
-                    logprobs=chat_logprobs(result.logprobs, texts, top) if texts is not None else None,  # type: ignore[arg-type]
+                    finish_reason=finish,  # type: ignore[arg-type]  # the engine ends with one of FinishReason
+                    logprobs=chat_logprobs(result.logprobs, texts, top) if texts is not None else None,  # type: ignore[arg-type]  # top is set when texts is
                 )
                 for choice, result, (message, finish) in zip(self.choices, results, answers, strict=True)
             ],
@@ -118,7 +118,7 @@ class ChatAnswer:
     def delta(self, text: str, index: int, entries: list[TokenLogprob]) -> str:
         """A streamed text chunk (per token: the hot path)."""
         texts = self.texts
-        logprobs = chat_logprobs(entries, texts, self.top) if texts is not None else None  # type: ignore[arg-type]
+        logprobs = chat_logprobs(entries, texts, self.top) if texts is not None else None  # type: ignore[arg-type]  # top is set when texts is
         if self.splitters is not None:
             thought, text = self.splitters[index].push(text)
             return self.encoder.parts(text, thought, index, logprobs)
@@ -152,7 +152,7 @@ class ChatAnswer:
         frames = whole_frames(
             self.choices, self.whole, metrics, self.prompt_tokens, failure_frame=error_frame
         )
-        return StreamBody(frames, "text/event-stream", SSE_HEADERS)  # type: ignore[return-value]
+        return StreamBody(frames, "text/event-stream", SSE_HEADERS)
 
     def whole(self, results: list[Result]) -> str:
         """A streamed answer sent when complete: as OpenAI streams it (role, the reasoning, then

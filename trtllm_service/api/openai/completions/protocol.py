@@ -98,8 +98,8 @@ class CompletionRequest(RequestBase):
         list of one)."""
         prompt = self.prompt
         if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
-            return [prompt]  # type: ignore[list-item]
-        return list(prompt)  # type: ignore[arg-type]
+            return [prompt]
+        return list(prompt)  # type: ignore[arg-type]  # a list of prompts (mypy cannot narrow by the first item)
 
 
 class CompletionChoice(BaseModel):

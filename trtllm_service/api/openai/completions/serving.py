@@ -66,10 +66,14 @@ async def serve_completions(
                 CompletionChoice(
                     index=choice.index,
                     text=choice.echo + result.text,
-                    finish_reason=result.finish_reason,  # type: ignore[arg-type]
+                    finish_reason=result.finish_reason,  # type: ignore[arg-type]  # the engine ends with one of FinishReason
                     logprobs=completion_logprobs(
-                        result.logprobs, texts, top, len(choice.echo), prompt_entries(choice)
-                    )[0]  # type: ignore[arg-type]
+                        result.logprobs,
+                        texts,
+                        top,  # type: ignore[arg-type]  # top is set when texts is
+                        len(choice.echo),
+                        prompt_entries(choice),
+                    )[0]
                     if texts is not None
                     else None,
                 )
@@ -83,12 +87,12 @@ async def serve_completions(
     def delta(text: str, index: int, entries: list[TokenLogprob]) -> str:
         if texts is None:
             return encoder.text(text, index)
-        body, offsets[index] = completion_logprobs(entries, texts, top, offsets[index])  # type: ignore[arg-type]
+        body, offsets[index] = completion_logprobs(entries, texts, top, offsets[index])  # type: ignore[arg-type]  # top is set when texts is
         return encoder.text_logprobs(text, index, body)
 
     def stream() -> Response:
         opening = [
-            encoder.text_logprobs(c.echo, c.index, completion_logprobs([], texts, top, 0, prompt)[0])  # type: ignore[arg-type]
+            encoder.text_logprobs(c.echo, c.index, completion_logprobs([], texts, top, 0, prompt)[0])  # type: ignore[arg-type]  # top is set when texts is
             if texts is not None and (prompt := prompt_entries(c))
             else encoder.text(c.echo, c.index)
             for c in choices

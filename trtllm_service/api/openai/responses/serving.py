@@ -199,7 +199,7 @@ class ResponseBuilder:
         done = item.item(status, text)
         self.output.append(done)
         where = {"item_id": item.id, "output_index": item.index, "content_index": 0}
-        extra = {"logprobs": []} if item.kind == "message" else {}
+        extra: dict[str, list[Any]] = {"logprobs": []} if item.kind == "message" else {}
         return (
             self.event(item.done_event, **where, text=text, **extra)
             + self.event("response.content_part.done", **where, part=item.part(text))
@@ -239,7 +239,7 @@ class ResponseBuilder:
             else:
                 part = item["content"][0]
                 text, kind = part["text"], part["type"]
-                extra = {"logprobs": []} if kind == "output_text" else {}
+                extra: dict[str, list[Any]] = {"logprobs": []} if kind == "output_text" else {}
                 started = {**item, "content": [], "status": "in_progress"}
                 frames += [
                     self.event("response.output_item.added", output_index=index, item=started),

@@ -110,11 +110,11 @@ class TritonPythonModel(EngineModel):
         self.executor_ids = itertools.count(1)  # the executor's request ids, in its error messages
         outputs = {output["name"]: output["data_type"] for output in config.get("output", [])}
         logits_dtype = NUMPY_TYPES.get(outputs.get("generation_logits", "TYPE_FP32"), np.float32)
-        self._register_metrics(kind)
+        counters = self._register_metrics(kind)
         self.engine = EngineLoop(
             source,
             Responder(),
-            self.counters,
+            counters,
             cancel_check_s=int(param(config, "cancellation_check_period_ms", "100")) / 1000.0,
             step_delay_s=float(param(config, "synthetic_step_delay_ms", "0")) / 1000.0,
             name=kind,
@@ -136,7 +136,7 @@ class TritonPythonModel(EngineModel):
             if parsed.lora_task_id is not None:
                 parsed.lora = self._adapter(parsed)
         except (BackendError, RequestError, LoraError) as exc:
-            self.counters.finished("error")
+            self._refused()
             sink.send(pb_utils.InferenceResponse(error=_error(exc, next(self.executor_ids))), True)
             return
         self.engine.submit(parsed, sink)

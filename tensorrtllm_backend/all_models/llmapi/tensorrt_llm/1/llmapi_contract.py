@@ -331,7 +331,7 @@ def text_arrays(
     the tokens this response adds, with their log probs and top log probs (rows of equal width).
     """
     wanted = request.outputs
-    out = {}
+    out: dict[str, np.ndarray] = {}
     if "text_output" in wanted:
         out["text_output"] = np.array([text.encode("utf-8")], dtype=np.object_)
     if "finish_reason" in wanted:

@@ -96,14 +96,14 @@ class TritonPythonModel(EngineModel):
         cancel_ms = int(triton_config.get("cancellation_check_period_ms", nv.CANCELLATION_CHECK_PERIOD_MS))
         api = self._api(kind, triton_config)
         kind = "tensorrt_llm" if isinstance(api, TensorRTLLM) else api.kind
-        self._register_metrics(kind)
+        counters = self._register_metrics(kind)
         self.adapters: dict[str, Any] = dict(triton_config.get("loras") or {})
         try:
             llm_args = api.update_llm_args_with_extra_dict({}, llm_yaml)
             if kind == "tensorrt_llm" and mpi_world_size() > 1:
                 llm_args["_mpi_session"] = api.mpi_session()
             self.engine = LLMEngine(
-                api, llm_args, LlmApiResponder(), self.counters, cancel_check_s=cancel_ms / 1000.0
+                api, llm_args, LlmApiResponder(), counters, cancel_check_s=cancel_ms / 1000.0
             )
         except Exception as exc:
             pb_utils.Logger.log_error(brief(f"{self.model_name}: failed to start the LLM: {exc}"))
@@ -233,12 +233,12 @@ class TritonPythonModel(EngineModel):
             if parsed.lora_name is not None:
                 self._adapter(parsed)
         except LlmApiError as exc:  # upstream's refusal, as upstream sends it
-            self.counters.finished("error")
+            self._refused()
             error = pb_utils.TritonError(brief(f"{nv.GENERATE_ERROR}{exc}"))
             sink.send(pb_utils.InferenceResponse(error=error), True)
             return
         except RequestError as exc:
-            self.counters.finished("error")
+            self._refused()
             sink.send(LlmApiResponder().invalid(str(exc)), True)
             return
         self.engine.submit_text(parsed, sink)
