@@ -27,6 +27,9 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 from tensorrtllm_backend import LAUNCHER
 from tensorrtllm_backend.repository import build_repository, repository_values
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+"""The repository's root (tests/ sits in it)."""
+
 
 def stable_text(tokenizer: Any, ids: list[int], look_back: int = 16) -> str:
     """What our postprocessing emits for `ids`: the decoded text up to the last token boundary that

@@ -15,10 +15,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 
+from tests.support import REPO_ROOT
 from trtllm_service.packing import demo_model
 from trtllm_service.packing.demo_model import DEMO_SEED, build_demo_model
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 EXPECTED_FILES = {
     "config.json",
     "generation_config.json",

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.support import REPO_ROOT
 from trtllm_service.chat.template import LLAMA3_CHAT_TEMPLATE, PromptFormatter
 from trtllm_service.packed_model import PackError
 from trtllm_service.packing import smollm2
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 CHATML_HI = (
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
     "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"

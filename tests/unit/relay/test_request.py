@@ -242,7 +242,7 @@ def test_llmapi_table_rows_are_inputs_the_model_declares(tmp_path: Path) -> None
         triton_type = "STRING" if spec.datatype == "BYTES" else spec.datatype
         assert declared.get(spec.name, ("?",))[0] == triton_type, spec.name
     assert set(LLMAPI_OUTPUTS) <= outputs
-    # Every input the contract reads is declared (upstream's all are: tests/unit/standin/test_nvidia_llmapi.py).
+    # Every input the contract reads is declared (upstream's all are: tests/unit/backend/standin/test_nvidia_llmapi.py).
     read = {*llmapi_contract.DEFAULTS, *llmapi_contract.OURS, *llmapi_contract.OPTIONAL_OUTPUTS}
     assert read <= set(declared)
 

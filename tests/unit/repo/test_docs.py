@@ -11,7 +11,9 @@ from urllib.parse import unquote
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import REPO_ROOT
+
+ROOT = REPO_ROOT
 README_LIMIT = 20_000  # bytes
 FENCE = re.compile(r"^\s*(```|~~~)")
 HEADING = re.compile(r"^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$")

@@ -21,12 +21,13 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from tensorrtllm_backend import nvidia_backend, nvidia_llmapi, pinned
+from tests.support import REPO_ROOT
 from trtllm_service.runtime import Runtime, check_tensorrt_llm
 from trtllm_service.triton.process import TritonStartupError
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 REQUIREMENTS = ROOT / "requirements.txt"
 CONSTRAINTS = ROOT / pinned.CONSTRAINTS_FILE
 

@@ -4,9 +4,10 @@ the thirteen Debian packages), and how long the suite takes."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import REPO_ROOT
+
+ROOT = REPO_ROOT
 
 
 def dev_sh_packages() -> set[str]:

@@ -11,6 +11,7 @@ import pytest
 
 from tensorrtllm_backend import LAUNCHER
 from tensorrtllm_backend import launcher as lts
+from tests.support import REPO_ROOT
 from trtllm_service.triton import process
 from trtllm_service.triton.process import TritonPorts, TritonStartupError, triton_command
 
@@ -18,7 +19,7 @@ pytestmark = pytest.mark.unit
 
 PLAIN = lts.TritonInstall(binary="/opt/tritonserver/bin/tritonserver", source="test")
 LAUNCH = "/opt/venv-tritonserver/bin/trtllm-llmapi-launch"
-DOUBLE_BIN = Path(__file__).resolve().parents[1] / "image_double" / "bin"
+DOUBLE_BIN = REPO_ROOT / "tests" / "image_double" / "bin"
 
 
 def parse(*argv: str):

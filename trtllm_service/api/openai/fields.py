@@ -5,7 +5,7 @@ the `GenerationRequest` attributes `settle` turns them into. The engines' column
 here but looked up: the C++ backend's tensor in `request.ENGINE_INPUTS` (names from NVIDIA's
 contract, `tensorrtllm_backend/nvidia_backend.py`), the llmapi model's tensor in
 `request.LLMAPI_INPUTS`, and the `tensorrt_llm.SamplingParams` keyword that tensor fills in the LLM
-API (`llmapi_keyword`; tests/unit/test_openai_fields.py holds it to the llmapi model's contract).
+API (`llmapi_keyword`; tests/unit/api/openai/test_fields.py holds it to the llmapi model's contract).
 README's table is `markdown()` (`python -m trtllm_service.api.openai.fields`; a test keeps them equal).
 """
 

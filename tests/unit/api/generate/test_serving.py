@@ -8,12 +8,12 @@ import ast
 import asyncio
 import dataclasses
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
 from starlette.responses import Response
 
+from tests.support import REPO_ROOT
 from trtllm_service.api.generate.protocol import GenerateRequest
 from trtllm_service.api.generate.serving import serve_generate
 from trtllm_service.api.generation.bodies import bind_serving
@@ -24,7 +24,7 @@ from trtllm_service.relay.flavors import LLMAPIFlavor
 from trtllm_service.relay.request import GenerationRequest, SamplingParams
 from trtllm_service.runtime import Runtime
 
-SERVICE = Path(__file__).resolve().parents[2] / "service.py"
+SERVICE = REPO_ROOT / "service.py"
 
 
 def signature_of_generate() -> list[tuple[str, str, Any]]:

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import fields
-from pathlib import Path
 
 import llmapi_contract
 
 from tensorrtllm_backend import nvidia_llmapi
+from tests.support import REPO_ROOT
 from trtllm_service.api.openai.chat.protocol import ChatCompletionRequest
 from trtllm_service.api.openai.completions.protocol import CompletionRequest
 from trtllm_service.api.openai.fields import OPENAI_FIELDS, RESPONSE_ONLY, llmapi_keyword, markdown
 from trtllm_service.api.openai.responses.protocol import ResponsesRequest
 from trtllm_service.relay.request import ENGINE_INPUTS, LLMAPI_INPUTS, GenerationRequest
 
-API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
+API_DOC = REPO_ROOT / "docs" / "api.md"
 
 
 def test_every_request_field_has_a_row() -> None:

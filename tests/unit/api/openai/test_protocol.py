@@ -509,7 +509,7 @@ def test_a_forced_call_is_a_guide_on_the_calls_schema() -> None:
     )
     guide = named.sampling_params().guide
     assert guide is not None and guide[0] == "json_schema"
-    assert named.guide_path == "tools"  # where a guide the engine refuses is blamed (test_guide_checker.py)
+    assert named.guide_path == "tools"  # where a guide the engine refuses is blamed (relay/test_guided.py)
     assert json.loads(guide[1])["properties"]["name"] == {"const": "f"}
     assert named.tool_mode == "forced"
     assert parse_request(ChatCompletionRequest, chat(tools=[TOOL])).tool_mode == "auto"

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import typing
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -18,11 +17,12 @@ from bentoml._internal.cloud.schemas.schemasv2 import CreateDeploymentSchema
 from bentoml._internal.configuration.containers import BentoMLConfiguration
 from bentoml._internal.utils.cattr import bentoml_cattr
 
+from tests.support import REPO_ROOT
 from trtllm_service.api.server import deployment
 from trtllm_service.packed_model import PackInfo
 from trtllm_service.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = REPO_ROOT
 DEPLOYMENT_YAML = ROOT / "deployment.yaml"
 
 

@@ -18,7 +18,7 @@ from engine_stats import CPP_FAMILIES, CppBackendStats, cpp_backend_metrics, sna
 from prefix_cache import PrefixStore
 from reference import ReferenceSource
 
-from tests.unit.standin.engine_harness import Recorder, Sink, ids_and_log_probs, request
+from tests.unit.backend.standin.engine_harness import Recorder, Sink, ids_and_log_probs, request
 
 
 def test_prefix_store_matches_whole_blocks_and_leaves_the_last_token() -> None:

@@ -16,7 +16,7 @@ import pytest
 import torch
 from reference import SPAN_BLOCK, ReferenceSource
 
-from tests.unit.standin.engine_harness import Sink, ids_and_log_probs, request, run
+from tests.unit.backend.standin.engine_harness import Sink, ids_and_log_probs, request, run
 
 
 class CountingSource(ReferenceSource):

@@ -1,5 +1,5 @@
 """NGram speculative decoding in the reference engine, without Triton: the real engine loop and token
-source on the demo model (tests/unit/standin/engine_harness.py runs them), one source without
+source on the demo model (tests/unit/backend/standin/engine_harness.py runs them), one source without
 drafts and one with.
 
 Greedy output is the same tokens with drafts as without, alone and under load, and drafts are
@@ -20,7 +20,7 @@ import torch
 from contract import EngineRequest
 from reference import ReferenceSource
 
-from tests.unit.standin.engine_harness import Sink, ids_and_log_probs, request, run
+from tests.unit.backend.standin.engine_harness import Sink, ids_and_log_probs, request, run
 
 NGRAM = {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 3}
 PERF = frozenset({"total_draft_tokens", "total_accepted_draft_tokens", "acceptance_rate"})
