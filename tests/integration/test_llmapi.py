@@ -121,18 +121,6 @@ ALL = {
 GREEDY = {"sampling_param_temperature": 0.0}
 
 
-@pytest.fixture(scope="module")
-def llmapi(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
-    server = TritonServer(
-        tmp_path_factory.mktemp("llmapi"),
-        engine_dir=demo_model_dir,
-        tokenizer_dir=demo_model_dir,
-        flavor="llmapi",
-    )
-    with server:
-        yield server
-
-
 def test_streamed_deltas_are_the_whole_text(llmapi: TritonServer, demo_model_dir: Path) -> None:
     whole = run(llmapi, sampling_param_max_tokens=64, sampling_param_end_id=-1, **GREEDY, **ALL)
     assert whole.error is None, whole.error

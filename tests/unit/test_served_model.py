@@ -45,7 +45,8 @@ class FakeStore:
 
 
 @pytest.fixture
-def store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeStore:
+def fake_store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeStore:
+    """BentoML's model store replaced by a `FakeStore` (and the served-model record kept in tmp_path)."""
     fake = FakeStore()
     models = importlib.import_module("bentoml.models")  # bentoml.models is a lazy loader: patch the module
     monkeypatch.setattr(models, "list", fake.list)
@@ -56,33 +57,33 @@ def store(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> FakeStore:
     return fake
 
 
-def packed(store: FakeStore, tag: str, serve: bool = False) -> tuple[str | None, str, Path]:
+def packed(fake_store: FakeStore, tag: str, serve: bool = False) -> tuple[str | None, str, Path]:
     """What pack_model.py does after saving `tag`."""
-    store.pack(tag)
+    fake_store.pack(tag)
     return cli.settle_served(tag, serve)
 
 
-def test_a_second_pack_does_not_change_what_is_served(store: FakeStore) -> None:
-    assert packed(store, "first:v1")[:2] == ("first:v1", "the first model packed into this store")
+def test_a_second_pack_does_not_change_what_is_served(fake_store: FakeStore) -> None:
+    assert packed(fake_store, "first:v1")[:2] == ("first:v1", "the first model packed into this store")
     assert served_model.default_model_tag(None) == "first:v1"
-    served, _, _ = packed(store, "second:v2")
+    served, _, _ = packed(fake_store, "second:v2")
     assert served == "first:v1"
     assert served_model.default_model_tag(None) == "first:v1"  # the old rule: the newest, second:v2
     assert "recorded in" in served_model.CHOSEN["first:v1"]
 
 
-def test_trtllm_model_always_wins(store: FakeStore) -> None:
-    packed(store, "first:v1")
-    packed(store, "second:v2")
+def test_trtllm_model_always_wins(fake_store: FakeStore) -> None:
+    packed(fake_store, "first:v1")
+    packed(fake_store, "second:v2")
     assert served_model.choose_served_model("second") == ("second:v2", "TRTLLM_MODEL=second")
     assert served_model.choose_served_model("second:v2")[0] == "second:v2"
     with pytest.raises(served_model.ModelNotFoundError, match="TRTLLM_MODEL='third' is not in the BentoML"):
         served_model.choose_served_model("third")
 
 
-def test_serve_and_set_served_change_it(store: FakeStore) -> None:
-    packed(store, "first:v1")
-    assert packed(store, "second:v2", serve=True)[:2] == ("second:v2", "--serve")
+def test_serve_and_set_served_change_it(fake_store: FakeStore) -> None:
+    packed(fake_store, "first:v1")
+    assert packed(fake_store, "second:v2", serve=True)[:2] == ("second:v2", "--serve")
     assert served_model.default_model_tag(None) == "second:v2"
     assert cli.set_served("first") == 0
     assert served_model.served_model_file().read_text() == "first:v1\n"
@@ -90,48 +91,48 @@ def test_serve_and_set_served_change_it(store: FakeStore) -> None:
     assert cli.set_served("nothing") == 1
 
 
-def test_without_a_record_the_only_packed_model(store: FakeStore) -> None:
+def test_without_a_record_the_only_packed_model(fake_store: FakeStore) -> None:
     """A built bento's container holds one model and no record."""
-    store.pack("other:v0", packed_by="someone-else")
+    fake_store.pack("other:v0", packed_by="someone-else")
     with pytest.raises(served_model.ModelNotFoundError, match=r"pack_model.py --demo"):
         served_model.choose_served_model(None)
-    store.pack("only:v1")
+    fake_store.pack("only:v1")
     assert served_model.choose_served_model(None) == (
         "only:v1",
         "the only model pack_model.py packed into the model store",
     )
 
 
-def test_several_and_none_recorded_is_an_error_naming_them(store: FakeStore) -> None:
-    store.pack("first:v1")
-    store.pack("second:v2")
+def test_several_and_none_recorded_is_an_error_naming_them(fake_store: FakeStore) -> None:
+    fake_store.pack("first:v1")
+    fake_store.pack("second:v2")
     with pytest.raises(served_model.ModelNotFoundError) as error:
         served_model.choose_served_model(None)
     message = str(error.value)
     assert "first:v1, second:v2" in message and "TRTLLM_MODEL=TAG" in message and "--set-served" in message
     # a pack into such a store records nothing unless told to
-    assert packed(store, "third:v3")[0] is None
-    assert packed(store, "fourth:v4", serve=True)[0] == "fourth:v4"
+    assert packed(fake_store, "third:v3")[0] is None
+    assert packed(fake_store, "fourth:v4", serve=True)[0] == "fourth:v4"
 
 
-def test_a_store_from_before_records_keeps_its_model(store: FakeStore) -> None:
+def test_a_store_from_before_records_keeps_its_model(fake_store: FakeStore) -> None:
     """One model packed before the record existed was served: packing another records that one."""
-    store.pack("old:v1")
-    served, why, record = packed(store, "new:v2")
+    fake_store.pack("old:v1")
+    served, why, record = packed(fake_store, "new:v2")
     assert (served, why) == ("old:v1", "the model served before this pack")
     assert record.read_text() == "old:v1\n"
 
 
-def test_a_deleted_served_model_is_no_record(store: FakeStore) -> None:
-    packed(store, "first:v1")
-    store.models.clear()
-    store.pack("second:v2")
+def test_a_deleted_served_model_is_no_record(fake_store: FakeStore) -> None:
+    packed(fake_store, "first:v1")
+    fake_store.models.clear()
+    fake_store.pack("second:v2")
     assert served_model.recorded_model() is None
     assert served_model.choose_served_model(None)[0] == "second:v2"
 
 
 def test_the_closing_lines_say_how_to_serve_and_build(
-    store: FakeStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    fake_store: FakeStore, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.chdir(cli.REPO_ROOT)
     record = Path("/home/u/bentoml/trtllm-service/served-model")
@@ -151,11 +152,11 @@ def test_the_closing_lines_say_how_to_serve_and_build(
 
 
 def test_one_announcement_outside_the_workers(
-    store: FakeStore, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    fake_store: FakeStore, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from bentoml._internal.context import server_context
 
-    packed(store, "first:v1")
+    packed(fake_store, "first:v1")
     capsys.readouterr()
     monkeypatch.setattr(server_context, "worker_index", None)  # bentoml build, bentoml serve's main process
     served_model.default_model_tag(None, announce=True)

@@ -6,19 +6,10 @@ Reference texts come from the tokenizer's own one-shot decode of all ids.
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tensorrtllm_backend.detokenizer import LOOK_BACK, IncrementalDetokenizer
 from tests.integration.test_streaming_text import HARD_TEXT
-from tests.support import load_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tokenizer(demo_model_dir: Path) -> Any:
-    return load_tokenizer(str(demo_model_dir))
 
 
 def whole(tokenizer: Any, ids: list[int]) -> str:

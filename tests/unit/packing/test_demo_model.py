@@ -43,27 +43,8 @@ def digests(directory: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in directory.iterdir() if p.is_file()}
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_demo_model(tmp_path_factory.mktemp("demo") / "model")
-
-
-@pytest.fixture(scope="module")
-def tokenizer(model_dir: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-
-
-@pytest.fixture(scope="module")
-def model(model_dir: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(model_dir, local_files_only=True).eval()
-
-
-def test_writes_expected_files(model_dir: Path) -> None:
-    assert {p.name for p in model_dir.iterdir()} == EXPECTED_FILES
+def test_writes_expected_files(demo_model_dir: Path) -> None:
+    assert {p.name for p in demo_model_dir.iterdir()} == EXPECTED_FILES
 
 
 def test_same_seed_gives_byte_identical_files(tmp_path: Path) -> None:
@@ -88,10 +69,10 @@ def test_build_is_fast(tmp_path: Path) -> None:
     assert time.monotonic() - start < 20
 
 
-def test_rebuild_into_identical_dir_returns_it(model_dir: Path) -> None:
-    before = digests(model_dir)
-    assert build_demo_model(model_dir) == model_dir
-    assert digests(model_dir) == before
+def test_rebuild_into_identical_dir_returns_it(demo_model_dir: Path) -> None:
+    before = digests(demo_model_dir)
+    assert build_demo_model(demo_model_dir) == demo_model_dir
+    assert digests(demo_model_dir) == before
 
 
 def test_refuses_non_empty_foreign_dir(tmp_path: Path) -> None:
@@ -128,11 +109,11 @@ def test_interrupted_build_leaves_nothing(tmp_path: Path, monkeypatch: pytest.Mo
     assert list(tmp_path.iterdir()) == []
 
 
-def test_config_files(model_dir: Path) -> None:
-    config = json.loads((model_dir / "config.json").read_text())
-    gen = json.loads((model_dir / "generation_config.json").read_text())
-    tok_config = json.loads((model_dir / "tokenizer_config.json").read_text())
-    vocab = json.loads((model_dir / "tokenizer.json").read_text())["added_tokens"]
+def test_config_files(demo_model_dir: Path) -> None:
+    config = json.loads((demo_model_dir / "config.json").read_text())
+    gen = json.loads((demo_model_dir / "generation_config.json").read_text())
+    tok_config = json.loads((demo_model_dir / "tokenizer_config.json").read_text())
+    vocab = json.loads((demo_model_dir / "tokenizer.json").read_text())["added_tokens"]
     ids = {t["content"]: t["id"] for t in vocab}
     assert config["model_type"] == "llama"
     assert config["num_key_value_heads"] < config["num_attention_heads"]  # GQA
@@ -150,12 +131,12 @@ def test_config_files(model_dir: Path) -> None:
     assert tok_config["model_max_length"] == 2048
 
 
-def test_model_loads_with_all_weights(model_dir: Path, tokenizer: Any) -> None:
+def test_model_loads_with_all_weights(demo_model_dir: Path, tokenizer: Any) -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
     model, info = AutoModelForCausalLM.from_pretrained(
-        model_dir, local_files_only=True, output_loading_info=True
+        demo_model_dir, local_files_only=True, output_loading_info=True
     )
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
     assert type(model).__name__ == "LlamaForCausalLM"
@@ -233,7 +214,7 @@ def test_chat_text_has_exactly_one_bos(tokenizer: Any) -> None:
     assert tokenizer.decode(ids) == rendered
 
 
-def test_greedy_generate_is_deterministic(model: Any, tokenizer: Any) -> None:
+def test_greedy_generate_is_deterministic(hf_model: Any, tokenizer: Any) -> None:
     import torch
 
     prompt = tokenizer.apply_chat_template(
@@ -241,7 +222,7 @@ def test_greedy_generate_is_deterministic(model: Any, tokenizer: Any) -> None:
     )
     input_ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)])
     outputs = [
-        model.generate(
+        hf_model.generate(
             input_ids, max_new_tokens=12, do_sample=False, attention_mask=torch.ones_like(input_ids)
         )
         for _ in range(2)
@@ -265,13 +246,13 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_cli_builds_same_files(tmp_path: Path, model_dir: Path) -> None:
+def test_cli_builds_same_files(tmp_path: Path, demo_model_dir: Path) -> None:
     out = tmp_path / "cli"
     result = run_cli(str(out), "--seed", str(DEMO_SEED))
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(out)
     # A separate process must produce the very same bytes (tokenizer training and weights included).
-    assert digests(out) == digests(model_dir)
+    assert digests(out) == digests(demo_model_dir)
 
 
 @pytest.mark.parametrize("args", [(), ("out", "--seed", "abc"), ("out", "--bogus")])

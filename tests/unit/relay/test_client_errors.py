@@ -4,22 +4,16 @@
 from __future__ import annotations
 
 from array import array
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
-from tests.support import engine_response, load_tokenizer
+from tests.support import engine_response
 from trtllm_service.errors import APIError
 from trtllm_service.relay.client import EngineStream
 from trtllm_service.relay.readers import TextReader, TokenIdReader
 from trtllm_service.relay.request import GenerationRequest
-
-
-@pytest.fixture(scope="module")
-def tokenizer(demo_model_dir: Path) -> Any:
-    return load_tokenizer(str(demo_model_dir))
 
 
 def _error_of(tokenizer: Any, message: str) -> APIError:

@@ -7,23 +7,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 from array import array
-from pathlib import Path
 from typing import Any
 
 import pytest
 from tritonclient.grpc import service_pb2
 
 from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
-from tests.support import engine_response, load_tokenizer
+from tests.support import engine_response
 from trtllm_service.relay.client import EngineStream
 from trtllm_service.relay.readers import TokenIdReader
 from trtllm_service.relay.request import GenerationRequest
 from trtllm_service.settings import Settings, SettingsError
-
-
-@pytest.fixture(scope="module")
-def tokenizer(demo_model_dir: Path) -> Any:
-    return load_tokenizer(str(demo_model_dir))
 
 
 def _stream(tokenizer: Any, interval_s: float) -> EngineStream:

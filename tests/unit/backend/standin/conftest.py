@@ -10,18 +10,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
-
-
-@pytest.fixture(scope="module")
-def tokenizer(demo_model_dir: Path) -> Any:
-    """The demo model's tokenizer, as the llmapi model loads it."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(demo_model_dir))
 
 
 @pytest.fixture(scope="module")

@@ -176,7 +176,7 @@ def test_a_streamed_request_gets_a_pass_s_tokens_together(sources: tuple[Referen
 
 
 @pytest.fixture(scope="module")
-def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def smollm2_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The SmolLM2 demo checkpoint (pack_model.py --demo; dev.sh installs its GGUF package, so a
     missing one fails here rather than skipping)."""
     from trtllm_service.packing.smollm2 import build_smollm2_model
@@ -184,14 +184,14 @@ def smollm2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_smollm2_model(tmp_path_factory.mktemp("smollm2") / "model")
 
 
-def test_smollm2_greedy_is_the_same_tokens(smollm2: Path) -> None:
+def test_smollm2_greedy_is_the_same_tokens(smollm2_dir: Path) -> None:
     """A real chat model: a prompt whose answer quotes it (drafts accepted) and one whose answer
     does not; greedy tokens are the same with drafts, in float32 as the engine runs on CPU."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(smollm2)
-    plain = ReferenceSource(str(smollm2), "cpu", "float32", slots=2, max_len=1024)
-    ngram = ReferenceSource(str(smollm2), "cpu", "float32", slots=2, max_len=1024)
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    plain = ReferenceSource(str(smollm2_dir), "cpu", "float32", slots=2, max_len=1024)
+    ngram = ReferenceSource(str(smollm2_dir), "cpu", "float32", slots=2, max_len=1024)
     ngram.speculate(NGRAM)
     cities = "Lisbon, Madrid, Paris, Berlin, Vienna, Prague, Warsaw, Budapest, Rome, Athens, Oslo, Dublin"
     questions = [
