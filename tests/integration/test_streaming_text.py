@@ -15,22 +15,13 @@ import pytest
 import tritonclient.grpc as grpcclient
 
 from tests.support import (
+    HARD_TEXT,
     TritonServer,
     postprocess,
     stable_text,
 )
 
 pytestmark = pytest.mark.integration
-
-HARD_TEXT = (
-    "Grüße aus München! naïve café, déjà vu, façade, jalapeño.\n"
-    "  中文：你好，世界。我们今天去公园散步 🌍\n"
-    "日本語のテキストです。한국어도 있어요.\n"
-    "Family 👨‍👩‍👧‍👦, thumbs 👍🏽 👍🏿, wave 👋🏻, flag 🏳️‍🌈 🇫🇷, heart ❤️.\n\n"
-    "   indented   words\tand tabs\n"
-    " leading space, trailing space \n"
-    "Ελληνικά, Русский язык: привет, мир! ✅ ✨"
-)
 
 
 @pytest.fixture(scope="module")

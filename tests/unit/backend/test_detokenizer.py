@@ -9,7 +9,7 @@ import random
 from typing import Any
 
 from tensorrtllm_backend.detokenizer import LOOK_BACK, IncrementalDetokenizer
-from tests.integration.test_streaming_text import HARD_TEXT
+from tests.support import HARD_TEXT
 
 
 def whole(tokenizer: Any, ids: list[int]) -> str:

@@ -799,7 +799,7 @@ _INFO: dict[str, Any] = {
     ],
 )
 def test_guided_request_refused_when_packed_without(path: str, body: dict[str, Any], param: str) -> None:
-    from tests.unit.api.openai.test_serving import FakeRuntime, post
+    from tests.serving_support import FakeRuntime, post
     from trtllm_service.relay.flavors import EnsembleFlavor
 
     runtime = FakeRuntime()

@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from tests.unit.api.openai.test_serving import FakeRuntime, events, post
+from tests.serving_support import FakeRuntime, events, post
 from trtllm_service.api import app
 from trtllm_service.api.openai.chat.protocol import ChatCompletionChunk
 from trtllm_service.chat.template import PromptFormatter
