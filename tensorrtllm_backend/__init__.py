@@ -13,6 +13,6 @@ LLMAPI_TEMPLATES_DIR = ALL_MODELS_DIR / "llmapi"
 STANDIN_DIR = Path(__file__).resolve().parent / "standin"
 """The stand-ins for NVIDIA's engine (reference, synthetic, the stand-in LLM API): what serves where
 TensorRT-LLM does not (repository.build_repository says where they are copied; the layering test,
-tests/unit/test_standin_layering.py, that no production model imports them)."""
+tests/unit/repo/test_standin_layering.py, that no production model imports them)."""
 LAUNCHER = Path(__file__).resolve().parent / "scripts" / "launch_triton_server.py"
 """The launcher's entry point, run by path (by users, the service, mpirun's ranks); its logic is launcher.py."""

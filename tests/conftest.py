@@ -1,10 +1,12 @@
-"""Shared fixtures: the demo model, a filled model repository and a real tritonserver."""
+"""Shared fixtures, one per concept (tests/unit/repo/test_tests.py holds each name to one definition):
+the demo model (its files, its tokenizer, its transformers model) and real tritonservers on it."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +18,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # nothing in production (every Triton the tests start inherits this).
 os.environ.setdefault("TRTLLM_CONTRACT_CHECK", "1")
 
-from tests.support import TritonServer
+from tests.support import TritonServer, load_tokenizer
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -31,6 +33,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random demo checkpoint (`pack_model.py --demo tiny`: Llama-3's tokens and chat
+    template), built once for the session. Read it, never write into it."""
     from trtllm_service.packing.demo_model import build_demo_model
 
     return build_demo_model(tmp_path_factory.mktemp("demo") / "model")
@@ -44,6 +48,38 @@ def triton(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         engine_dir=demo_model_dir,
         tokenizer_dir=demo_model_dir,
         overrides={"max_beam_width": "4"},  # beam search (tests/integration/test_engine_features.py)
+    )
+    with server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def tokenizer(demo_model_dir: Path) -> Any:
+    """The demo model's tokenizer (transformers' AutoTokenizer, as the service and the llmapi model
+    load it), one for the session: a test that changes a tokenizer loads its own."""
+    return load_tokenizer(str(demo_model_dir))
+
+
+@pytest.fixture(scope="session")
+def hf_model(demo_model_dir: Path) -> Any:
+    """The demo model in transformers (float32, eval mode): the reference the engines' greedy and
+    beam outputs are held to."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(demo_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def llmapi(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
+    """A tritonserver with the llmapi flavour's repository on the demo model (the reference engine
+    behind the stand-in LLM API here). Module-scoped: each module that uses it starts its own, so
+    that no module sees another's requests in the engine's counters."""
+    server = TritonServer(
+        tmp_path_factory.mktemp("llmapi"),
+        engine_dir=demo_model_dir,
+        tokenizer_dir=demo_model_dir,
+        flavor="llmapi",
     )
     with server:
         yield server

@@ -27,6 +27,21 @@ from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 from tensorrtllm_backend import LAUNCHER
 from tensorrtllm_backend.repository import build_repository, repository_values
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+"""The repository's root (tests/ sits in it)."""
+
+HARD_TEXT = (
+    "Grüße aus München! naïve café, déjà vu, façade, jalapeño.\n"
+    "  中文：你好，世界。我们今天去公园散步 🌍\n"
+    "日本語のテキストです。한국어도 있어요.\n"
+    "Family 👨‍👩‍👧‍👦, thumbs 👍🏽 👍🏿, wave 👋🏻, flag 🏳️‍🌈 🇫🇷, heart ❤️.\n\n"
+    "   indented   words\tand tabs\n"
+    " leading space, trailing space \n"
+    "Ελληνικά, Русский язык: привет, мир! ✅ ✨"
+)
+"""Text whose streaming is hard: multi-byte characters, emoji sequences (ZWJ, skin tones, flags),
+runs of spaces and tabs (tests/integration/test_streaming_text.py, tests/unit/backend/test_detokenizer.py)."""
+
 
 def stable_text(tokenizer: Any, ids: list[int], look_back: int = 16) -> str:
     """What our postprocessing emits for `ids`: the decoded text up to the last token boundary that

@@ -26,7 +26,7 @@ drafts and the token decoded after them come out of one pass. Keys and values pa
 length (rejected drafts, padding) stay in its slot, masked until overwritten. Sampled output follows
 the same distribution as without drafts (each token is drawn from the model's distribution given the
 ones before it); greedy output is the same tokens, up to the last bits of the logits (a pass computes
-several positions per slot; tests/unit/standin/test_reference_speculation.py and
+several positions per slot; tests/unit/backend/standin/test_reference_speculation.py and
 tests/integration/test_speculative.py assert the same tokens on the demo models, alone and under
 load; with drafts a round's shape depends on whether any sequence drafted, so the bit-for-bit
 independence from neighbours above holds for tokens there, not for every last bit of a log prob).

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import openai
 import psutil
 import pytest
@@ -309,3 +310,10 @@ def model_name(packed_model_dir: Path) -> str:
 @pytest.fixture(scope="module")
 def client(service: BentoService) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{service.url}/v1", api_key="x", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def http(service: BentoService) -> Iterator[httpx.Client]:
+    """httpx on the shared service's root: what the SDKs do not send or do not show."""
+    with httpx.Client(base_url=service.url, timeout=60) as client:
+        yield client

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.test_faults import (
+from tests.faults_support import (
     FAST_RESTART,
     LONG_REQUEST,
     StreamReader,

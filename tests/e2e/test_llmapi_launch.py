@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from tests.e2e.conftest import BentoService, _name, pack_demo
-from tests.e2e.test_faults import (
+from tests.faults_support import (
     FAST_RESTART,
     alive,
     assert_serving_again,

@@ -24,12 +24,6 @@ from tests.support import held_request, wait_for
 KEYS = "k1,k2"
 
 
-@pytest.fixture(scope="module")
-def http(service: Any) -> httpx.Client:
-    with httpx.Client(base_url=service.url, timeout=60) as client:
-        yield client
-
-
 def user(text: str = "Hello") -> list[dict[str, str]]:
     return [{"role": "user", "content": text}]
 

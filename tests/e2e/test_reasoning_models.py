@@ -8,7 +8,7 @@ The tag is several tokens, so a stream brings it split across chunks. Without a 
 never closes the block: the answer is all reasoning, as a real model's cut off while thinking.
 
 One flavour (llmapi, the one `--hf-model` checkpoints of reasoning models get): the parser works on
-the text the service relays, which both flavours stream token by token (test_openai_responses.py
+the text the service relays, which both flavours stream token by token (tests/unit/api/openai/test_official_client.py
 runs on both), and a second packed model per flavour costs ~30 s of start-up.
 """
 

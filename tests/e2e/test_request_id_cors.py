@@ -14,8 +14,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from tests.browser_support import CHROMIUM_ARGS, chromium_path
 from tests.e2e.conftest import BentoService
-from tests.e2e.test_swagger_ui import CHROMIUM_ARGS, chromium_path
 from tests.support import wait_for
 
 FLAVORS = ("llmapi",)  # neither depends on the repository flavour

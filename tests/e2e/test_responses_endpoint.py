@@ -18,8 +18,6 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from tests.e2e.conftest import BentoService
-
 INSTRUCTIONS = "You are a terse assistant."
 QUESTION = "Tell me a story about a dog."
 MESSAGES = [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": QUESTION}]
@@ -158,12 +156,6 @@ def test_non_text_content_parts_in_chat_are_400s_naming_them(
 
 
 # ---- /tokenize and /detokenize (at the root, as vLLM serves them) ------------------------------------
-
-
-@pytest.fixture(scope="module")
-def http(service: BentoService) -> httpx.Client:
-    with httpx.Client(base_url=service.url, timeout=60) as client:
-        yield client  # type: ignore[misc]  # a generator fixture, annotated as what it yields
 
 
 def test_tokenize_gives_the_engines_token_ids(

@@ -3,36 +3,14 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import httpx
-import pytest
 
+from tests.browser_support import CHROMIUM_ARGS, chromium_path
 from tests.e2e.conftest import BentoService
 
 FLAVORS = ("llmapi",)  # the UI does not depend on the repository flavour
-
-CHROMIUM_ARGS = [
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
-def chromium_path() -> str:
-    path = shutil.which("chromium") or "/usr/bin/chromium"
-    if not Path(path).is_file():
-        pytest.fail(
-            "Chromium is needed for the Swagger UI test and was not found (PATH or /usr/bin/chromium); "
-            "install it with `apt-get install -y chromium`"
-        )
-    return path
 
 
 def test_generate_from_swagger_ui(service: BentoService, tmp_path: Path) -> None:

@@ -29,7 +29,8 @@ def run(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def home(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def packed_home(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A BENTOML_HOME with two demo models packed: `with-lora` (an adapter) and `no-guides`."""
     home = tmp_path_factory.mktemp("doctor-home")
     config = json.loads((demo_model_dir / "config.json").read_text())
     adapter = make_adapter(tmp_path_factory.mktemp("adapter") / "poet", config, seed=1)
@@ -45,8 +46,8 @@ def home(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
 
 
 @pytest.mark.box
-def test_every_feature_of_a_packed_model_answers(home: Path) -> None:
-    result = run(home, "-m", "trtllm_service.doctor", "with-lora", "--json")
+def test_every_feature_of_a_packed_model_answers(packed_home: Path) -> None:
+    result = run(packed_home, "-m", "trtllm_service.doctor", "with-lora", "--json")
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
     checks = {check["name"]: check for check in report["checks"]}
@@ -76,16 +77,16 @@ def test_the_doctor_passes_on_the_demo(demo: str, tmp_path_factory: pytest.TempP
     assert not [check for check in report["checks"] if check["status"] in ("failed", "warning")]
 
 
-def test_what_the_model_was_packed_without_is_unsupported_with_why(home: Path) -> None:
-    result = run(home, "-m", "trtllm_service.doctor", "no-guides")
+def test_what_the_model_was_packed_without_is_unsupported_with_why(packed_home: Path) -> None:
+    result = run(packed_home, "-m", "trtllm_service.doctor", "no-guides")
     assert result.returncode == 0, result.stdout + result.stderr
     lines = {line.split()[0]: line for line in result.stdout.splitlines() if line.startswith("  ")}
     assert "unsupported" in lines["guided"] and "packed without" in lines["guided"], lines["guided"]
     assert "unsupported" in lines["lora"] and "--lora" in lines["lora"]
 
 
-def test_an_unknown_model_is_one_line(home: Path) -> None:
-    result = run(home, "-m", "trtllm_service.doctor", "no-such-model")
+def test_an_unknown_model_is_one_line(packed_home: Path) -> None:
+    result = run(packed_home, "-m", "trtllm_service.doctor", "no-such-model")
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.startswith("trtllm_service.doctor: error: ") and result.stderr.count("\n") == 1
 

@@ -20,7 +20,7 @@ import torch
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
-from tests.support import Streamer, TritonServer, engine_inputs, load_tokenizer
+from tests.support import Streamer, TritonServer, engine_inputs
 from trtllm_service.errors import APIError
 from trtllm_service.relay import client
 from trtllm_service.relay.client import TritonRelay
@@ -32,18 +32,6 @@ pytestmark = pytest.mark.integration
 
 BEAMS = 4  # the beam servers have max_beam_width 4 (the LLM API searches exactly that)
 TOL = 2e-3
-
-
-@pytest.fixture(scope="module")
-def llmapi(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
-    server = TritonServer(
-        tmp_path_factory.mktemp("llmapi_features"),
-        engine_dir=demo_model_dir,
-        tokenizer_dir=demo_model_dir,
-        flavor="llmapi",
-    )
-    with server:
-        yield server
 
 
 @pytest.fixture(scope="module")
@@ -71,21 +59,11 @@ def beam_server(request: pytest.FixtureRequest) -> TritonServer:
     return request.getfixturevalue("triton" if request.param == "ensemble" else "llmapi_beams")
 
 
-@pytest.fixture(scope="module")
-def tokenizer(demo_model_dir: Path) -> Any:
-    return load_tokenizer(str(demo_model_dir))
-
-
-@pytest.fixture(scope="module")
-def hf(demo_model_dir: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(demo_model_dir, dtype=torch.float32).eval()
-
-
-def _limits(tokenizer: Any, hf: Any) -> EngineLimits:
+def _limits(tokenizer: Any, hf_model: Any) -> EngineLimits:
     ends = (tokenizer.convert_tokens_to_ids("<|eot_id|>"), tokenizer.convert_tokens_to_ids("<|end_of_text|>"))
-    return EngineLimits(max_seq_len=512, max_input_len=511, end_ids=ends, vocab_size=hf.config.vocab_size)
+    return EngineLimits(
+        max_seq_len=512, max_input_len=511, end_ids=ends, vocab_size=hf_model.config.vocab_size
+    )
 
 
 async def _relay_run(server: TritonServer, tokenizer: Any, request: Any, beams: bool = False) -> Any:
@@ -117,9 +95,9 @@ def run(server: TritonServer, tokenizer: Any, request: Any, beams: bool = False)
     return asyncio.run(_relay_run(server, tokenizer, request, beams))
 
 
-def test_beam_search_equals_transformers(beam_server: TritonServer, tokenizer: Any, hf: Any) -> None:
+def test_beam_search_equals_transformers(beam_server: TritonServer, tokenizer: Any, hf_model: Any) -> None:
     """The best beams, with their length penalty and early-stopping rule, are transformers' own."""
-    limits = _limits(tokenizer, hf)
+    limits = _limits(tokenizer, hf_model)
     prompt = tokenizer.encode("The quick brown fox")
     cases = [(1.0, True), (0.5, True)]
     if beam_server.flavor == "llmapi":  # NVIDIA's C++ backend misreads early_stopping: only its default
@@ -135,7 +113,7 @@ def test_beam_search_equals_transformers(beam_server: TritonServer, tokenizer: A
         request = settle(prompt, params, limits)
         beams, stream = run(beam_server, tokenizer, replace(request, num_return=2), beams=True)
         with torch.inference_mode():
-            out = hf.generate(
+            out = hf_model.generate(
                 torch.tensor([prompt]),
                 attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                 do_sample=False,
@@ -158,16 +136,16 @@ def test_beam_search_equals_transformers(beam_server: TritonServer, tokenizer: A
 
 @pytest.mark.parametrize("max_tokens", [1, 0])
 def test_prompt_logprobs_equal_transformers(
-    server: TritonServer, tokenizer: Any, hf: Any, max_tokens: int
+    server: TritonServer, tokenizer: Any, hf_model: Any, max_tokens: int
 ) -> None:
     """Each prompt token's log prob (None for the first) and the top 3 there; max_tokens 0 returns
     the prompt's only (the engine generates one token, which is not shown nor counted)."""
-    limits = _limits(tokenizer, hf)
+    limits = _limits(tokenizer, hf_model)
     prompt = tokenizer.encode("Tell me about the sea, please.")
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, prompt_logprobs=3, logprobs=1)
     (text, tokens, finish, generated), stream = run(server, tokenizer, settle(prompt, params, limits))
     with torch.inference_mode():
-        table = torch.log_softmax(hf(torch.tensor([prompt])).logits[0].float(), -1)
+        table = torch.log_softmax(hf_model(torch.tensor([prompt])).logits[0].float(), -1)
     entries = stream.prompt_logprobs
     assert [e.token for e in entries] == prompt and entries[0].logprob is None
     for i in range(1, len(prompt)):
@@ -182,9 +160,9 @@ def test_prompt_logprobs_equal_transformers(
         assert generated[0].token == int(table[-1].argmax())
 
 
-def test_logit_bias_and_stop_token_ids(server: TritonServer, tokenizer: Any, hf: Any) -> None:
+def test_logit_bias_and_stop_token_ids(server: TritonServer, tokenizer: Any, hf_model: Any) -> None:
     """A +100 bias makes its token every token; as a stop token it ends the answer, not shown."""
-    limits = _limits(tokenizer, hf)
+    limits = _limits(tokenizer, hf_model)
     prompt = tokenizer.encode("Hello there")
     token = tokenizer.encode(" sea", add_special_tokens=False)[0]
     biased = SamplingParams(temperature=0.0, max_tokens=5, logit_bias=((token, 100.0),))
@@ -247,7 +225,7 @@ def test_every_final_response_reports_the_reused_kv_cache_blocks(
 
 
 def test_responses_after_the_first_are_read_from_their_bytes(
-    server: TritonServer, tokenizer: Any, hf: Any, monkeypatch: pytest.MonkeyPatch
+    server: TritonServer, tokenizer: Any, hf_model: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """relay/response_shape.py on Triton's own bytes: of a 24-token answer, protobuf parses only the
     first response and the final one, and the answer is the one read with protobuf alone (shapes
@@ -255,7 +233,7 @@ def test_responses_after_the_first_are_read_from_their_bytes(
     request = settle(
         tokenizer.encode("Tell me about the sea"),
         SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
-        _limits(tokenizer, hf),
+        _limits(tokenizer, hf_model),
     )
     parsed: list[bytes] = []
     protobuf = client._parse_response

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,7 +16,6 @@ from tests.support import (
     TritonServer,
     check_cancellation,
     engine_inputs,
-    load_tokenizer,
     output_ids,
     run_stream,
     tensor,
@@ -45,11 +43,6 @@ PROMPTS = [
 
 def rid() -> str:
     return uuid.uuid4().hex
-
-
-@pytest.fixture(scope="module")
-def tokenizer(demo_model_dir: Path) -> Any:
-    return load_tokenizer(str(demo_model_dir))
 
 
 def ok(result: StreamResult) -> StreamResult:

@@ -48,7 +48,8 @@ class ScriptedTriton(service_pb2_grpc.GRPCInferenceServiceServicer):
 
 
 @pytest.fixture
-def server() -> Any:
+def scripted_triton() -> Any:
+    """grpcio's server with `ScriptedTriton` on a free port: (the server, the servicer, the port)."""
     servicer = ScriptedTriton()
     grpc_server = grpc.server(futures.ThreadPoolExecutor(max_workers=64))
     service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, grpc_server)
@@ -80,8 +81,8 @@ def request(model: str, request_id: str, count: int, size: int = 4, payload: byt
     return message.SerializeToString()
 
 
-def test_many_concurrent_calls_each_get_their_own_messages_in_order(server: Any) -> None:
-    _, _, port = server
+def test_many_concurrent_calls_each_get_their_own_messages_in_order(scripted_triton: Any) -> None:
+    _, _, port = scripted_triton
 
     async def scenario() -> None:
         connection = await GrpcConnection.open("127.0.0.1", port)
@@ -102,8 +103,8 @@ def test_many_concurrent_calls_each_get_their_own_messages_in_order(server: Any)
     asyncio.run(scenario())
 
 
-def test_messages_larger_than_frames_and_windows_both_ways(server: Any) -> None:
-    _, servicer, port = server
+def test_messages_larger_than_frames_and_windows_both_ways(scripted_triton: Any) -> None:
+    _, servicer, port = scripted_triton
 
     async def scenario() -> None:
         connection = await GrpcConnection.open("127.0.0.1", port)
@@ -118,8 +119,8 @@ def test_messages_larger_than_frames_and_windows_both_ways(server: Any) -> None:
     asyncio.run(scenario())
 
 
-def test_an_error_status_and_its_message_arrive(server: Any) -> None:
-    _, _, port = server
+def test_an_error_status_and_its_message_arrive(scripted_triton: Any) -> None:
+    _, _, port = scripted_triton
 
     async def scenario() -> None:
         connection = await GrpcConnection.open("127.0.0.1", port)
@@ -136,8 +137,8 @@ def test_an_error_status_and_its_message_arrive(server: Any) -> None:
     asyncio.run(scenario())
 
 
-def test_cancel_ends_the_call_on_the_server_and_nothing_more_arrives(server: Any) -> None:
-    _, servicer, port = server
+def test_cancel_ends_the_call_on_the_server_and_nothing_more_arrives(scripted_triton: Any) -> None:
+    _, servicer, port = scripted_triton
 
     async def scenario() -> None:
         connection = await GrpcConnection.open("127.0.0.1", port)
@@ -156,8 +157,8 @@ def test_cancel_ends_the_call_on_the_server_and_nothing_more_arrives(server: Any
     asyncio.run(scenario())
 
 
-def test_a_server_that_goes_away_ends_every_call_with_unavailable(server: Any) -> None:
-    grpc_server, _, port = server
+def test_a_server_that_goes_away_ends_every_call_with_unavailable(scripted_triton: Any) -> None:
+    grpc_server, _, port = scripted_triton
 
     async def scenario() -> None:
         connection = await GrpcConnection.open("127.0.0.1", port)
@@ -180,8 +181,8 @@ def test_a_server_that_goes_away_ends_every_call_with_unavailable(server: Any) -
     asyncio.run(scenario())
 
 
-def test_a_message_its_reader_cannot_take_ends_that_call_only(server: Any) -> None:
-    _, _, port = server
+def test_a_message_its_reader_cannot_take_ends_that_call_only(scripted_triton: Any) -> None:
+    _, _, port = scripted_triton
 
     class Choking(Collect):
         def on_message(self, data: bytes) -> None:

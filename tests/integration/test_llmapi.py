@@ -18,98 +18,26 @@ from typing import Any
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
-from tritonclient.utils import np_to_triton_dtype
 
+from tests.llmapi_support import (
+    GREEDY,
+    MODEL,
+    OUTPUTS,
+    PROMPT,
+    final,
+    llmapi_input,
+    run,
+    send,
+)
 from tests.support import (
     REQUESTS_METRIC,
     TOKENS_METRIC,
     Streamer,
-    StreamResult,
     TritonServer,
     load_tokenizer,
     wait_engine_idle,
     wait_for,
 )
-
-MODEL = "tensorrt_llm"
-OUTPUTS = ("text_output", "finish_reason", "stop_reason", "cumulative_logprob")
-OUTPUTS += ("num_input_tokens", "num_output_tokens")
-PROMPT = "The quick brown fox jumps over the lazy dog."
-
-DTYPES: dict[str, Any] = {
-    "streaming": np.bool_,
-    "sampling_param_temperature": np.float32,
-    "sampling_param_top_k": np.int32,
-    "sampling_param_top_p": np.float32,
-    "sampling_param_frequency_penalty": np.float32,
-    "sampling_param_presence_penalty": np.float32,
-    "sampling_param_repetition_penalty": np.float32,
-    "sampling_param_max_tokens": np.int32,
-    "sampling_param_min_tokens": np.int32,
-    "sampling_param_seed": np.uint64,
-    "sampling_param_end_id": np.int32,
-    "sampling_param_best_of": np.int32,
-    "sampling_param_exclude_input_from_output": np.bool_,
-    "sampling_param_logprobs": np.int32,
-    "sampling_param_n": np.int32,
-}
-
-
-def _input(name: str, value: Any) -> grpcclient.InferInput:
-    """As upstream's clients send them to a model with max_batch_size 0: scalars are shape [1]."""
-    if name in ("text_input", "sampling_param_stop"):
-        array = np.array([v.encode() for v in ([value] if isinstance(value, str) else value)], np.object_)
-    elif name in ("input_ids", "sampling_param_stop_token_ids"):
-        array = np.array(value, dtype=np.int32).reshape(-1)
-    else:
-        array = np.array([value], dtype=DTYPES.get(name, np.bool_))
-    infer_input = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
-    infer_input.set_data_from_numpy(array)
-    return infer_input
-
-
-def run(
-    server: TritonServer,
-    prompt: str | list[int] | None = PROMPT,
-    outputs: tuple[str, ...] = OUTPUTS,
-    **params: Any,
-) -> StreamResult:
-    """One request; `prompt` goes in text_input (str) or input_ids (list); params by input name."""
-    with Streamer(server.grpc_url) as streamer:
-        send(streamer, prompt, outputs=outputs, **params)
-        return streamer.collect()
-
-
-def send(
-    streamer: Streamer,
-    prompt: str | list[int] | None = PROMPT,
-    request_id: str = "",
-    outputs: tuple[str, ...] = OUTPUTS,
-    **params: Any,
-) -> None:
-    inputs = []
-    if isinstance(prompt, str):
-        inputs.append(_input("text_input", prompt))
-    elif prompt is not None:
-        inputs.append(_input("input_ids", prompt))
-    for name, value in params.items():
-        inputs.append(_input(name, value))
-    streamer.client.async_stream_infer(
-        MODEL,
-        inputs,
-        outputs=[grpcclient.InferRequestedOutput(n) for n in outputs],
-        request_id=request_id or uuid.uuid4().hex,
-        enable_empty_final_response=True,
-    )
-
-
-def final(result: StreamResult, name: str) -> str | int | float:
-    value = result.last(name).reshape(-1)[0]
-    if isinstance(value, bytes):
-        return value.decode()
-    return float(value) if isinstance(value, np.floating) else int(value)
-
 
 ALL = {
     "return_finish_reason": True,
@@ -118,19 +46,6 @@ ALL = {
     "return_num_input_tokens": True,
     "return_num_output_tokens": True,
 }
-GREEDY = {"sampling_param_temperature": 0.0}
-
-
-@pytest.fixture(scope="module")
-def llmapi(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
-    server = TritonServer(
-        tmp_path_factory.mktemp("llmapi"),
-        engine_dir=demo_model_dir,
-        tokenizer_dir=demo_model_dir,
-        flavor="llmapi",
-    )
-    with server:
-        yield server
 
 
 def test_streamed_deltas_are_the_whole_text(llmapi: TritonServer, demo_model_dir: Path) -> None:
@@ -390,7 +305,9 @@ def test_finding_stop_request_ends_the_request(llmapi: TritonServer) -> None:
     assert final(rest, "num_output_tokens") < 1900
     assert wait_for(lambda: llmapi.metric(REQUESTS_METRIC, outcome="stopped") == before + 1, 3.0)
     with Streamer(llmapi.grpc_url) as stopper:  # a stop needs a request id
-        stopper.client.async_stream_infer(MODEL, [_input("stop", True)], enable_empty_final_response=True)
+        stopper.client.async_stream_infer(
+            MODEL, [llmapi_input("stop", True)], enable_empty_final_response=True
+        )
         anonymous = stopper.collect(timeout=30)
     assert anonymous.error is not None and "A request id must be provided" in anonymous.error
 

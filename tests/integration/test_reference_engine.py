@@ -7,7 +7,6 @@ ensemble; the expected token ids come from plain `transformers` generate on the 
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +15,6 @@ import torch
 from tests.support import (
     TritonServer,
     engine_inputs,
-    load_tokenizer,
     output_ids,
     run_stream,
     stable_text,
@@ -31,19 +29,6 @@ EOS_IDS = {1025, 1033}  # <|end_of_text|>, <|eot_id|>
 
 def rid() -> str:
     return uuid.uuid4().hex
-
-
-@pytest.fixture(scope="module")
-def tokenizer(demo_model_dir: Path) -> Any:
-    return load_tokenizer(str(demo_model_dir))
-
-
-@pytest.fixture(scope="module")
-def hf_model(demo_model_dir: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(demo_model_dir, dtype=torch.float32)
-    return model.eval()
 
 
 def reference_greedy(hf_model: Any, input_ids: list[int], max_new_tokens: int) -> list[int]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_llmapi import GREEDY, final, run
+from tests.llmapi_support import GREEDY, final, run
 from tests.support import TritonServer, load_tokenizer
 
 NGRAM = """

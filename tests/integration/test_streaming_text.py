@@ -9,35 +9,19 @@ from __future__ import annotations
 import random
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import tritonclient.grpc as grpcclient
 
 from tests.support import (
+    HARD_TEXT,
     TritonServer,
-    load_tokenizer,
     postprocess,
     stable_text,
 )
 
 pytestmark = pytest.mark.integration
-
-HARD_TEXT = (
-    "Grüße aus München! naïve café, déjà vu, façade, jalapeño.\n"
-    "  中文：你好，世界。我们今天去公园散步 🌍\n"
-    "日本語のテキストです。한국어도 있어요.\n"
-    "Family 👨‍👩‍👧‍👦, thumbs 👍🏽 👍🏿, wave 👋🏻, flag 🏳️‍🌈 🇫🇷, heart ❤️.\n\n"
-    "   indented   words\tand tabs\n"
-    " leading space, trailing space \n"
-    "Ελληνικά, Русский язык: привет, мир! ✅ ✨"
-)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(demo_model_dir: Path) -> Any:
-    return load_tokenizer(str(demo_model_dir))
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +32,10 @@ def hard_ids(tokenizer: Any) -> list[int]:
 
 
 @pytest.fixture
-def client(triton: TritonServer) -> Iterator[grpcclient.InferenceServerClient]:
-    with grpcclient.InferenceServerClient(triton.grpc_url) as grpc_client:
-        yield grpc_client
+def grpc_client(triton: TritonServer) -> Iterator[grpcclient.InferenceServerClient]:
+    """tritonclient's gRPC client to the shared Triton (for its postprocessing model)."""
+    with grpcclient.InferenceServerClient(triton.grpc_url) as client:
+        yield client
 
 
 def split(ids: list[int], sizes: Iterator[int]) -> list[list[int]]:
@@ -89,7 +74,7 @@ def naive(tokenizer: Any, chunks: list[list[int]]) -> str:
 
 @pytest.mark.parametrize("sizes", ["one_token", "random_seed_0", "random_seed_1", "random_seed_2"])
 def test_deltas_concatenate_to_the_text(
-    client: grpcclient.InferenceServerClient, tokenizer: Any, hard_ids: list[int], sizes: str
+    grpc_client: grpcclient.InferenceServerClient, tokenizer: Any, hard_ids: list[int], sizes: str
 ) -> None:
     size_iter = ones() if sizes == "one_token" else random_sizes(int(sizes.rsplit("_", 1)[1]))
     chunks = split(hard_ids, size_iter)
@@ -98,7 +83,7 @@ def test_deltas_concatenate_to_the_text(
     # The text is hard: decoding each chunk alone, as upstream does, gets it wrong.
     assert naive(tokenizer, chunks) != HARD_TEXT
 
-    deltas = stream_through_postprocessing(client, chunks)
+    deltas = stream_through_postprocessing(grpc_client, chunks)
     assert len(deltas) == len(chunks) + 1
     assert "".join(deltas) == tokenizer.decode(hard_ids) == HARD_TEXT
     for delta in deltas:
@@ -108,26 +93,26 @@ def test_deltas_concatenate_to_the_text(
 
 
 def test_special_tokens_are_skipped_in_deltas(
-    client: grpcclient.InferenceServerClient, tokenizer: Any, hard_ids: list[int]
+    grpc_client: grpcclient.InferenceServerClient, tokenizer: Any, hard_ids: list[int]
 ) -> None:
     eot = tokenizer.convert_tokens_to_ids("<|eot_id|>")
     bos = tokenizer.bos_token_id
     ids = [bos, *hard_ids[:20], eot, *hard_ids[20:40]]
-    deltas = stream_through_postprocessing(client, [[i] for i in ids])
+    deltas = stream_through_postprocessing(grpc_client, [[i] for i in ids])
     assert "".join(deltas) == stable_text(tokenizer, ids)
     assert "<|" not in "".join(deltas)
 
 
 def test_without_request_id_each_response_is_decoded_alone(
-    client: grpcclient.InferenceServerClient, tokenizer: Any, hard_ids: list[int]
+    grpc_client: grpcclient.InferenceServerClient, tokenizer: Any, hard_ids: list[int]
 ) -> None:
     """No request id: nothing ties responses together; a whole text still decodes exactly."""
-    assert postprocess(client, hard_ids, "").decode("utf-8") == HARD_TEXT
-    assert postprocess(client, hard_ids, "").decode("utf-8") == HARD_TEXT
+    assert postprocess(grpc_client, hard_ids, "").decode("utf-8") == HARD_TEXT
+    assert postprocess(grpc_client, hard_ids, "").decode("utf-8") == HARD_TEXT
 
 
 def test_interleaved_requests_keep_separate_state(
-    client: grpcclient.InferenceServerClient, tokenizer: Any, hard_ids: list[int]
+    grpc_client: grpcclient.InferenceServerClient, tokenizer: Any, hard_ids: list[int]
 ) -> None:
     """Two request ids fed in alternation (as concurrent streams arrive) do not mix their text."""
     first, second = hard_ids, list(reversed(hard_ids))
@@ -137,8 +122,8 @@ def test_interleaved_requests_keep_separate_state(
         chunk_a = first[index : index + 1]
         chunk_b = second[index : index + 1]
         if index <= len(first):
-            out_a.append(postprocess(client, chunk_a, ids_a))
+            out_a.append(postprocess(grpc_client, chunk_a, ids_a))
         if index <= len(second):
-            out_b.append(postprocess(client, chunk_b, ids_b))
+            out_b.append(postprocess(grpc_client, chunk_b, ids_b))
     assert b"".join(out_a).decode("utf-8") == tokenizer.decode(first)
     assert b"".join(out_b).decode("utf-8") == tokenizer.decode(second)

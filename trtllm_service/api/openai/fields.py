@@ -5,8 +5,9 @@ the `GenerationRequest` attributes `settle` turns them into. The engines' column
 here but looked up: the C++ backend's tensor in `request.ENGINE_INPUTS` (names from NVIDIA's
 contract, `tensorrtllm_backend/nvidia_backend.py`), the llmapi model's tensor in
 `request.LLMAPI_INPUTS`, and the `tensorrt_llm.SamplingParams` keyword that tensor fills in the LLM
-API (`llmapi_keyword`; tests/unit/test_openai_fields.py holds it to the llmapi model's contract).
-docs/api.md's table (OpenAI fields and the engine inputs) is `markdown()` (`python -m trtllm_service.api.openai.fields`; a test keeps them equal).
+API (`llmapi_keyword`; tests/unit/api/openai/test_fields.py holds it to the llmapi model's contract).
+docs/api.md's table (OpenAI fields and the engine inputs) is `markdown()`
+(`python -m trtllm_service.api.openai.fields`; a test keeps them equal).
 """
 
 from __future__ import annotations
