@@ -20,6 +20,7 @@ from trtllm_service.api.generate.serving import serve_generate
 from trtllm_service.api.generation.protocol import (
     MaxTokens,
     Penalty,
+    Priority,
     RepetitionPenalty,
     Seed,
     Temperature,
@@ -28,6 +29,7 @@ from trtllm_service.api.generation.protocol import (
 )
 from trtllm_service.api.openapi import DocumentedService
 from trtllm_service.api.server import deployment, early
+from trtllm_service.api.server.admission import waiting_requests
 from trtllm_service.api.server.bentoml_patches import quiet_logs, read_strictly, share_bentoml_log_handlers
 from trtllm_service.api.server.heap import freeze_startup_heap
 from trtllm_service.api.server.http_limits import quiet_client_gone
@@ -118,7 +120,9 @@ class TRTLLM:
         runtime = self.startup.runtime
         if runtime is None:
             return text
-        return await append_triton_metrics(text, runtime.triton.metrics_url, model_name=runtime.model_name)
+        return await append_triton_metrics(
+            text, runtime.triton.metrics_url, model_name=runtime.model_name, waiting=waiting_requests()
+        )
 
     @bentoml.api
     async def generate(
@@ -137,10 +141,12 @@ class TRTLLM:
         ignore_eos: bool = False,
         json_schema: dict[str, Any] | None = None,
         lora: str | None = None,
+        priority: Priority | None = None,
     ) -> AsyncGenerator[str, None]:
         """Formats the prompt with the model's chat template and streams the answer as text;
         with `json_schema`, the answer is JSON that validates against it; with `lora`, the named
-        LoRA adapter (packed with `pack_model.py --lora`) applies.
+        LoRA adapter (packed with `pack_model.py --lora`) applies; with `priority` (lower first),
+        its place in the service's queue (TRTLLM_ENGINE_SLOTS).
 
         Errors before the first chunk are JSON responses with a 4xx/5xx status, never text in
         the stream: the first text is awaited before the response starts.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
@@ -70,6 +71,24 @@ class Settings(BaseModel, frozen=True):
         description="TRTLLM_MAX_CONCURRENCY: requests in flight, then 429 (traffic.max_concurrency); "
         "default four batches' worth, at least 256",
     )
+    engine_slots: int | Literal["auto"] | None = Field(
+        None,
+        description="TRTLLM_ENGINE_SLOTS: requests let into the engine at once, across the workers; the "
+        "rest wait in the service's queue, by priority then arrival (auto: traffic.concurrency, the "
+        "engine's batch slots); unset: no service queue, requests wait in the engine's own, in arrival order",
+    )
+    max_waiting: int | None = Field(
+        None,
+        ge=0,
+        description="TRTLLM_MAX_WAITING: requests that may wait in the service's queue, then 429 (529 on "
+        "/v1/messages); default TRTLLM_MAX_CONCURRENCY's limit",
+    )
+    queue_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="TRTLLM_QUEUE_TIMEOUT: seconds a request may wait in the service's queue, then 429 "
+        "(529 on /v1/messages); default TRTLLM_STREAM_TIMEOUT",
+    )
     cors_allow_origins: tuple[str, ...] = Field(
         (),
         description="TRTLLM_CORS_ALLOW_ORIGINS: comma-separated origins (or *) for BentoML's CORS; empty = off",
@@ -129,6 +148,13 @@ class Settings(BaseModel, frozen=True):
             return tuple(key.strip() for key in value.split(",") if key.strip())
         return value
 
+    @field_validator("engine_slots")
+    @classmethod
+    def _positive_slots(cls, value: int | str | None) -> int | str | None:
+        if isinstance(value, int) and value < 1:
+            raise ValueError("must be at least 1, or auto")
+        return value
+
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None) -> Settings:
         env = os.environ if environ is None else environ
@@ -148,6 +174,9 @@ class Settings(BaseModel, frozen=True):
             "default_max_tokens": "TRTLLM_DEFAULT_MAX_TOKENS",
             "concurrency": "TRTLLM_CONCURRENCY",
             "max_concurrency": "TRTLLM_MAX_CONCURRENCY",
+            "engine_slots": "TRTLLM_ENGINE_SLOTS",
+            "max_waiting": "TRTLLM_MAX_WAITING",
+            "queue_timeout_s": "TRTLLM_QUEUE_TIMEOUT",
             "cors_allow_origins": "TRTLLM_CORS_ALLOW_ORIGINS",
             "stream_timeout_s": "TRTLLM_STREAM_TIMEOUT",
             "stream_interval_ms": "TRTLLM_STREAM_INTERVAL_MS",

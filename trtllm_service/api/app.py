@@ -38,7 +38,7 @@ from trtllm_service.api.server.bentoml_patches import (
     expose_server_send,
     own_prometheus_dir,
 )
-from trtllm_service.api.server.deployment import OPENAI_ROUTE, ServiceConcurrencyLimit
+from trtllm_service.api.server.deployment import OPENAI_ROUTE, ServiceAdmission, ServiceConcurrencyLimit
 from trtllm_service.api.server.error_shape import ErrorShapeMiddleware
 from trtllm_service.api.server.http_limits import ConnectionLimits
 from trtllm_service.api.server.http_limits import install as install_connection_limits
@@ -192,6 +192,13 @@ def install(service: Any, *, settings: Settings, model_name: str, drain: Drain) 
         shared_dir=run_dir(settings),
         model_name=model_name,
         drain=drain,
+    )
+    service.add_asgi_middleware(
+        ServiceAdmission,  # the waiting queue, with TRTLLM_ENGINE_SLOTS; shared by the workers
+        settings=settings,
+        fallback=service.config["traffic"],
+        shared_dir=run_dir(settings),
+        model_name=model_name,
     )
     service.add_asgi_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, model_name=model_name)
     service.add_asgi_middleware(V1NotFoundMiddleware)

@@ -60,7 +60,8 @@ ERRORS: dict[int, tuple[str, APIError]] = {
     413: ("Request body larger than `TRTLLM_MAX_BODY_BYTES`", body_too_large(8 * 1024 * 1024)),
     415: ("Request body that is not JSON", unsupported_media_type("text/plain")),
     429: (
-        "More requests in flight than `traffic.max_concurrency`; retry after `Retry-After` seconds",
+        "More requests in flight than `traffic.max_concurrency`, or past the waiting queue's bounds "
+        "(code `queue_full` or `queue_timeout`); retry after `Retry-After` seconds",
         too_many_requests(256),
     ),
     503: (

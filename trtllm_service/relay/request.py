@@ -18,7 +18,7 @@ import struct
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from tritonclient.grpc import service_pb2
 
@@ -27,6 +27,10 @@ from trtllm_service.errors import APIError
 
 if TYPE_CHECKING:  # imported where used at run time
     import numpy as np
+
+ServiceTier = Literal["priority", "default", "flex"]
+"""The service's tiers, best first (OpenAI's names; Anthropic's tiers are all `default` here)."""
+TIER_ORDER: Mapping[str, int] = {"priority": 0, "default": 1, "flex": 2}
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +55,8 @@ class SamplingParams:
         prompt_logprobs: Return each prompt token's log prob and its N most likely (None: off).
         beam_width: Beam search over this many beams (None or 1: no beam search).
         length_penalty, early_stopping: Beam search's length penalty and stopping rule.
+        service_tier, priority: The request's place in the service's waiting queue: its tier, then
+            its priority (vLLM's: lower first). No engine at 1.2.1 takes either (docs/api.md: Priority).
     """
 
     max_tokens: int | None = None
@@ -73,6 +79,13 @@ class SamplingParams:
     beam_width: int | None = None
     length_penalty: float | None = None
     early_stopping: bool | None = None
+    service_tier: ServiceTier = "default"
+    priority: int = 0
+
+    @property
+    def queue_rank(self) -> tuple[int, int]:
+        """(tier, priority): lower waits less in the service's queue (then arrival decides)."""
+        return TIER_ORDER[self.service_tier], self.priority
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,16 +42,21 @@ async def scrape_triton(metrics_url: str | None, timeout_s: float = 2.0) -> str 
 
 
 async def append_triton_metrics(
-    text: str, metrics_url: str | None, timeout_s: float = 2.0, model_name: str | None = None
+    text: str,
+    metrics_url: str | None,
+    timeout_s: float = 2.0,
+    model_name: str | None = None,
+    waiting: int | None = None,
 ) -> str:
     """`text` followed by Triton's exposition (and, given the served `model_name`, the engine's
-    statistics under vLLM's names: `engine_metrics`), or `text` alone when Triton does not answer."""
+    statistics under vLLM's names: `engine_metrics`, with `waiting` requests of the service's own
+    queue added to the engine's), or `text` alone when Triton does not answer."""
     triton = await scrape_triton(metrics_url, timeout_s)
     if triton is None:
         return text
     parts = [text, triton]
     if model_name is not None:
-        parts.append(engine_metrics(triton, model_name))
+        parts.append(engine_metrics(triton, model_name, waiting))
     return "".join(part if not part or part.endswith("\n") else f"{part}\n" for part in parts if part)
 
 
@@ -68,7 +73,7 @@ ENGINE_METRICS: dict[str, tuple[str, str]] = {
     "trtllm:kv_cache_usage_perc": ("gauge", "KV-cache usage. 1 means 100 percent usage."),
     "trtllm:prefix_cache_queries": ("counter", "Prefix cache queries, in tokens (prompt blocks looked up)."),
     "trtllm:prefix_cache_hits": ("counter", "Prefix cache hits, in tokens (prompt blocks reused)."),
-    "trtllm:num_requests_waiting": ("gauge", "Requests queued in the engine."),
+    "trtllm:num_requests_waiting": ("gauge", "Requests waiting: in the service's queue and the engine's."),
     "trtllm:spec_decode_num_drafts": ("counter", "Speculative decoding draft proposals."),
     "trtllm:spec_decode_num_draft_tokens": ("counter", "Speculative decoding draft tokens."),
     "trtllm:spec_decode_num_accepted_tokens": ("counter", "Speculative decoding accepted draft tokens."),
@@ -113,11 +118,16 @@ def engine_values(triton_text: str) -> dict[str, float]:
     return values
 
 
-def engine_metrics(triton_text: str, model_name: str) -> str:
-    """ENGINE_METRICS in Prometheus' text format, from Triton's exposition ("" when it has none)."""
+def engine_metrics(triton_text: str, model_name: str, waiting: int | None = None) -> str:
+    """ENGINE_METRICS in Prometheus' text format, from Triton's exposition ("" when it has none);
+    `waiting`: the requests in the service's queue (None: it has none), counted in
+    `trtllm:num_requests_waiting` with the engine's."""
     label = model_name.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
     lines = []
-    for name, value in engine_values(triton_text).items():
+    values = engine_values(triton_text)
+    if waiting is not None:
+        values["trtllm:num_requests_waiting"] = values.get("trtllm:num_requests_waiting", 0.0) + waiting
+    for name, value in values.items():
         kind, help_text = ENGINE_METRICS[name]
         sample = f"{name}_total" if kind == "counter" else name
         lines += [

@@ -31,6 +31,8 @@ ROOMS = {"backend": ROOT / "tensorrtllm_backend", "bench": ROOT / "bench", "repo
 """tests/unit's top folders that are not trtllm_service's (None: the repository as a whole)."""
 
 SEVERAL_MODULES = {
+    "api/test_priority.py": "priority on every route: the protocols' fields, the answers' echoes, "
+    "the queue's refusals in each API's shape and its gauge",
     "api/openai/test_official_client.py": "the /v1 app read by the official openai client: "
     "/v1/responses, reasoning models' think blocks and /tokenize across openai's packages",
     "api/server/test_request_guards.py": "what the door refuses, across limits, shutdown, openapi30 "

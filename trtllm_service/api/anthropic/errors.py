@@ -8,7 +8,8 @@ other 5xx), 504 ``timeout_error``, 529 ``overloaded_error``.
 
 Anthropic documents no 503: its "the API is overloaded, retry" is 529 ``overloaded_error``, which
 Anthropic clients know. So our 503 (Triton starting, restarting or stalled) is answered as 529
-``overloaded_error``, with its ``Retry-After``; our 429 (the concurrency or queue limit) stays 429
+``overloaded_error``, with its ``Retry-After``, and so are the waiting queue's refusals (full, or
+waited too long: the service is overloaded); our 429 of the concurrency limit stays 429
 ``rate_limit_error``. The anthropic SDK retries both (429 and every status >= 500), honouring
 ``retry-after``.
 
@@ -29,6 +30,7 @@ from typing import Any
 from starlette.responses import JSONResponse
 
 from trtllm_service.api.anthropic.protocol import MESSAGES_ROUTE
+from trtllm_service.api.server.admission import QUEUE_CODES
 from trtllm_service.api.server.error_shape import ErrorDialect
 from trtllm_service.errors import APIError
 from trtllm_service.request_ids import ANTHROPIC_HEADER, REQUEST_ID
@@ -54,8 +56,9 @@ _encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
 
 def status_of(error: APIError) -> int:
-    """The HTTP status of `error` on the Messages API (503 is 529, see the module docstring)."""
-    return OVERLOADED if error.status == 503 else error.status
+    """The HTTP status of `error` on the Messages API (503 and the waiting queue's refusals are
+    529, see the module docstring)."""
+    return OVERLOADED if error.status == 503 or error.code in QUEUE_CODES else error.status
 
 
 def error_type(status: int) -> str:

@@ -88,6 +88,11 @@ def stop_sequence_of(stream: object) -> str | None:
     return matched if isinstance(matched, str) else None
 
 
+SERVICE_TIER = "standard"
+"""The message's `usage.service_tier`: Anthropic's tiers (`auto`, `standard_only`) are both the
+service's default tier (docs/api.md: Priority), which Anthropic calls standard."""
+
+
 def usage(prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> dict[str, int]:
     """Anthropic's usage of an answer (see the module docstring)."""
     cached = min(max(cached_tokens, 0), prompt_tokens)
@@ -174,7 +179,7 @@ class MessageBuilder:
             "content": content,
             "stop_reason": reason,
             "stop_sequence": sequence,
-            "usage": counts,
+            "usage": {**counts, "service_tier": SERVICE_TIER},
         }
 
     @staticmethod
@@ -290,7 +295,8 @@ class MessageBuilder:
                     )
                 )
             frames.append(_event("content_block_stop", {"type": "content_block_stop", "index": index}))
-        frames.append(self._ending(message["stop_reason"], message["stop_sequence"], message["usage"]))
+        counts = {key: value for key, value in message["usage"].items() if key != "service_tier"}
+        frames.append(self._ending(message["stop_reason"], message["stop_sequence"], counts))
         return "".join(frames)
 
     def ping(self) -> str:

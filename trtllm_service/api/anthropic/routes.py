@@ -50,7 +50,8 @@ _ERRORS = error_docs(
         401: "authentication_error: missing or wrong API key (x-api-key or Authorization: Bearer)",
         404: "not_found_error: unknown model",
         429: "rate_limit_error: too many concurrent requests",
-        529: "overloaded_error: the inference server is not ready (retry after Retry-After)",
+        529: "overloaded_error: the inference server is not ready, or the waiting queue is full or was "
+        "waited in too long (retry after Retry-After)",
     },
 )
 

@@ -16,6 +16,7 @@ from tensorrtllm_backend.stop_strings import StopStringError, check_stop
 from trtllm_service.api.generation.protocol import (
     MaxTokens,
     Penalty,
+    Priority,
     RepetitionPenalty,
     Seed,
     Temperature,
@@ -53,6 +54,7 @@ class GenerateRequest:
     ignore_eos: bool = False
     json_schema: dict[str, Any] | None = None
     lora: str | None = None
+    priority: Priority | None = None
 
     stream: ClassVar[bool] = True
     """The answer always streams (as plain text)."""
@@ -101,4 +103,5 @@ class GenerateRequest:
             seed=engine_seed(self.seed),
             stop=stop,
             ignore_eos=self.ignore_eos,
+            priority=self.priority or 0,
         )

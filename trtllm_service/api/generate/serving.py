@@ -14,6 +14,7 @@ from starlette.responses import Response
 from trtllm_service.api.generate.protocol import GENERATE_ROUTE, GenerateRequest
 from trtllm_service.api.generation.bodies import bound_serving
 from trtllm_service.api.generation.serving import GenerationServing, error_response
+from trtllm_service.api.server.admission import wait_turn
 from trtllm_service.api.server.metrics import RequestMetrics, count_rejected
 from trtllm_service.api.server.startup import Startup
 from trtllm_service.api.server.streaming import PushBody
@@ -46,6 +47,7 @@ async def serve_generate(request: GenerateRequest, startup: Startup[Any], model_
             param="prompt",
             budget_param="max_tokens",
         )
+        await wait_turn(*params.queue_rank)  # the service's queue, where it has one
         stream = await runtime.generate(prepared)  # one engine request, seeded only when asked
         first = await first_text(stream, metrics)
     except APIError as exc:

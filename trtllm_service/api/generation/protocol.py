@@ -30,7 +30,7 @@ from tensorrtllm_backend.stop_strings import MAX_STOP_STRINGS, StopStringError, 
 from trtllm_service.api.server.request_errors import from_validation_error, request_error
 from trtllm_service.chat import tool_calls
 from trtllm_service.relay.guided import Guide, guide_field
-from trtllm_service.relay.request import SamplingParams
+from trtllm_service.relay.request import SamplingParams, ServiceTier
 
 MAX_N = 8  # n and best_of: choices (or candidates, or beams) per prompt
 
@@ -73,6 +73,29 @@ Seed = Annotated[
 ]
 
 
+Priority = Annotated[
+    int,
+    Field(
+        ge=-(1 << 63),
+        le=(1 << 63) - 1,
+        description="Extension (vLLM): the request's place in the service's queue, lower first (default 0); "
+        "applies with TRTLLM_ENGINE_SLOTS",
+    ),
+]
+
+
+OpenAIServiceTier = Literal["auto", "default", "flex", "priority", "scale"]
+"""OpenAI's `service_tier` values."""
+
+
+def openai_tier(tier: str | None) -> ServiceTier:
+    """The service's tier of an OpenAI `service_tier`: `priority` and `flex` are themselves, the
+    others (`auto`, `default`, `scale`, none) are `default`."""
+    if tier == "priority":
+        return "priority"
+    return "flex" if tier == "flex" else "default"
+
+
 def engine_top_k(top_k: int | None) -> int | None:
     """A request's top_k for the engine: -1 and 0 (and none) mean no top-k."""
     return None if top_k in (None, -1, 0) else top_k
@@ -84,7 +107,7 @@ def engine_seed(seed: int | None) -> int | None:
     return None if seed is None else seed & _UINT64_MASK
 
 
-_IGNORED_PARAMS = ("metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier")
+_IGNORED_PARAMS = ("metadata", "store", "prompt_cache_key", "safety_identifier")
 
 
 def sent(data: Any) -> dict[str, Any] | None:
@@ -203,6 +226,12 @@ class SamplingFields(BaseRequest):
     )
     early_stopping: bool | None = Field(
         None, description="Extension (vLLM), beam search: stop once best_of beams have finished"
+    )
+    priority: Priority | None = None
+    service_tier: OpenAIServiceTier | None = Field(
+        None,
+        description="OpenAI's: the request's tier in the service's queue, `priority` first, `flex` last, "
+        "the others (`auto`, `default`, `scale`) between; echoed in the answer. Applies with TRTLLM_ENGINE_SLOTS",
     )
 
     @field_validator("stop", mode="before")
@@ -385,7 +414,21 @@ class SamplingFields(BaseRequest):
             beam_width=beams,
             length_penalty=self.length_penalty if beams else None,
             early_stopping=self.early_stopping if beams else None,
+            service_tier=self.queue_tier,
+            priority=self.priority or 0,
         )
+
+    @property
+    def answered_tier(self) -> str:
+        """The `service_tier` OpenAI's answers echo: `default` for `auto` and unset, else the tier asked."""
+        tier = self.service_tier
+        return "default" if tier is None or tier == "auto" else tier
+
+    @property
+    def queue_tier(self) -> ServiceTier:
+        """The service's tier of this request (OpenAI's `service_tier`; Anthropic's is dropped
+        before: its tiers are all `default` here)."""
+        return openai_tier(self.service_tier)
 
 
 def is_token_id(value: Any) -> bool:

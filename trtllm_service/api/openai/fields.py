@@ -79,6 +79,11 @@ OPENAI_FIELDS: tuple[Row, ...] = (
         "C++: weights with the first request only",
     ),
     Row("`reasoning_effort`, `reasoning.effort`", (), "to a chat template that takes it"),
+    Row(
+        "`priority`, `service_tier`",
+        (),
+        "the service's queue (TRTLLM_ENGINE_SLOTS): no engine at 1.2.1 takes a priority",
+    ),
     Row("`stream`", (), "the engine always streams (beam search excepted)"),
 )
 """Every OpenAI request field that reaches the engine, or that the service serves itself."""

@@ -4,7 +4,7 @@ output (`RequestBase`: what chat and text completions add to the shared `Samplin
 
 The request policy and the sampling fields are the shared protocol's (``generation.protocol``). On
 OpenAI's routes, parameters we cannot honour (``suffix``, audio, ...) are 400s naming them unless
-"off" (``{"type": "text"}`` too); ``metadata``, ``store``, ``service_tier``, ``prompt_cache_key``,
+"off" (``{"type": "text"}`` too); ``metadata``, ``store``, ``prompt_cache_key``,
 ``safety_identifier``, ``user``, and ``stream_options`` on a non-streaming request are accepted and
 ignored; every other unknown parameter is a 400 (code ``unknown_parameter``), as OpenAI does: an
 unknown field may be a sampling knob from another server (``min_p``), and silently ignoring it would
@@ -412,6 +412,7 @@ class CompletionChunkBase(BaseModel, Generic[_ChoiceT]):
     model: str
     choices: list[_ChoiceT]
     usage: UsageInfo | None = None
+    service_tier: str | None = "default"  # the tier the request was served in (generation.protocol)
 
 
 class CompletionResponseBase(CompletionChunkBase[_ChoiceT]):

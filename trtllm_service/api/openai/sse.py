@@ -51,7 +51,13 @@ class _ChunkEncoder:
     _object: str
 
     def __init__(
-        self, id: str, model: str, created: int | None = None, *, include_usage: bool = False
+        self,
+        id: str,
+        model: str,
+        created: int | None = None,
+        *,
+        include_usage: bool = False,
+        service_tier: str = "default",
     ) -> None:
         head = _encode(
             {
@@ -59,6 +65,7 @@ class _ChunkEncoder:
                 "object": self._object,
                 "created": int(time.time()) if created is None else created,
                 "model": model,
+                "service_tier": service_tier,
             }
         )
         self._head = "data: " + head[:-1]  # without the closing brace, so fields can follow

@@ -31,10 +31,13 @@ bento.yaml tells BentoCloud) or served (what the service enforces), BentoML's co
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from tensorrtllm_backend import pinned
+from trtllm_service.api.server.admission import Admission, AdmissionMiddleware, QueueLimits
 from trtllm_service.api.server.limits import ConcurrencyLimitMiddleware
+from trtllm_service.api.server.waiting_queue import SharedQueue
 from trtllm_service.packed_model import PackInfo
 from trtllm_service.settings import Settings
 
@@ -167,3 +170,38 @@ class ServiceConcurrencyLimit(ConcurrencyLimitMiddleware):
     def __init__(self, app: Any, *, fallback: int, service_name: str = SERVICE_NAME, **options: Any) -> None:
         limit = configured_traffic(service_name).get("max_concurrency") or fallback
         super().__init__(app, limit=int(limit), **options)
+
+
+def queue_limits(settings: Settings, traffic: dict[str, Any]) -> QueueLimits | None:
+    """The service queue's bounds (None: no queue, TRTLLM_ENGINE_SLOTS unset), from the settings and
+    the service's `traffic` (`auto` slots: its concurrency; waiting: its max_concurrency by default)."""
+    if settings.engine_slots is None:
+        return None
+    slots = int(traffic["concurrency"]) if settings.engine_slots == "auto" else settings.engine_slots
+    max_waiting = int(traffic["max_concurrency"]) if settings.max_waiting is None else settings.max_waiting
+    return QueueLimits(
+        slots=max(1, slots),
+        max_waiting=max_waiting,
+        timeout_s=settings.queue_timeout_s or settings.stream_timeout_s,
+    )
+
+
+class ServiceAdmission(AdmissionMiddleware):
+    """The service's waiting queue at its configured `traffic` (`fallback`: the decorator's), shared
+    by the workers through `<shared_dir>/queue.table`; it passes everything where there is no queue."""
+
+    def __init__(
+        self,
+        app: Any,
+        *,
+        settings: Settings,
+        fallback: dict[str, Any],
+        shared_dir: Path,
+        model_name: str = "",
+        service_name: str = SERVICE_NAME,
+    ) -> None:
+        limits = queue_limits(settings, {**fallback, **configured_traffic(service_name)})
+        admission = None
+        if limits is not None:
+            admission = Admission(SharedQueue(shared_dir / "queue.table"), limits, model_name)
+        super().__init__(app, admission)

@@ -128,6 +128,21 @@ RUNNING = Gauge(
     multiprocess_mode="livesum",
 )
 
+QUEUE_TIME = Histogram(
+    "trtllm:request_queue_time_seconds",
+    "Time a request waited in the service's queue before it started (0: it started at once).",
+    ["model_name"],
+    buckets=_LATENCY_BUCKETS,
+)
+QUEUE_REJECTIONS = Counter(
+    "trtllm:queue_rejections",
+    "Requests the service's queue refused, by reason: queue_full (TRTLLM_MAX_WAITING) or "
+    "queue_timeout (TRTLLM_QUEUE_TIMEOUT).",
+    ["model_name", "reason"],
+)
+QUEUE_REASONS = ("queue_full", "queue_timeout")
+"""The reasons of QUEUE_REJECTIONS: a bounded label set."""
+
 
 class _ModelMetrics:
     """One model's labelled series, looked up once (prometheus_client's `labels()` builds and checks

@@ -75,7 +75,12 @@ class ChatAnswer:
         self.choices = choices
         self.prompt_tokens = prompt_tokens
         style = self.style = serving.reasoning
-        self.encoder = ChatChunkEncoder(new_id("chatcmpl"), served, include_usage=request.include_usage)
+        self.encoder = ChatChunkEncoder(
+            new_id("chatcmpl"),
+            served,
+            include_usage=request.include_usage,
+            service_tier=request.answered_tier,
+        )
         self.top = request.logprob_count
         self.texts = serving.runtime.token_texts if self.top is not None else None
         self.splitters = {c.index: ReasoningSplitter(style) for c in choices} if style is not None else None
@@ -113,6 +118,7 @@ class ChatAnswer:
                 for choice, result, (message, finish) in zip(self.choices, results, answers, strict=True)
             ],
             usage=usage_info(self.prompt_tokens, results, cached),
+            service_tier=self.request.answered_tier,
         )
 
     def delta(self, text: str, index: int, entries: list[TokenLogprob]) -> str:

@@ -19,6 +19,7 @@ from trtllm_service.api.openai.completions.protocol import (
 from trtllm_service.api.openai.protocol import new_id
 from trtllm_service.api.openai.sse import SSE_DONE, CompletionChunkEncoder, error_frame
 from trtllm_service.api.openai.usage import usage_frame, usage_info
+from trtllm_service.api.server.admission import wait_turn
 from trtllm_service.errors import APIError
 from trtllm_service.relay.logprobs import TokenLogprob, completion_logprobs
 
@@ -40,6 +41,7 @@ async def serve_completions(
         params = await serving.params(request, adapter, "logprobs")
         prompts = request.prompts()
         prepared = await serving.runtime.prepare_prompts(prompts, params)
+        await wait_turn(*params.queue_rank)  # the service's queue, where it has one
         choices = await start_choices(serving.runtime, prepared, params, request.samples_per_prompt)
     except APIError as exc:
         metrics.done(exc.status)
@@ -50,7 +52,9 @@ async def serve_completions(
         for choice in choices:
             choice.echo = echoes[choice.index // request.samples_per_prompt]
     prompt_tokens = sum(p.prompt_tokens for p in prepared)
-    encoder = CompletionChunkEncoder(new_id("cmpl"), served, include_usage=request.include_usage)
+    encoder = CompletionChunkEncoder(
+        new_id("cmpl"), served, include_usage=request.include_usage, service_tier=request.answered_tier
+    )
 
     top = request.logprob_count
     texts = serving.runtime.token_texts if top is not None else None
@@ -80,6 +84,7 @@ async def serve_completions(
                 for choice, result in zip(choices, results, strict=True)
             ],
             usage=usage_info(prompt_tokens, results, cached),
+            service_tier=request.answered_tier,
         )
 
     offsets = {choice.index: len(choice.echo) for choice in choices}

@@ -97,6 +97,7 @@ class ResponseBuilder:
             "user": request.user,
             "metadata": {},
             "background": False,
+            "service_tier": request.answered_tier,
         }
 
     def response(

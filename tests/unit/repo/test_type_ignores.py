@@ -11,7 +11,9 @@ import re
 import tokenize
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import REPO_ROOT
+
+ROOT = REPO_ROOT
 SKIPPED = {"build", "dist", "bentoml_home", "__pycache__", "node_modules"}
 """Folders of generated or installed files (as .gitignore lists them), besides hidden ones (.venv)."""
 

@@ -1,0 +1,114 @@
+"""The shared waiting queue's table (api/server/waiting_queue.py), without servers: several processes
+are stood in for by queues over one file, each with its own pid."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from trtllm_service.api.server.waiting_queue import ADMITTED, CAPACITY, FULL, SharedQueue
+
+DEAD: set[int] = set()
+
+
+def queue(path: Path, pid: int) -> SharedQueue:
+    return SharedQueue(path / "queue", pid=pid, alive=lambda other: other not in DEAD)
+
+
+@pytest.fixture(autouse=True)
+def _nobody_dead() -> None:
+    DEAD.clear()
+
+
+def test_requests_start_at_once_while_slots_are_free_then_wait(tmp_path: Path) -> None:
+    q = queue(tmp_path, 101)
+    assert [q.enter(1, 0, slots=2, max_waiting=10) for _ in range(2)] == [ADMITTED, ADMITTED]
+    third = q.enter(1, 0, slots=2, max_waiting=10)
+    assert third >= 0
+    assert q.counts() == (2, 1)
+    assert q.admit(2, {third}) == []  # no slot free yet
+    q.release()
+    assert q.admit(2, {third}) == [third]
+    assert q.counts() == (2, 0)
+
+
+def test_a_higher_priority_starts_before_earlier_lower_ones_and_equal_ones_keep_arrival_order(
+    tmp_path: Path,
+) -> None:
+    q = queue(tmp_path, 101)
+    assert q.enter(1, 0, slots=1, max_waiting=10) == ADMITTED
+    low = q.enter(1, 5, slots=1, max_waiting=10)
+    first, second = (q.enter(1, 0, slots=1, max_waiting=10) for _ in range(2))
+    urgent = q.enter(0, 9, slots=1, max_waiting=10)  # the priority tier ranks before any priority
+    waiting = {low, first, second, urgent}
+    order = []
+    for _ in range(4):
+        q.release()
+        started = q.admit(1, waiting)
+        assert len(started) == 1
+        order += started
+        waiting -= set(started)
+    assert order == [urgent, first, second, low]
+
+
+def test_a_newcomer_does_not_take_a_free_slot_from_a_better_ranked_waiting_request(tmp_path: Path) -> None:
+    a, b = queue(tmp_path, 101), queue(tmp_path, 202)
+    assert a.enter(1, 0, slots=1, max_waiting=10) == ADMITTED
+    waiting = b.enter(1, 0, slots=1, max_waiting=10)
+    a.release()  # b has not looked yet
+    assert a.enter(1, 0, slots=1, max_waiting=10) >= 0  # equal priority, later: it waits
+    assert a.enter(0, 0, slots=1, max_waiting=10) == ADMITTED  # a better rank takes the slot
+    assert b.admit(1, {waiting}) == []
+
+
+def test_each_process_starts_only_its_own_requests(tmp_path: Path) -> None:
+    a, b = queue(tmp_path, 101), queue(tmp_path, 202)
+    assert a.enter(1, 0, slots=1, max_waiting=10) == ADMITTED
+    of_b = b.enter(1, 0, slots=1, max_waiting=10)
+    of_a = a.enter(1, 0, slots=1, max_waiting=10)
+    a.release()
+    assert a.admit(1, {of_a}) == []  # b's request ranks first: the slot is its
+    assert b.admit(1, {of_b}) == [of_b]
+    assert a.counts() == (1, 1)
+
+
+def test_the_count_bound_refuses_and_leaving_frees_the_place(tmp_path: Path) -> None:
+    q = queue(tmp_path, 101)
+    assert q.enter(1, 0, slots=1, max_waiting=2) == ADMITTED
+    first = q.enter(1, 0, slots=1, max_waiting=2)
+    q.enter(1, 0, slots=1, max_waiting=2)
+    assert q.enter(1, 0, slots=1, max_waiting=2) == FULL
+    assert q.leave(first) is True
+    assert q.leave(first) is False
+    assert q.enter(1, 0, slots=1, max_waiting=2) >= 0
+    assert q.enter(1, 0, slots=1, max_waiting=10**9) >= 0  # capped at CAPACITY, not refused
+    assert CAPACITY >= 1024
+
+
+def test_zero_waiting_places_refuses_whenever_the_slots_are_busy(tmp_path: Path) -> None:
+    q = queue(tmp_path, 101)
+    assert q.enter(1, 0, slots=1, max_waiting=0) == ADMITTED
+    assert q.enter(1, 0, slots=1, max_waiting=0) == FULL
+
+
+def test_a_dead_process_holds_no_slot_and_no_place(tmp_path: Path) -> None:
+    a, b = queue(tmp_path, 101), queue(tmp_path, 202)
+    assert a.enter(1, 0, slots=1, max_waiting=1) == ADMITTED
+    a.enter(1, 0, slots=1, max_waiting=1)
+    mine = b.enter(1, 0, slots=1, max_waiting=1)
+    assert mine == FULL
+    DEAD.add(101)
+    assert b.counts() == (0, 0)
+    assert b.enter(1, 0, slots=1, max_waiting=1) == ADMITTED
+
+
+def test_the_version_changes_with_every_write(tmp_path: Path) -> None:
+    q = queue(tmp_path, 101)
+    before = q.version()
+    q.enter(1, 0, slots=1, max_waiting=1)
+    after = q.version()
+    assert after != before
+    q.release()
+    assert q.version() != after
+    q.close()

@@ -1,0 +1,266 @@
+"""When a generation request may start in the engine: at once while the engine has a free slot,
+otherwise after waiting its turn in the service's queue (by tier, then priority, then arrival),
+shared by the workers (waiting_queue.py). Off unless TRTLLM_ENGINE_SLOTS is set.
+
+Why the service queues at all: at TensorRT-LLM 1.2.1 neither flavour's engine takes a request
+priority (docs/api.md: Priority), and whatever Triton lets in waits in the engine's own queue in
+arrival order. Keeping the excess here instead orders it, bounds it (TRTLLM_MAX_WAITING,
+TRTLLM_QUEUE_TIMEOUT: a 429 with Retry-After past either) and lets a client that leaves while
+waiting take nothing from the engine.
+
+A request's place lasts as long as its HTTP request (`AdmissionMiddleware`: until the answer's last
+byte, or its client leaving); the endpoint waits for its turn once its body is read and its prompt
+prepared (`wait_turn`), since its priority is in the body. Each worker polls the shared table while
+requests of its own wait (every `poll_s` when it has changed, every second regardless, at once when
+one of its own requests ends): the polling costs nothing while nobody waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from trtllm_service.api.server.auth import is_open
+from trtllm_service.api.server.metrics import QUEUE_REASONS, QUEUE_REJECTIONS, QUEUE_TIME
+from trtllm_service.api.server.waiting_queue import ADMITTED, FULL, SharedQueue
+from trtllm_service.errors import APIError
+
+CLIENT_GONE = 499
+"""The status of a request whose client left while it waited (nginx's "client closed request")."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """The service queue's bounds.
+
+    Attributes:
+        slots: Requests running in the engine at once, across the workers.
+        max_waiting: Requests that may wait; more are refused (429 queue_full).
+        timeout_s: Seconds a request may wait; then it is refused (429 queue_timeout).
+    """
+
+    slots: int
+    max_waiting: int
+    timeout_s: float
+
+
+def queue_full(limits: QueueLimits) -> APIError:
+    return APIError(
+        429,
+        f"{limits.max_waiting} requests are waiting for the engine already; please retry shortly.",
+        type="requests",
+        code="queue_full",
+        retry_after=1,
+    )
+
+
+def queue_timeout(limits: QueueLimits) -> APIError:
+    return APIError(
+        429,
+        f"The request waited {limits.timeout_s:g} s for the engine without starting; please retry shortly.",
+        type="requests",
+        code="queue_timeout",
+        retry_after=1,
+    )
+
+
+QUEUE_CODES = frozenset({"queue_full", "queue_timeout"})
+"""The codes of the queue's refusals (Anthropic's routes answer them as 529 overloaded_error)."""
+
+
+def client_gone() -> APIError:
+    return APIError(
+        CLIENT_GONE, "The client closed the request while it waited.", code="client_closed_request"
+    )
+
+
+class Admission:
+    """One worker's side of the shared queue.
+
+    Args:
+        queue: The table the workers share.
+        limits: Its bounds.
+        model_name: For the queue's metrics.
+        poll_s: How often a worker with waiting requests looks for a changed table.
+    """
+
+    FULL_CHECK_S = 1.0
+    """However unchanged the table looks, a worker with waiting requests checks it this often (a
+    worker that died changes nothing in it, yet its slots are free)."""
+
+    def __init__(
+        self, queue: SharedQueue, limits: QueueLimits, model_name: str = "", poll_s: float = 0.01
+    ) -> None:
+        self.queue = queue
+        self.limits = limits
+        self.poll_s = poll_s
+        self._waiters: dict[int, asyncio.Future[None]] = {}
+        self._poller: asyncio.Task[None] | None = None
+        self._kick = asyncio.Event()
+        self._queue_time = QUEUE_TIME.labels(model_name)
+        self._rejected = {reason: QUEUE_REJECTIONS.labels(model_name, reason) for reason in QUEUE_REASONS}
+
+    async def wait(
+        self, tier: int, priority: int, gone: Callable[[], Awaitable[object]] | None = None
+    ) -> None:
+        """Returns once the request may start (it then holds a slot: `release` it); raises the
+        429 of a full queue or of a wait past the timeout, or the 499 of a client that left
+        (`gone()` returns when it does)."""
+        started = time.perf_counter()
+        limits = self.limits
+        seq = self.queue.enter(tier, priority, limits.slots, limits.max_waiting)
+        if seq == ADMITTED:
+            self._queue_time.observe(0.0)
+            return
+        if seq == FULL:
+            self._rejected["queue_full"].inc()
+            raise queue_full(limits)
+        turn = self._waiters[seq] = asyncio.get_running_loop().create_future()
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.create_task(self._poll())
+        watch = asyncio.ensure_future(gone()) if gone is not None else None
+        try:
+            waited = {turn} if watch is None else {turn, watch}
+            await asyncio.wait(waited, timeout=limits.timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # cancelled: nobody will run the request
+            self._forget(seq, turn)
+            raise
+        finally:
+            if watch is not None:
+                watch.cancel()
+        left = watch is not None and watch.done() and not watch.cancelled() and watch.exception() is None
+        if left or not turn.done():
+            self._forget(seq, turn)
+            if left:
+                raise client_gone()
+            self._rejected["queue_timeout"].inc()
+            raise queue_timeout(limits)
+        self._queue_time.observe(time.perf_counter() - started)
+
+    def _forget(self, seq: int, turn: asyncio.Future[None]) -> None:
+        """A waiting request that will not run: out of the queue, or, had it just started, its slot
+        freed (nothing else runs between the two checks)."""
+        if turn.done() and not turn.cancelled():
+            self.release()
+            return
+        self._waiters.pop(seq, None)
+        self.queue.leave(seq)
+        turn.cancel()
+
+    def release(self) -> None:
+        """A request that started has ended: its slot is free (this worker's waiting requests
+        look at once)."""
+        self.queue.release()
+        self._kick.set()
+
+    def counts(self) -> tuple[int, int]:
+        """(running, waiting) in the whole service."""
+        return self.queue.counts()
+
+    async def _poll(self) -> None:
+        """While this worker has waiting requests: start those whose turn has come."""
+        seen, checked = -1, 0.0
+        while self._waiters:
+            version = self.queue.version()
+            now = time.monotonic()
+            if version != seen or self._kick.is_set() or now - checked >= self.FULL_CHECK_S:
+                self._kick.clear()
+                for seq in self.queue.admit(self.limits.slots, self._waiters):
+                    self._waiters.pop(seq).set_result(None)
+                seen, checked = self.queue.version(), now
+            if not self._waiters:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._kick.wait(), self.poll_s)
+
+
+class Turn:
+    """One HTTP request's place with the engine: waited for once (`wait`), released once, when the
+    request ends (`release`)."""
+
+    __slots__ = ("admission", "receive", "started")
+
+    def __init__(self, admission: Admission, receive: Receive) -> None:
+        self.admission = admission
+        self.receive = receive
+        self.started = False
+
+    async def wait(self, tier: int, priority: int) -> None:
+        if not self.started:
+            await self.admission.wait(tier, priority, self._gone)
+            self.started = True
+
+    async def _gone(self) -> None:
+        """Returns when the client disconnects (its body has been read: nothing else arrives)."""
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                return
+            await asyncio.sleep(0.05)  # a server that answers "no more body" again and again
+
+    def release(self) -> None:
+        if self.started:
+            self.started = False
+            self.admission.release()
+
+
+_TURN: ContextVar[Turn | None] = ContextVar("trtllm_turn", default=None)
+_SERVICE: Admission | None = None
+"""This worker's admission, once its app is built (None: no service queue)."""
+
+
+def waiting_requests() -> int | None:
+    """Requests waiting in the service's queue, all workers together (None: there is no queue)."""
+    if _SERVICE is None:
+        return None
+    try:
+        return _SERVICE.counts()[1]
+    except OSError:
+        return None
+
+
+async def wait_turn(tier: int, priority: int) -> None:
+    """Waits until the current request may start in the engine (see `Admission.wait` for what it
+    raises); at once where the service has no queue."""
+    turn = _TURN.get()
+    if turn is not None:
+        await turn.wait(tier, priority)
+
+
+class AdmissionMiddleware:
+    """Gives every request on the generation routes its `Turn` (taken by the endpoint with
+    `wait_turn`), and frees its slot when the request ends, however it ends.
+
+    Args:
+        admission: The worker's side of the queue; None: no service queue (the middleware passes).
+    """
+
+    def __init__(self, app: ASGIApp, admission: Admission | None) -> None:
+        global _SERVICE
+        self.app = app
+        self.admission = _SERVICE = admission
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        admission = self.admission
+        if (
+            admission is None
+            or scope["type"] != "http"
+            or scope["method"] != "POST"
+            or is_open(scope["path"])
+        ):
+            await self.app(scope, receive, send)
+            return
+        turn = Turn(admission, receive)
+        token = _TURN.set(turn)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            with contextlib.suppress(ValueError):  # reset in another context than it was set in
+                _TURN.reset(token)
+            turn.release()
