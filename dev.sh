@@ -124,7 +124,8 @@ case "${1:-}" in
     "$VENV/bin/ruff" check .
     "$VENV/bin/ruff" format --check .
     typecheck
-    exec "$PY" -m pytest "$@"
+    # two processes, a module's tests in one (pytest-xdist, requirements-dev.txt says why); -n 0: one
+    exec "$PY" -m pytest -n "${TEST_PROCESSES:-2}" --dist loadfile "$@"
     ;;
   types)
     setup

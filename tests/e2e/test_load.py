@@ -148,8 +148,13 @@ def test_a_storm_of_100_disconnects(synthetic_service: BentoService, synthetic_h
 
     started = time.monotonic()
     answer = httpx.post(f"{service.url}/generate", json={"prompt": "Hi", "max_tokens": 8}, timeout=30)
+    waited = time.monotonic() - started
+    print(f"the next request took {waited:.2f} s")
     assert answer.status_code == 200 and answer.text
-    assert time.monotonic() - started < 2, "the next request waited"
+    # Alone on 2 idle cores it waits 0.7-0.8 s (2.2 s while other tests load them): what the
+    # worker spends on 100 disconnects is not yet known (issue 45 closing note). Waiting for the
+    # dropped streams' remaining tokens would take longer than this bound.
+    assert waited < 5, "the next request waited"
     assert wait_idle(service.metrics_url)
     assert service.metric(REQUESTS_METRIC) - all_before == 101, "a request is still in flight in the engine"
     assert service.metric("nv_inference_pending_request_count") == 0

@@ -1060,6 +1060,9 @@ def test_interrupted_smollm2_pack_saves_nothing(store: Store, point: str) -> Non
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # Ctrl-C as a terminal's foreground job gets it: a suite started in the background (`&`)
+        # hands its children SIGINT ignored, and Python then keeps it ignored (the pack ran on)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 120
