@@ -124,8 +124,9 @@ case "${1:-}" in
     "$VENV/bin/ruff" check .
     "$VENV/bin/ruff" format --check .
     typecheck
-    # two processes, a module's tests in one (pytest-xdist, requirements-dev.txt says why); -n 0: one
-    exec "$PY" -m pytest -n "${TEST_PROCESSES:-2}" --dist loadfile "$@"
+    # two processes (pytest-xdist, requirements-dev.txt says why), sharing the suite by the groups
+    # tests/conftest.py gives: a flavour's tests, or a module's, stay in one process; -n 0: one
+    exec "$PY" -m pytest -n "${TEST_PROCESSES:-2}" --dist loadgroup "$@"
     ;;
   types)
     setup

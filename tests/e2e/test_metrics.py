@@ -102,7 +102,9 @@ def test_metrics_include_triton_and_engine_counters(service: BentoService) -> No
     with bentoml.SyncHTTPClient(service.url) as client:
         text = "".join(client.generate(prompt="Count me", max_tokens=4, temperature=0))
     assert isinstance(text, str)
-    metrics = scrape(service.url)
+    # the engine model hands its counts to Triton every 0.1 s (MetricsPublisher): a scrape at once
+    # may come before the first hand-over on a loaded machine
+    metrics = wait_for(service.url, "trtllm_reference_requests_total", above=0)
     assert "bentoml_service_request_total" in metrics  # BentoML's own
     assert "nv_inference_request_success" in metrics  # Triton's, per model
     assert sample(metrics, "trtllm_reference_requests_total", model="tensorrt_llm", outcome="completed") >= 1
