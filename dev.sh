@@ -124,9 +124,7 @@ case "${1:-}" in
     "$VENV/bin/ruff" check .
     "$VENV/bin/ruff" format --check .
     typecheck
-    # two processes (pytest-xdist, requirements-dev.txt says why), sharing the suite by the groups
-    # tests/conftest.py gives: a flavour's tests, or a module's, stay in one process; -n 0: one
-    exec "$PY" -m pytest -n "${TEST_PROCESSES:-2}" --dist loadgroup "$@"
+    exec "$PY" -m pytest "$@"
     ;;
   types)
     setup

@@ -23,27 +23,12 @@ from tests.support import TritonServer, load_tokenizer
 TESTS_DIR = Path(__file__).resolve().parent
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Marks each test unit / integration / e2e from the directory it lives in, and gives it the
-    group ./dev.sh test's processes share the suite by (`--dist loadgroup`, a group runs whole in
-    one process): the tests on a flavour's shared model store together (e2e's `bentoml_home` and
-    the services on it are session fixtures of the `flavor` param: both flavours interleaved in one
-    process would restart them at each switch), the synthetic service's tests together, any other
-    test with its module (its module-scoped servers start once)."""
+    """Marks each test unit / integration / e2e from the directory it lives in."""
     for item in items:
         parts = Path(str(item.fspath)).resolve().relative_to(TESTS_DIR).parts
         if parts and parts[0] in {"unit", "integration", "e2e"}:
             item.add_marker(getattr(pytest.mark, parts[0]))
-        callspec = getattr(item, "callspec", None)
-        flavor = callspec.params.get("flavor") if callspec is not None else None
-        if flavor is not None and "bentoml_home" in item.fixturenames:
-            group = f"flavor-{flavor}"
-        elif "synthetic_service" in item.fixturenames:
-            group = "synthetic"
-        else:
-            group = item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
