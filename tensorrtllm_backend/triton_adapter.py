@@ -15,7 +15,10 @@ Rules every thread here keeps, learnt from pytriton's stub (Triton 2.51, python_
 - `send` drops, without the GIL, the outputs a request did not ask for: freeing their arrays there
   crashes Python 3.12. So responses carry only requested outputs (the contracts see to it).
 - Metric families must go before the stub tears itself down (a family freed at interpreter exit
-  talks to a server that is gone: a segfault at every stop): `finalize` releases them.
+  talks to a server that is gone: a segfault at every stop): `finalize` releases them. A killed
+  server never calls finalize: its stubs see it gone once it is reaped, free the model (families
+  included) and crash. So the metrics thread ends its stub at once (`os._exit`) when the stub's
+  parent changes: a stub is re-parented the moment its server dies, before the server is reaped.
 - Messages that may hold a client's input (an engine's error echoing a 600 KB grammar) are cut to
   MESSAGE_LIMIT before they are logged or sent (`brief`).
 """
@@ -293,7 +296,8 @@ class MetricsPublisher:
     llmapi model's); the ensemble's stand-in passes the C++ backend's `nv_trt_llm_*` families
     (standin/engine_stats.CppBackendStats). `poll()` returns the iteration-stats dicts since the last
     call (the LLM API's `get_stats`). A family is made the first time it has a value, so what the
-    engine does not report (speculation, the synthetic engine's KV cache) never shows."""
+    engine does not report (speculation, the synthetic engine's KV cache) never shows. It also ends
+    the stub when the server dies (see the module docstring)."""
 
     def __init__(
         self,
@@ -345,7 +349,10 @@ class MetricsPublisher:
 
     def _run(self) -> None:
         polled_at = time.monotonic()
+        server = os.getppid()
         while not self._stop.wait(FLUSH_S):
+            if os.getppid() != server:  # the server died: go before the stub frees the families
+                os._exit(1)
             try:
                 self.counters.flush()
             except Exception as exc:  # the thread must outlive a failed call; said once
