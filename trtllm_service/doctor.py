@@ -387,6 +387,7 @@ async def diagnose(tag: str | None) -> tuple[dict[str, Any], list[Check]]:
     chosen = default_model_tag(tag or settings.model_tag)
     model = bentoml.models.get(chosen)
     runtime = Runtime(Path(model.path), str(model.tag.name), settings)
+    runtime.load()
     why = "named on the command line" if tag else served.CHOSEN.get(chosen)
     facts: dict[str, Any] = {
         "model": str(model.tag),

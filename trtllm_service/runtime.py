@@ -27,7 +27,7 @@ from trtllm_service.chat.template import PromptFormatter
 from trtllm_service.errors import APIError
 from trtllm_service.packed_model import end_ids, layout_runtime_repository, read_pack_info, vocab_size
 from trtllm_service.relay.client import EngineStream, TritonRelay
-from trtllm_service.relay.flavors import Flavor, flavor_of
+from trtllm_service.relay.flavors import Flavor, flavor_of, flavor_type
 from trtllm_service.relay.guided import Guide, GuideChecker, GuideRequestError
 from trtllm_service.relay.logprobs import TokenTexts
 from trtllm_service.relay.prompting import ChatPrompt, RequestPreparer
@@ -77,15 +77,31 @@ class Runtime:
     """Serves generation requests for one packed model through the one Triton of the service."""
 
     def __init__(self, model_path: Path, model_name: str, settings: Settings) -> None:
+        """The pack's facts and the service's one Triton, not started yet (milliseconds); `load`
+        reads the tokenizer and builds the rest, in a thread while Triton starts (Startup)."""
         self.model_path = Path(model_path)
         self.model_name = model_name
         self.settings = settings
         self.info = read_pack_info(self.model_path)
-        # transformers' import is most of the start before Triton's: seconds, 40 s on a loaded machine
-        logger.info("%s: loading its tokenizer (transformers)", model_name)
+        self.flavor_type = flavor_type(self.info)  # what Triton needs before the tokenizer is read
+        self.adapters: dict[str, dict[str, Any]] = dict(self.info.loras)  # LoRA name -> id, rank, ...
+        self._token_texts: TokenTexts | None = None
+        self._run_dir_owned = settings.run_dir is None
+        self.run_dir = run_dir(settings)
+        self.triton = SharedTriton(self.run_dir, self._make_supervisor, on_change=self._on_change)
+        self.engine: str | None = None  # learned from Triton once it is ready
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.loaded = False  # `load` ended and `loaded_now` ran: requests may come
+        self._ready_before_loaded = False  # Triton was ready before that: `loaded_now` catches up
+
+    def load(self) -> None:
+        """Reads the tokenizer and builds what requests need from it (blocking: seconds)."""
+        settings = self.settings
+        # transformers' import is most of it: seconds, 40 s on a loaded machine
+        logger.info("%s: loading its tokenizer (transformers)", self.model_name)
         started = time.monotonic()
         self.tokenizer = _load_tokenizer(self.model_path / "tokenizer")
-        logger.info("%s: tokenizer loaded in %.1f s", model_name, time.monotonic() - started)
+        logger.info("%s: tokenizer loaded in %.1f s", self.model_name, time.monotonic() - started)
         self.formatter = PromptFormatter(
             self.tokenizer, content_special_tokens=settings.content_special_tokens
         )
@@ -103,13 +119,6 @@ class Runtime:
         self.flavor: Flavor = flavor_of(
             self.model_path, self.info, vocab_size=self.limits.vocab_size, tokenizer=self.tokenizer
         )
-        self.adapters: dict[str, dict[str, Any]] = dict(self.info.loras)  # LoRA name -> id, rank, ...
-        self._token_texts: TokenTexts | None = None
-        self._run_dir_owned = settings.run_dir is None
-        self.run_dir = run_dir(settings)
-        self.triton = SharedTriton(self.run_dir, self._make_supervisor, on_change=self._on_change)
-        self.engine: str | None = None  # learned from Triton once it is ready
-        self._tasks: set[asyncio.Task[None]] = set()
         self.relay = TritonRelay(
             self.triton.grpc_address,
             self.flavor,
@@ -117,6 +126,13 @@ class Runtime:
             idle_timeout_s=settings.stream_idle_timeout_s,
             stream_interval_s=settings.stream_interval_ms / 1000.0,
         )
+
+    def loaded_now(self) -> None:
+        """On the event loop, once `load` has ended: requests may come; a Triton that became ready
+        meanwhile is taken in now (reconnect, learn its engine), as a later ready one will be."""
+        self.loaded = True
+        if self._ready_before_loaded:
+            self._on_change(True)
 
     @property
     def token_texts(self) -> TokenTexts:
@@ -135,28 +151,28 @@ class Runtime:
 
     @property
     def ready(self) -> bool:
-        return self.triton.ready
+        return self.loaded and self.triton.ready
 
     def _make_supervisor(self) -> TritonSupervisor:
         settings = self.settings
         repository = layout_runtime_repository(self.model_path, self.run_dir / "repository")
         return TritonSupervisor(
             repository,
-            models=self.flavor.models,
+            models=self.flavor_type.models,
             run_dir=self.run_dir,
             ports=TritonPorts(
                 settings.triton_grpc_port, settings.triton_http_port, settings.triton_metrics_port
             ),
             host=settings.triton_host,
             world_size=int(self.info.world_size),
-            llmapi=self.flavor.llmapi_launch,
+            llmapi=self.flavor_type.llmapi_launch,
             startup_timeout_s=settings.triton_startup_timeout_s,
             max_restarts=settings.triton_max_restarts,
             restart_backoff_s=settings.triton_restart_backoff_s,
             stall_timeout_s=settings.triton_stall_timeout_s,
             verbose=settings.triton_log_verbose,
             on_restart=TRITON_RESTARTS.labels(self.model_name).inc,
-            probe=ModelProbe(self.flavor.probe[0], dict(self.flavor.probe[1])) if self.flavor.probe else None,
+            probe=ModelProbe(probe[0], dict(probe[1])) if (probe := self.flavor_type.probe) else None,
         )
 
     async def start(self) -> None:
@@ -201,6 +217,9 @@ class Runtime:
     def _on_change(self, ready: bool) -> None:
         if not ready:
             return
+        if not self.loaded:
+            self._ready_before_loaded = True
+            return
         self.flavor.triton_restarted()  # a new Triton holds no adapter
         with contextlib.suppress(RuntimeError):  # no running loop: nothing to reset
             loop = asyncio.get_running_loop()
@@ -236,8 +255,9 @@ class Runtime:
     async def stop(self) -> None:
         owner = self.triton.owner
         await self.triton.stop()
-        await self.relay.close()
-        self.guides.close()
+        if self.loaded:
+            await self.relay.close()
+            self.guides.close()
         if owner and self._run_dir_owned:
             shutil.rmtree(self.run_dir, ignore_errors=True)
 

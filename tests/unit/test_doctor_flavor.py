@@ -34,6 +34,9 @@ class FakeRuntime:
         self.engine = "reference"
         self.triton = SimpleNamespace(http_url="http://127.0.0.1:1")
 
+    def load(self) -> None:
+        pass
+
     async def start(self) -> None:
         pass
 

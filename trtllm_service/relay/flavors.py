@@ -360,6 +360,12 @@ FLAVORS: Mapping[str, type[LLMAPIFlavor] | type[EnsembleFlavor]] = {
 }
 
 
+def flavor_type(info: PackInfo) -> type[LLMAPIFlavor] | type[EnsembleFlavor]:
+    """The flavour class of a packed model (pack.json's `flavor`): what Triton needs (its models,
+    how it is launched, its probe) is known from it before the tokenizer is read."""
+    return FLAVORS[info.flavor]
+
+
 def flavor_of(model_path: Path, info: PackInfo, *, vocab_size: int, tokenizer: Any) -> Flavor:
     """The flavour object of a packed model (pack.json's `flavor`), its capabilities read from the pack."""
-    return FLAVORS[info.flavor].of_pack(model_path, info, vocab_size=vocab_size, tokenizer=tokenizer)
+    return flavor_type(info).of_pack(model_path, info, vocab_size=vocab_size, tokenizer=tokenizer)

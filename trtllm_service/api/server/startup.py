@@ -35,6 +35,10 @@ class Startable(Protocol):
     @property
     def ready(self) -> bool: ...
 
+    def load(self) -> None: ...
+
+    def loaded_now(self) -> None: ...
+
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
@@ -46,15 +50,17 @@ R = TypeVar("R", bound=Startable)
 
 
 class Startup(Generic[R]):
-    """Loads the runtime (in a thread) and starts it (Triton, as owner or follower) in a task.
+    """Starts the runtime (Triton, as owner or follower) in a task and, meanwhile, loads it (the
+    tokenizer, in a thread): a start takes the longer of the two, not their sum.
 
     Args:
-        load: Builds the runtime (blocking: the tokenizer is read); run in a worker thread.
+        make: Builds the runtime (the pack's facts: milliseconds); its `load` does the rest.
     """
 
-    def __init__(self, load: Callable[[], R]) -> None:
-        self._load = load
-        self.runtime: R | None = None
+    def __init__(self, make: Callable[[], R]) -> None:
+        self._make = make
+        self._made: R | None = None  # from its making on, for stop and kill_now
+        self.runtime: R | None = None  # once loaded: requests may use it
         self.error: BaseException | None = None  # why the start failed; None while it has not
         self.served = False  # ready once: restarts later are not the start
         self._task: asyncio.Task[None] | None = None
@@ -68,15 +74,26 @@ class Startup(Generic[R]):
 
     async def _run(self, on_loaded: Callable[[R], None], on_ready: Callable[[R], None]) -> None:
         started = time.monotonic()
+        starting: asyncio.Task[None] | None = None
         try:
-            runtime = await asyncio.to_thread(self._load)
+            runtime = self._made = await asyncio.to_thread(self._make)
+            # a failed or cancelled start leaves no process behind (Runtime.start)
+            starting = asyncio.get_running_loop().create_task(runtime.start(), name="trtllm-triton-start")
+            await asyncio.to_thread(runtime.load)
+            runtime.loaded_now()
             self.runtime = runtime
             on_loaded(runtime)
             logger.debug("runtime loaded in %.1f s", time.monotonic() - started)
-            await runtime.start()  # a failed start leaves no process behind (Runtime.start)
+            await starting
             self.served = True
             on_ready(runtime)
-        except Exception as exc:
+        except BaseException as exc:
+            if starting is not None and not starting.done():  # the load failed, or a stop came
+                starting.cancel()
+                with contextlib.suppress(BaseException):
+                    await starting
+            if not isinstance(exc, Exception):
+                raise
             self.error = exc
             # A TritonStartupError's message says it all (Triton's errors, its log's tail); anything
             # else comes with its traceback.
@@ -135,8 +152,8 @@ class Startup(Generic[R]):
             bound_s,
             task_stacks(),
         )
-        if self.runtime is not None:
-            self.runtime.kill_now()
+        if self._made is not None:
+            self._made.kill_now()
         stopping.cancel()  # not awaited: what is stuck may not end on cancellation either
 
     async def _stop(self) -> None:
@@ -145,8 +162,8 @@ class Startup(Generic[R]):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        if self.runtime is not None:
-            await self.runtime.stop()
+        if self._made is not None:
+            await self._made.stop()
 
 
 def task_stacks() -> str:

@@ -16,16 +16,34 @@ from trtllm_service.triton.process import TritonStartupError
 
 
 class FakeRuntime:
-    """Starts when `go` is set, or fails with `error`."""
+    """Loads when `loading` is set (at once by default), or fails with `load_error`; starts when
+    `go` is set, or fails with `error`. `events` says in which order that happened."""
 
-    def __init__(self, error: Exception | None = None) -> None:
-        self.error = error
+    def __init__(self, error: Exception | None = None, load_error: Exception | None = None) -> None:
+        self.error, self.load_error = error, load_error
         self.go = asyncio.Event()
+        self.loading = threading.Event()
+        self.loading.set()
         self.ready = False
         self.stopped = 0
+        self.events: list[str] = []
+
+    def load(self) -> None:
+        self.loading.wait(5)  # the tokenizer, read in a thread: the event loop answers meanwhile
+        if self.load_error is not None:
+            raise self.load_error
+        self.events.append("load ended")
+
+    def loaded_now(self) -> None:
+        self.events.append("loaded_now")
 
     async def start(self) -> None:
-        await self.go.wait()
+        self.events.append("start began")
+        try:
+            await self.go.wait()
+        except asyncio.CancelledError:
+            self.events.append("start cancelled")
+            raise
         if self.error is not None:
             raise self.error
         self.ready = True
@@ -36,14 +54,9 @@ class FakeRuntime:
 
 def test_serves_503s_until_ready_then_the_runtime() -> None:
     async def scenario() -> None:
-        loaded = threading.Event()
         runtime = FakeRuntime()
-
-        def load() -> FakeRuntime:
-            loaded.wait(5)  # the tokenizer, read in a thread: the event loop answers meanwhile
-            return runtime
-
-        startup: Startup[FakeRuntime] = Startup(load)
+        runtime.loading.clear()
+        startup: Startup[FakeRuntime] = Startup(lambda: runtime)
         events: list[str] = []
         startup.begin(on_loaded=lambda r: events.append("loaded"), on_ready=lambda r: events.append("ready"))
         for _ in range(3):
@@ -53,10 +66,12 @@ def test_serves_503s_until_ready_then_the_runtime() -> None:
         assert starting.value.status == 503 and starting.value.headers() == {"Retry-After": "1"}
         assert not startup.ready and not startup.failed and events == []
 
-        loaded.set()
+        assert runtime.events == ["start began"], "Triton starts while the tokenizer is read"
+        runtime.loading.set()
         while startup.runtime is None:
             await asyncio.sleep(0.01)
         assert events == ["loaded"] and not startup.ready
+        assert runtime.events == ["start began", "load ended", "loaded_now"]
         assert (
             startup.serving() is runtime
         )  # requests reach the runtime, whose relay 503s until Triton is ready
@@ -93,11 +108,32 @@ def test_a_failed_start_is_logged_and_answered_for_good(caplog: pytest.LogCaptur
 
 
 def test_a_failed_load_is_a_failed_start_with_its_traceback(caplog: pytest.LogCaptureFixture) -> None:
-    def load() -> FakeRuntime:
-        raise OSError("tokenizer.json: no such file")
+    runtime = FakeRuntime(load_error=OSError("tokenizer.json: no such file"))
 
     async def scenario() -> Startup[FakeRuntime]:
-        startup: Startup[FakeRuntime] = Startup(load)
+        startup: Startup[FakeRuntime] = Startup(lambda: runtime)
+        startup.begin(
+            on_loaded=lambda r: pytest.fail("not loaded"), on_ready=lambda r: pytest.fail("not ready")
+        )
+        await startup.wait()
+        await startup.stop()
+        return startup
+
+    with caplog.at_level(logging.ERROR, logger="trtllm_service"):
+        startup = asyncio.run(scenario())
+    assert startup.failed and startup.runtime is None
+    assert runtime.events == ["start began", "start cancelled"], "the Triton being started is stopped"
+    assert runtime.stopped == 1
+    [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert "OSError: tokenizer.json" in record.getMessage() and record.exc_info is not None
+
+
+def test_a_runtime_that_cannot_be_made_is_a_failed_start() -> None:
+    def make() -> FakeRuntime:
+        raise OSError("pack.json: no such file")
+
+    async def scenario() -> Startup[FakeRuntime]:
+        startup: Startup[FakeRuntime] = Startup(make)
         startup.begin(
             on_loaded=lambda r: pytest.fail("not loaded"), on_ready=lambda r: pytest.fail("not ready")
         )
@@ -105,11 +141,8 @@ def test_a_failed_load_is_a_failed_start_with_its_traceback(caplog: pytest.LogCa
         await startup.stop()  # nothing to stop
         return startup
 
-    with caplog.at_level(logging.ERROR, logger="trtllm_service"):
-        startup = asyncio.run(scenario())
-    assert startup.failed and startup.runtime is None
-    [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
-    assert "OSError: tokenizer.json" in record.getMessage() and record.exc_info is not None
+    startup = asyncio.run(scenario())
+    assert startup.failed and isinstance(startup.error, OSError) and startup.runtime is None
 
 
 def test_stopping_while_starting_ends_the_start() -> None:
@@ -123,7 +156,26 @@ def test_stopping_while_starting_ends_the_start() -> None:
         assert startup.done and not startup.failed
         return runtime
 
-    assert asyncio.run(scenario()).stopped == 1
+    runtime = asyncio.run(scenario())
+    assert runtime.stopped == 1 and runtime.events[-1] == "start cancelled"
+
+
+def test_stopping_while_loading_stops_the_triton_being_started() -> None:
+    async def scenario() -> FakeRuntime:
+        runtime = FakeRuntime()
+        runtime.loading.clear()
+        startup: Startup[FakeRuntime] = Startup(lambda: runtime)
+        startup.begin(
+            on_loaded=lambda r: pytest.fail("not loaded"), on_ready=lambda r: pytest.fail("not ready")
+        )
+        while runtime.events != ["start began"]:
+            await asyncio.sleep(0.01)
+        await asyncio.wait_for(startup.stop(), 5)
+        runtime.loading.set()  # the thread reading the tokenizer ends on its own
+        return runtime
+
+    runtime = asyncio.run(scenario())
+    assert runtime.stopped == 1 and runtime.events[:2] == ["start began", "start cancelled"]
 
 
 class StuckRuntime(FakeRuntime):
