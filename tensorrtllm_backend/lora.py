@@ -14,7 +14,7 @@ import json
 import math
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -61,6 +61,11 @@ CACHE_MISS = "not found in cache"
 """In the engine's error for a task id it does not hold: the client resends the weights."""
 NOT_CACHED = _nv.LORA_NOT_CACHED
 """The whole message, NVIDIA's."""
+
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+"""An adapter's name (clients send it as `model`): letters, digits, '.', '_' and '-', at most 64."""
+ROW_DTYPES = ("float32", "float16", "bfloat16")
+"""The dtypes `lora_weights` rows are sent in: the engine's (float16 for any other)."""
 
 _KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 
@@ -154,6 +159,10 @@ def read_peft(directory: Path | str, base_config: Mapping[str, Any]) -> Adapter:
                 f"{str(where)!r}: {key} has shape {list(tensor.shape)}, the base model needs {list(expected)} "
                 "(is it an adapter for another base model?)"
             )
+        if tensor.dtype.kind != "f":
+            raise LoraError(
+                f"{str(where)!r}: {key} is {tensor.dtype}; LoRA weights must be float16, bfloat16 or float32"
+            )
         pairs.setdefault((layer, module), {})[part] = tensor.astype(np.float32)
     if not pairs:
         raise LoraError(f"{str(where)!r}: {WEIGHTS_FILE} holds no LoRA weights")
@@ -165,6 +174,26 @@ def read_peft(directory: Path | str, base_config: Mapping[str, Any]) -> Adapter:
             )
         factors[(layer, module)] = (pair["A"], pair["B"] * np.float32(scaling))
     return Adapter(rank=rank, alpha=alpha, target_modules=tuple(targets), factors=factors)
+
+
+def check_limits(adapter: Adapter, max_rank: int, modules: Collection[str]) -> None:
+    """Refuses (LoraError) an adapter beyond what the engine was set up for: a rank above its
+    `max_lora_rank` (0: no limit), a module it has no LoRA on (TensorRT-LLM's names; empty: any)."""
+    if max_rank and adapter.rank > max_rank:
+        raise LoraError(f"rank {adapter.rank} exceeds the engine's max_lora_rank {max_rank}")
+    missing = {HF_TO_TRTLLM[m] for m in adapter.target_modules} - set(modules)
+    if modules and missing:
+        raise LoraError(f"the engine was built without LoRA on {', '.join(sorted(missing))}")
+
+
+def rows_as(weights: np.ndarray, engine_dtype: str) -> np.ndarray:
+    """`lora_weights` rows in the engine's dtype (ROW_DTYPES; bfloat16 kept as its bits in uint16,
+    rounded to nearest even: numpy has no bfloat16)."""
+    dtype = engine_dtype if engine_dtype in ROW_DTYPES else "float16"
+    if dtype == "bfloat16":
+        bits = weights.astype(np.float32).view(np.uint32)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return weights.astype(dtype)
 
 
 def to_rows(factors: Factors, dtype: Any = np.float32) -> tuple[np.ndarray, np.ndarray]:

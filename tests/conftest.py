@@ -41,6 +41,14 @@ def demo_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def base_config(demo_model_dir: Path) -> dict[str, Any]:
+    """The demo checkpoint's config.json: the base model LoRA adapters are made for and checked against."""
+    import json
+
+    return dict(json.loads((demo_model_dir / "config.json").read_text()))
+
+
+@pytest.fixture(scope="session")
 def triton(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonServer]:
     """One tritonserver with our repository on the demo model, shared by the integration tests."""
     server = TritonServer(

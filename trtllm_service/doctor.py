@@ -12,7 +12,9 @@ answer:" (the engine did, but the answer cannot show the feature; e.g. a greedy 
 once, which the probes of engine features then ask for again with ignore_eos). A model of the
 legacy ensemble flavour gets one warning line (pinned.ENSEMBLE_LEGACY_WARNING); a warning does not
 fail. A model packed with --config / --set shows those LLM API options, and which of them a stand-in
-engine ignores (they need TensorRT-LLM on a GPU). Exit status 1 when anything failed.
+engine ignores (they need TensorRT-LLM on a GPU). It says whether LoRA adapters can be loaded while
+serving (TRTLLM_ALLOW_RUNTIME_LORA_UPDATING); with --probe-lora-load PATH it loads that adapter as
+/v1/load_lora_adapter would, asks one request of it and unloads it. Exit status 1 when anything failed.
 """
 
 from __future__ import annotations
@@ -375,8 +377,38 @@ class FeatureProbe:
         return checks
 
 
-async def diagnose(tag: str | None) -> tuple[dict[str, Any], list[Check]]:
-    """Starts the model's Triton as the service does, checks it, stops it."""
+def runtime_lora_line(runtime: Any) -> str:
+    """Whether adapters can be loaded while serving, and from where (the doctor's facts)."""
+    settings = runtime.settings
+    if not settings.allow_runtime_lora_updating:
+        return "off (TRTLLM_ALLOW_RUNTIME_LORA_UPDATING unset)"
+    root = settings.lora_root or "unset: BentoML model tags only"
+    why = runtime.lora_limits.unavailable
+    return f"on, TRTLLM_LORA_ROOT {root}" + (f"; but {why}" if why else "")
+
+
+async def probe_lora_load(runtime: Any, lora_path: str, name: str = "doctor-probe") -> Check:
+    """Loads the adapter at `lora_path` as /v1/load_lora_adapter would, asks one request of it and
+    unloads it (the set every worker sees is left as it was)."""
+    try:
+        entry = await runtime.load_adapter(name, lora_path, replace=True)
+    except APIError as exc:
+        return Check("lora load", FAILED, f"{lora_path!r}: {exc.message}")
+    try:
+        answer = await FeatureProbe(runtime).ask(SamplingParams(temperature=0.0, lora=name))
+    except APIError as exc:
+        return engine_fault("lora load", f"adapter {lora_path!r} loaded, its request failed: {exc.message}")
+    finally:
+        await runtime.unload_adapter(name)
+    if not answer.tokens:
+        return engine_fault("lora load", f"adapter {lora_path!r}: no tokens came back")
+    detail = f"{lora_path!r} loaded (rank {entry['rank']}), {answer.tokens} tokens, unloaded"
+    return Check("lora load", OK, detail)
+
+
+async def diagnose(tag: str | None, lora_path: str | None = None) -> tuple[dict[str, Any], list[Check]]:
+    """Starts the model's Triton as the service does, checks it (with `lora_path`: one load and
+    unload of that adapter), stops it."""
     import bentoml
 
     from trtllm_service import served_model as served
@@ -399,6 +431,7 @@ async def diagnose(tag: str | None) -> tuple[dict[str, Any], list[Check]]:
     options = runtime.info.llm_options_line()
     if options:
         facts["llm options"] = options
+    facts["runtime lora loading"] = runtime_lora_line(runtime)
     try:
         await runtime.start()
         await runtime.learn_engine()
@@ -408,6 +441,8 @@ async def diagnose(tag: str | None) -> tuple[dict[str, Any], list[Check]]:
         checks += environment_checks(runtime.info, runtime.engine, installed_tensorrt_llm())
         checks += llm_options_checks(runtime.info, runtime.engine)
         checks += await FeatureProbe(runtime).run()
+        if lora_path is not None:
+            checks.append(await probe_lora_load(runtime, lora_path))
     finally:
         await runtime.stop()
     return facts, checks
@@ -429,9 +464,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "model pack_model.py recorded, else the only packed one)",
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
+        "--probe-lora-load",
+        metavar="LORA_PATH",
+        help="load this adapter (a directory under TRTLLM_LORA_ROOT, or a BentoML model tag) as "
+        "/v1/load_lora_adapter would, ask one request of it, and unload it",
+    )
     args = parser.parse_args(argv)
     try:
-        facts, checks = asyncio.run(diagnose(args.model))
+        facts, checks = asyncio.run(diagnose(args.model, args.probe_lora_load))
     except Exception as exc:  # the model cannot be found or Triton cannot start: one line
         print(f"{PROG}: error: {' '.join(str(exc).split()) or type(exc).__name__}", file=sys.stderr)
         return 2

@@ -279,6 +279,22 @@ def engine_config(model_path: Path | str) -> dict[str, Any]:
         return {}
 
 
+def lora_base_config(config: Mapping[str, Any], python_backend: bool) -> dict[str, Any]:
+    """The base model's shape as a Hugging Face config, which LoRA adapters are checked against:
+    `config` itself for a checkpoint (the Python engines), an engine's pretrained_config mapped."""
+    if python_backend:
+        return dict(config)
+    pretrained = config.get("pretrained_config") or {}
+    return {
+        "hidden_size": pretrained.get("hidden_size"),
+        "num_attention_heads": pretrained.get("num_attention_heads"),
+        "num_key_value_heads": pretrained.get("num_key_value_heads"),
+        "head_dim": pretrained.get("head_size"),
+        "intermediate_size": pretrained.get("intermediate_size"),
+        "num_hidden_layers": pretrained.get("num_hidden_layers"),
+    }
+
+
 def llm_args(model_path: Path | str) -> dict[str, Any]:
     """The llmapi flavour's model.yaml (the LLM's arguments), {} when absent or unreadable."""
     import yaml

@@ -25,6 +25,16 @@ from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
 from trtllm_service.chat.reasoning import style_of
 from trtllm_service.chat.template import PromptFormatter
 from trtllm_service.errors import APIError
+from trtllm_service.lora_adapters import (
+    LoadRefused,
+    LoraError,
+    LoraLimits,
+    NotLoaded,
+    SharedAdapters,
+    already_loaded,
+    check_name,
+    resolve_source,
+)
 from trtllm_service.packed_model import end_ids, layout_runtime_repository, read_pack_info, vocab_size
 from trtllm_service.relay.client import EngineStream, TritonRelay
 from trtllm_service.relay.flavors import Flavor, flavor_of, flavor_type
@@ -84,10 +94,12 @@ class Runtime:
         self.settings = settings
         self.info = read_pack_info(self.model_path)
         self.flavor_type = flavor_type(self.info)  # what Triton needs before the tokenizer is read
-        self.adapters: dict[str, dict[str, Any]] = dict(self.info.loras)  # LoRA name -> id, rank, ...
         self._token_texts: TokenTexts | None = None
         self._run_dir_owned = settings.run_dir is None
         self.run_dir = run_dir(settings)
+        # LoRA name -> id, files, rank, ...: the packed adapters and those loaded while serving
+        self.adapters = SharedAdapters(self.info.loras, self.model_path, self.run_dir)
+        self.lora_limits = LoraLimits.of_pack(self.model_path, self.info)
         self.triton = SharedTriton(self.run_dir, self._make_supervisor, on_change=self._on_change)
         self.engine: str | None = None  # learned from Triton once it is ready
         self._tasks: set[asyncio.Task[None]] = set()
@@ -119,6 +131,7 @@ class Runtime:
         self.flavor: Flavor = flavor_of(
             self.model_path, self.info, vocab_size=self.limits.vocab_size, tokenizer=self.tokenizer
         )
+        self.flavor.adapters = self.adapters
         self.relay = TritonRelay(
             self.triton.grpc_address,
             self.flavor,
@@ -326,6 +339,51 @@ class Runtime:
             raise APIError.model_not_found(name)
         known = ", ".join(self.adapters) or "none packed"
         raise APIError.bad_request(f"unknown LoRA adapter {name!r} ({known})", param=param)
+
+    async def load_adapter(self, name: str, lora_path: str, *, replace: bool = False) -> dict[str, Any]:
+        """Checks the PEFT adapter `lora_path` names against the packed model and lists it under
+        `name` for every worker (vLLM's /v1/load_lora_adapter; `replace`: its load_inplace); a 400
+        naming what is wrong, with nothing changed, otherwise."""
+        try:
+            check_name(name)
+        except LoraError as exc:
+            raise APIError.bad_request(str(exc), param="lora_name") from None
+        if name == self.model_name or self.adapters.is_packed(name):
+            what = "the served base model" if name == self.model_name else "an adapter packed with the model"
+            raise APIError.bad_request(
+                f"The lora adapter name '{name}' conflicts with {what}.", param="lora_name"
+            )
+        if not replace and name in self.adapters.loaded():
+            raise APIError.bad_request(already_loaded(name), param="lora_name")
+
+        def load() -> dict[str, Any]:
+            source = resolve_source(lora_path, self.settings.lora_root)
+            adapter = self.lora_limits.check(source)
+            keep_s = self.settings.stream_timeout_s
+            dtype = self.lora_limits.dtype
+            return self.adapters.load(
+                name, source, adapter, dtype, given=lora_path, replace=replace, keep_s=keep_s
+            )
+
+        try:
+            return await asyncio.to_thread(load)
+        except LoadRefused as exc:
+            raise APIError.bad_request(str(exc), param="lora_name") from None
+        except LoraError as exc:
+            raise APIError.bad_request(f"LoRA adapter {name!r}: {exc}", param="lora_path") from None
+
+    async def unload_adapter(self, name: str) -> dict[str, Any]:
+        """Drops the loaded adapter `name` for every worker: requests in flight finish, new ones get
+        a 404 (vLLM's /v1/unload_lora_adapter)."""
+        if self.adapters.is_packed(name):
+            raise APIError.bad_request(
+                f"The lora adapter '{name}' is packed with the model and cannot be unloaded.",
+                param="lora_name",
+            )
+        try:
+            return await asyncio.to_thread(self.adapters.unload, name, keep_s=self.settings.stream_timeout_s)
+        except NotLoaded as exc:
+            raise APIError(404, str(exc), param="lora_name", code="model_not_found") from None
 
     async def generate(self, request: GenerationRequest) -> EngineStream:
         """Starts `request`; read the stream, and close it when done (that cancels an unfinished one).

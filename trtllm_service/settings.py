@@ -134,6 +134,16 @@ class Settings(BaseModel, frozen=True):
         description="TRTLLM_CONTENT_SPECIAL_TOKENS: special-token text in a request's messages is the "
         "template's control tokens (control, as Hugging Face and vLLM) or plain text (text)",
     )
+    allow_runtime_lora_updating: bool = Field(
+        False,
+        description="TRTLLM_ALLOW_RUNTIME_LORA_UPDATING: serve POST /v1/load_lora_adapter and "
+        "/v1/unload_lora_adapter (vLLM's); off: they are 404s",
+    )
+    lora_root: Path | None = Field(
+        None,
+        description="TRTLLM_LORA_ROOT: the directory /v1/load_lora_adapter's lora_path may name adapters "
+        "under (nothing outside it); unset: only BentoML model tags",
+    )
     workers: int = Field(
         default_factory=default_workers,
         ge=1,
@@ -189,6 +199,8 @@ class Settings(BaseModel, frozen=True):
             "body_timeout_s": "TRTLLM_BODY_TIMEOUT",
             "max_header_bytes": "TRTLLM_MAX_HEADER_BYTES",
             "max_headers": "TRTLLM_MAX_HEADERS",
+            "allow_runtime_lora_updating": "TRTLLM_ALLOW_RUNTIME_LORA_UPDATING",
+            "lora_root": "TRTLLM_LORA_ROOT",
         }
         raw = {field: env[var] for field, var in names.items() if env.get(var, "") != ""}
         try:

@@ -141,6 +141,8 @@ def test_unknown_route_and_method_under_v1(http: httpx.Client) -> None:
     for method, path, status in (
         ("GET", "/v1/nope", 404),
         ("POST", "/v1/embeddings", 404),
+        ("POST", "/v1/load_lora_adapter", 404),  # off without TRTLLM_ALLOW_RUNTIME_LORA_UPDATING
+        ("POST", "/v1/unload_lora_adapter", 404),
         ("GET", "/v1/chat/completions", 405),
     ):
         response = http.request(method, path)
@@ -199,6 +201,7 @@ def test_api_keys_rate_limit_and_unavailable(
                 ("POST", "/v1/chat/completions", chat),
                 ("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2}),
                 ("POST", "/v1/unknown", {}),
+                ("POST", "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "a"}),
                 ("POST", "/generate", {"prompt": "Hi", "max_tokens": 2}),
                 ("POST", "/tokenize", {"prompt": "Hi"}),
             ):

@@ -33,6 +33,8 @@ class FakeRuntime:
         self.flavor = FLAVORS[self.kind]()
         self.engine = "reference"
         self.triton = SimpleNamespace(http_url="http://127.0.0.1:1")
+        self.settings = settings
+        self.lora_limits = SimpleNamespace(unavailable=None)
 
     def load(self) -> None:
         pass

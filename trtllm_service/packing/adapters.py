@@ -4,7 +4,6 @@ files and TensorRT-LLM's rows, and listed in model.yaml."""
 from __future__ import annotations
 
 import json
-import re
 import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -17,54 +16,37 @@ from tensorrtllm_backend.lora import (
 )
 from tensorrtllm_backend.lora import (
     HF_TO_TRTLLM,
+    NAME,
     ROWS_CONFIG,
     ROWS_WEIGHTS,
     Adapter,
     LoraError,
+    check_limits,
     read_peft,
+    rows_as,
     to_rows,
 )
 from tensorrtllm_backend.lora import (
     WEIGHTS_FILE as LORA_WEIGHTS_FILE,
 )
-from trtllm_service.packed_model import LORA_DIR, PackError, read_json_object
+from trtllm_service.packed_model import LORA_DIR, PackError, lora_base_config, read_json_object
 from trtllm_service.packing.sources import ModelSource, existing_dir
 
-_LORA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-LORA_DTYPES: dict[str, tuple[str, Any]] = {
-    "float32": ("TYPE_FP32", np.float32),
-    "float16": ("TYPE_FP16", np.float16),
-    "bfloat16": ("TYPE_BF16", "bfloat16"),  # stored as the bits of bfloat16, in uint16
-}
-"""The engine's dtype -> the Triton type of `lora_weights` and how the packed rows are stored."""
-
-
-def _bfloat16_bits(values: np.ndarray) -> np.ndarray:
-    bits = values.astype(np.float32).view(np.uint32)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)  # round to nearest even
+LORA_DTYPES: dict[str, str] = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "bfloat16": "TYPE_BF16"}
+"""The engine's dtype -> the Triton type of `lora_weights` (the rows: lora.rows_as)."""
 
 
 def base_config(source: ModelSource) -> dict[str, Any]:
     """The base model's shape as a Hugging Face config (an engine's pretrained_config is mapped)."""
     config = read_json_object(source.directory / "config.json", "model config")
-    if source.backend == "python":
-        return config
-    pretrained = config.get("pretrained_config") or {}
-    return {
-        "hidden_size": pretrained.get("hidden_size"),
-        "num_attention_heads": pretrained.get("num_attention_heads"),
-        "num_key_value_heads": pretrained.get("num_key_value_heads"),
-        "head_dim": pretrained.get("head_size"),
-        "intermediate_size": pretrained.get("intermediate_size"),
-        "num_hidden_layers": pretrained.get("num_hidden_layers"),
-    }
+    return lora_base_config(config, source.backend == "python")
 
 
 def read_loras(source: ModelSource, loras: Sequence[tuple[str, Path | str]]) -> dict[str, Adapter]:
     """Reads and checks each --lora NAME=DIR against the base model (and an engine's LoRA build)."""
     adapters: dict[str, Adapter] = {}
     for name, directory in loras:
-        if not _LORA_NAME.match(name):
+        if not NAME.match(name):
             raise PackError(f"--lora name {name!r}: use letters, digits, '.', '_' and '-' (at most 64)")
         if name in adapters:
             raise PackError(f"--lora {name} is given twice")
@@ -83,17 +65,12 @@ def read_loras(source: ModelSource, loras: Sequence[tuple[str, Path | str]]) -> 
                 "`trtllm-build --lora_plugin auto --max_lora_rank R --lora_target_modules ...`"
             )
         max_rank = int(lora.get("max_lora_rank") or 0)
+        built = tuple(lora.get("lora_target_modules") or ())
         for name, adapter in adapters.items():
-            if max_rank and adapter.rank > max_rank:
-                raise PackError(
-                    f"--lora {name}: rank {adapter.rank} exceeds the engine's max_lora_rank {max_rank}"
-                )
-            built = set(lora.get("lora_target_modules") or [])
-            missing = {HF_TO_TRTLLM[m] for m in adapter.target_modules} - built
-            if built and missing:
-                raise PackError(
-                    f"--lora {name}: the engine was built without LoRA on {', '.join(sorted(missing))}"
-                )
+            try:
+                check_limits(adapter, max_rank, built)
+            except LoraError as exc:
+                raise PackError(f"--lora {name}: {exc}") from None
     return adapters
 
 
@@ -101,14 +78,13 @@ def write_loras(
     staging: Path, adapters: Mapping[str, Adapter], sources: Mapping[str, Path | str], dtype: str
 ) -> None:
     """Copies each adapter's PEFT files and writes its TensorRT-LLM rows beside them."""
-    _, stored = LORA_DTYPES.get(dtype, LORA_DTYPES["float16"])
     for name, adapter in adapters.items():
         target = staging / LORA_DIR / name
         target.mkdir(parents=True)
         for file in (LORA_CONFIG_FILE, LORA_WEIGHTS_FILE):
             shutil.copyfile(Path(sources[name]) / file, target / file)
         weights, config = to_rows(adapter.factors)
-        weights = _bfloat16_bits(weights) if stored == "bfloat16" else weights.astype(stored)
+        weights = rows_as(weights, dtype)
         np.save(target / ROWS_WEIGHTS, weights)
         np.save(target / ROWS_CONFIG, config)
 

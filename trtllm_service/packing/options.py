@@ -239,7 +239,7 @@ class RuntimeOptions:
             "llm_max_seq_len": str(self.max_seq_len) if self.max_seq_len else "null",
             "dtype": self.dtype,
             "trust_remote_code": _bool(self.trust_remote_code),
-            "lora_weights_data_type": LORA_DTYPES.get(source.dtype, LORA_DTYPES["float16"])[0],
+            "lora_weights_data_type": LORA_DTYPES.get(source.dtype, LORA_DTYPES["float16"]),
             "lora_cache_adapters": str(self.lora_cache_adapters),
             "logits_datatype": LOGITS_DTYPES.get(source.logits_dtype or "", DEFAULTS["logits_datatype"]),
         }

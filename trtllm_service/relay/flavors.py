@@ -105,6 +105,8 @@ class Flavor:
         self.max_beam_width = max_beam_width
         self.vocab_size = vocab_size
         self.tokens_per_block = tokens_per_block
+        # LoRA name -> id, dir (its files), loaded (while serving): set by the runtime
+        self.adapters: Mapping[str, Mapping[str, Any]] = {}
 
     # ---- the wire ----------------------------------------------------------------------------------------
 
@@ -125,6 +127,13 @@ class Flavor:
 
     def triton_restarted(self) -> None:
         """A new Triton: it holds none of the adapters sent before."""
+
+    def adapter_entry(self, name: str) -> Mapping[str, Any]:
+        """The adapter `name` names now: a 404 when it was unloaded since the request was checked."""
+        entry = self.adapters.get(name)
+        if entry is None:
+            raise APIError.model_not_found(name)
+        return entry
 
     # ---- capabilities ------------------------------------------------------------------------------------
 
@@ -269,6 +278,16 @@ class LLMAPIFlavor(Flavor):
             return TextBeams(request)
         return TextReader(request, request.logprobs is not None or request.prompt_logprobs is not None)
 
+    def with_adapter(self, request: GenerationRequest) -> tuple[GenerationRequest, GenerationRequest | None]:
+        """A packed adapter goes by name (model.yaml lists it); a loaded one with its id and files, as
+        NVIDIA's model on main takes one (`lora_id`, `lora_path`), which the LLM loads by path."""
+        if request.lora_name is None:
+            return request, None
+        entry = self.adapter_entry(request.lora_name)
+        if not entry.get("loaded"):
+            return request, None
+        return replace(request, lora_id=int(entry["id"]), lora_path=str(entry["dir"])), None
+
 
 class EnsembleFlavor(Flavor):
     """NVIDIA's C++ `tensorrtllm` backend contract (or a stand-in in its slot): token ids out,
@@ -303,7 +322,7 @@ class EnsembleFlavor(Flavor):
         self.tokenizer = tokenizer
         self.model_path = model_path
         self.adapters = dict(adapters or {})
-        self._lora_rows: dict[str, tuple[Any, Any]] = {}
+        self._lora_rows: dict[int, tuple[Any, Any]] = {}
         self._lora_sent: set[int] = set()  # task ids whose weights this worker sent to this Triton
 
     @classmethod
@@ -332,8 +351,9 @@ class EnsembleFlavor(Flavor):
     def with_adapter(self, request: GenerationRequest) -> tuple[GenerationRequest, GenerationRequest | None]:
         if request.lora_name is None:
             return request, None
-        task_id = int(self.adapters[request.lora_name]["id"])
-        weights, config = self._lora_weights(request.lora_name)
+        entry = self.adapter_entry(request.lora_name)
+        task_id = int(entry["id"])
+        weights, config = self._lora_weights(request.lora_name, entry)
         with_weights = replace(request, lora_task_id=task_id, lora_weights=weights, lora_config=config)
         if task_id in self._lora_sent:
             return replace(request, lora_task_id=task_id), with_weights
@@ -343,15 +363,17 @@ class EnsembleFlavor(Flavor):
     def triton_restarted(self) -> None:
         self._lora_sent.clear()
 
-    def _lora_weights(self, name: str) -> tuple[Any, Any]:
-        """An adapter's TensorRT-LLM rows (lora_weights, lora_config), read once."""
-        rows = self._lora_rows.get(name)
+    def _lora_weights(self, name: str, entry: Mapping[str, Any]) -> tuple[Any, Any]:
+        """An adapter's TensorRT-LLM rows (lora_weights, lora_config), read once per id (a loaded
+        adapter replaced under its name has a new id)."""
+        task_id = int(entry["id"])
+        rows = self._lora_rows.get(task_id)
         if rows is None:
             import numpy as np
 
-            where = Path(self.model_path or ".") / LORA_DIR / name
+            where = Path(entry.get("dir") or Path(self.model_path or ".") / LORA_DIR / name)
             rows = (np.load(where / ROWS_WEIGHTS), np.load(where / ROWS_CONFIG))
-            self._lora_rows[name] = rows
+            self._lora_rows[task_id] = rows
         return rows
 
 

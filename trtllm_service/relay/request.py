@@ -118,6 +118,8 @@ class GenerationRequest:
     guide: str | None = None
     logprobs: int | None = None  # N: each token's log prob and the N most likely (None: off)
     lora_name: str | None = None  # the LLM API flavour: the packed adapter, by name
+    lora_id: int | None = None  # the LLM API flavour: a loaded adapter's id (the LLM caches it by it)
+    lora_path: str | None = None  # and its PEFT files, which the LLM reads
     lora_task_id: int | None = None  # the C++ contract: the adapter's id in the engine's cache
     lora_weights: Any = None  # the adapter's weights and config: sent on its first use only
     lora_config: Any = None
@@ -431,6 +433,8 @@ LLMAPI_INPUTS: Mapping[str, TensorSpec] = {
     "guide": _llmapi("guided_decoding_guide", "BYTES"),
     "logprobs": _llmapi("sampling_param_logprobs", "INT32"),
     "lora_name": _llmapi("lora_name", "BYTES"),
+    "lora_id": _llmapi("lora_id", "UINT64"),
+    "lora_path": _llmapi("lora_path", "BYTES"),
     "embedding_bias": RawTensor("sampling_param_embedding_bias", "FP32", batched=False),
     "prompt_logprobs": _llmapi("sampling_param_prompt_logprobs", "INT32"),
     "use_beam_search": _llmapi("sampling_param_use_beam_search", "BOOL"),

@@ -15,11 +15,6 @@ from trtllm_service.packing.adapters import read_loras
 from trtllm_service.packing.sources import read_hf_checkpoint
 
 
-@pytest.fixture(scope="module")
-def base_config(demo_model_dir: Path) -> dict:
-    return json.loads((demo_model_dir / "config.json").read_text())
-
-
 def test_rows_round_trip_to_the_same_factors(tmp_path: Path, base_config: dict) -> None:
     adapter = read_peft(make_adapter(tmp_path / "a", base_config, seed=3, rank=4, alpha=16), base_config)
     assert adapter.rank == 4 and adapter.alpha == 16

@@ -58,7 +58,25 @@ def test_the_flavour_picks_the_reader(changes: dict[str, int], ids: type, text: 
 
 def test_an_llmapi_adapter_travels_by_name() -> None:
     request = GenerationRequest(prompt_ids=[1], max_tokens=1, lora_name="poet")
-    assert LLMAPIFlavor().with_adapter(request) == (request, None)
+    flavor = LLMAPIFlavor()
+    flavor.adapters = {"poet": {"id": 1, "dir": "/packed/loras/poet"}}
+    assert flavor.with_adapter(request) == (request, None)
+
+
+def test_a_loaded_llmapi_adapter_travels_with_its_id_and_files() -> None:
+    request = GenerationRequest(prompt_ids=[1], max_tokens=1, lora_name="tenant")
+    flavor = LLMAPIFlavor()
+    flavor.adapters = {"tenant": {"id": 9, "dir": "/run/loras/9", "loaded": True}}
+    sent, retry = flavor.with_adapter(request)
+    assert retry is None and (sent.lora_name, sent.lora_id, sent.lora_path) == ("tenant", 9, "/run/loras/9")
+
+
+def test_an_adapter_unloaded_after_its_check_is_a_404() -> None:
+    request = GenerationRequest(prompt_ids=[1], max_tokens=1, lora_name="gone")
+    for flavor in (LLMAPIFlavor(), EnsembleFlavor(None, None, {})):
+        with pytest.raises(APIError) as caught:
+            flavor.with_adapter(request)
+        assert caught.value.status == 404
 
 
 def test_a_cpp_adapter_is_sent_with_its_weights_once_per_triton(tmp_path: Path) -> None:

@@ -75,8 +75,8 @@ OPENAI_FIELDS: tuple[Row, ...] = (
     ),
     Row(
         "`model` naming a LoRA adapter",
-        ("lora_name", "lora_task_id", "lora_weights", "lora_config"),
-        "C++: weights with the first request only",
+        ("lora_name", "lora_id", "lora_path", "lora_task_id", "lora_weights", "lora_config"),
+        "C++: weights with the first request only; LLM API: a loaded adapter by id and path",
     ),
     Row("`reasoning_effort`, `reasoning.effort`", (), "to a chat template that takes it"),
     Row(
@@ -97,6 +97,8 @@ _LLMAPI_OTHER = {
     "guided_decoding_guide_type": "guided_decoding",
     "guided_decoding_guide": "guided_decoding",
     "lora_name": "`LoRARequest`",
+    "lora_id": "`LoRARequest`",
+    "lora_path": "`LoRARequest`",
 }
 
 

@@ -382,6 +382,24 @@ class DetokenizeRequest(StrictModel):
         return value
 
 
+class LoadLoRAAdapterRequest(StrictModel):
+    """``POST /v1/load_lora_adapter`` (vLLM's shape)."""
+
+    lora_name: str = Field(description="The name requests select it by (`model`)")
+    lora_path: str = Field(
+        description="A PEFT adapter directory under TRTLLM_LORA_ROOT (relative to it, or absolute), or a "
+        "BentoML model tag"
+    )
+    load_inplace: bool = Field(False, description="Replace an adapter loaded under the same name (vLLM's)")
+
+
+class UnloadLoRAAdapterRequest(StrictModel):
+    """``POST /v1/unload_lora_adapter`` (vLLM's shape)."""
+
+    lora_name: str = Field(description="The loaded adapter's name")
+    lora_int_id: int | None = Field(None, description="vLLM's; accepted and not used (adapters go by name)")
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Responses (built by us, so no strictness or extra-field policy is needed)
 

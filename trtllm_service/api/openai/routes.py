@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import APIRouter, Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from trtllm_service import jsontext
 from trtllm_service.api.generation.bodies import (
@@ -38,10 +38,12 @@ from trtllm_service.api.openai.completions.protocol import (
 from trtllm_service.api.openai.completions.serving import COMPLETIONS_ROUTE
 from trtllm_service.api.openai.protocol import (
     DetokenizeRequest,
+    LoadLoRAAdapterRequest,
     ModelCard,
     ModelList,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
+    UnloadLoRAAdapterRequest,
 )
 from trtllm_service.api.openai.responses.protocol import RESPONSES_ROUTE, ResponsesRequest
 from trtllm_service.api.openai.serving import OpenAIServing
@@ -121,6 +123,60 @@ async def retrieve_model(model: str, request: Request) -> Response:
         return JSONResponse(card.model_dump(mode="json"))
     except APIError as exc:
         return error_response(exc)
+
+
+_LORA_OK = {
+    200: {
+        "description": "vLLM's answer: `Success: LoRA adapter '<name>' ...`",
+        "content": {"text/plain": {}},
+    },
+    **error_docs(
+        ErrorBody,
+        {
+            400: "A bad adapter (the message names what is wrong), a name loaded already, a path outside "
+            "TRTLLM_LORA_ROOT",
+            401: "Missing or wrong API key",
+            404: "No adapter of that name is loaded, or TRTLLM_ALLOW_RUNTIME_LORA_UPDATING is off",
+        },
+    ),
+}
+
+
+async def _lora_route(request: Request, body: type[_Body], operation: str) -> Response:
+    """vLLM's LoRA routes: a 404 as for any unknown URL unless TRTLLM_ALLOW_RUNTIME_LORA_UPDATING."""
+    try:
+        serving = bound_serving(request)
+        if not serving.runtime_lora_updating:
+            where = f"{request.method} {request.url.path}"
+            raise APIError(404, f"Invalid URL ({where})", code="unknown_url")
+        parsed = parse_request(body, await request.body())
+        return PlainTextResponse(await getattr(serving, operation)(parsed))
+    except APIError as exc:
+        return error_response(exc)
+
+
+@router.post(
+    "/load_lora_adapter",
+    summary="Load a LoRA adapter",
+    openapi_extra=body_doc(LoadLoRAAdapterRequest, {"lora_name": "tenant-a", "lora_path": "tenant-a"}),
+    responses=_LORA_OK,
+)
+async def load_lora_adapter(request: Request) -> Response:
+    """vLLM's: checks a PEFT adapter against the packed model and serves it under `lora_name` (as
+    `model`) on every worker. Only with TRTLLM_ALLOW_RUNTIME_LORA_UPDATING."""
+    return await _lora_route(request, LoadLoRAAdapterRequest, "load_lora_adapter")
+
+
+@router.post(
+    "/unload_lora_adapter",
+    summary="Unload a LoRA adapter",
+    openapi_extra=body_doc(UnloadLoRAAdapterRequest, {"lora_name": "tenant-a"}),
+    responses=_LORA_OK,
+)
+async def unload_lora_adapter(request: Request) -> Response:
+    """vLLM's: stops serving a loaded adapter; its requests in flight finish, new ones get a 404. Only
+    with TRTLLM_ALLOW_RUNTIME_LORA_UPDATING."""
+    return await _lora_route(request, UnloadLoRAAdapterRequest, "unload_lora_adapter")
 
 
 add_body_route(

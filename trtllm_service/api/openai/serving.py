@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 from typing import Any
 
 from starlette.requests import Request
@@ -19,14 +20,19 @@ from trtllm_service.api.openai.completions.protocol import CompletionRequest
 from trtllm_service.api.openai.completions.serving import serve_completions
 from trtllm_service.api.openai.protocol import (
     DetokenizeRequest,
+    LoadLoRAAdapterRequest,
     ModelCard,
     ModelList,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
+    UnloadLoRAAdapterRequest,
 )
 from trtllm_service.api.openai.responses.protocol import ResponsesRequest
 from trtllm_service.api.openai.responses.serving import serve_responses
+from trtllm_service.api.server.metrics import count_lora
 from trtllm_service.errors import APIError
+
+logger = logging.getLogger("trtllm_service")
 
 INLINE_TOKENIZE_CHARS = 2048  # /tokenize: longer texts are tokenized in a worker thread
 
@@ -47,19 +53,59 @@ class OpenAIServing(GenerationServing):
         )
 
     def list_models(self) -> ModelList:
-        """The base model, then each packed LoRA adapter (its `parent` is the base)."""
+        """The base model, then each LoRA adapter, packed or loaded alike: `parent` the base model,
+        `root` where it came from (vLLM's: the path it was loaded from; a packed one's: the base)."""
         cards = [self.model_card()]
-        for name in getattr(self.runtime, "adapters", {}):
+        for name, entry in getattr(self.runtime, "adapters", {}).items():
             cards.append(
                 ModelCard(
                     id=name,
-                    created=self._created,
+                    created=int(entry.get("created") or self._created),
                     max_model_len=self.runtime.max_seq_len,
                     parent=self.model_name,
-                    root=self.model_name,
+                    root=str(entry.get("source") or self.model_name),
                 )
             )
         return ModelList(data=cards)
+
+    # ---- LoRA adapters loaded while serving (vLLM's routes) ------------------------------------------
+
+    @property
+    def runtime_lora_updating(self) -> bool:
+        """Whether /v1/load_lora_adapter and /v1/unload_lora_adapter are served (off: 404s)."""
+        return bool(self.runtime.settings.allow_runtime_lora_updating)
+
+    async def load_lora_adapter(self, request: LoadLoRAAdapterRequest) -> str:
+        """Loads an adapter for every worker; vLLM's answer, or a 4xx naming what is wrong."""
+        name = request.lora_name
+        try:
+            entry = await self.runtime.load_adapter(name, request.lora_path, replace=request.load_inplace)
+        except APIError as exc:
+            count_lora(self.model_name, "load", False)
+            logger.warning("LoRA adapter %r not loaded from %r: %s", name, request.lora_path, exc.message)
+            raise
+        count_lora(self.model_name, "load", True, len(self.runtime.adapters.loaded()))
+        logger.info(
+            "LoRA adapter %r loaded from %r (id %s, rank %s)",
+            name,
+            request.lora_path,
+            entry["id"],
+            entry["rank"],
+        )
+        return f"Success: LoRA adapter '{name}' added successfully."
+
+    async def unload_lora_adapter(self, request: UnloadLoRAAdapterRequest) -> str:
+        """Unloads an adapter for every worker: its requests in flight finish, new ones get a 404."""
+        name = request.lora_name
+        try:
+            entry = await self.runtime.unload_adapter(name)
+        except APIError as exc:
+            count_lora(self.model_name, "unload", False)
+            logger.warning("LoRA adapter %r not unloaded: %s", name, exc.message)
+            raise
+        count_lora(self.model_name, "unload", True, len(self.runtime.adapters.loaded()))
+        logger.info("LoRA adapter %r unloaded (id %s)", name, entry["id"])
+        return f"Success: LoRA adapter '{name}' removed successfully."
 
     # ---- generation: one module per endpoint ------------------------------------------------------
 

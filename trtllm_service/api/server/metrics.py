@@ -143,6 +143,27 @@ QUEUE_REJECTIONS = Counter(
 QUEUE_REASONS = ("queue_full", "queue_timeout")
 """The reasons of QUEUE_REJECTIONS: a bounded label set."""
 
+LORA_OPERATIONS = Counter(
+    "trtllm:lora_adapter_operations",
+    "LoRA adapters loaded and unloaded while serving (/v1/load_lora_adapter, /v1/unload_lora_adapter), "
+    "by operation (load, unload) and result (ok, failed); requests per adapter are trtllm:requests' "
+    "model_name.",
+    ["model_name", "operation", "result"],
+)
+LORA_LOADED = Gauge(
+    "trtllm:lora_adapters_loaded",
+    "LoRA adapters loaded while serving, as the last load or unload left them.",
+    ["model_name"],
+    multiprocess_mode="mostrecent",
+)
+
+
+def count_lora(model: str, operation: str, ok: bool, loaded: int | None = None) -> None:
+    """Counts one load or unload (`operation`) and, when it changed the set, how many are loaded."""
+    LORA_OPERATIONS.labels(model, operation, "ok" if ok else "failed").inc()
+    if loaded is not None:
+        LORA_LOADED.labels(model).set(loaded)
+
 
 class _ModelMetrics:
     """One model's labelled series, looked up once (prometheus_client's `labels()` builds and checks

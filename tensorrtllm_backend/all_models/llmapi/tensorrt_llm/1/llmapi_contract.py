@@ -120,7 +120,9 @@ class TextRequest:
     guide: tuple[str, str] | None = None  # (guided_decoding_guide_type, guide)
     top_logprobs: int = 0  # N of sampling_param_logprobs: the most likely tokens per step to return
     prompt_logprobs: int | None = None  # N of sampling_param_prompt_logprobs (None: not asked)
-    lora_name: str | None = None  # the packed LoRA adapter to apply (ours: `lora_name`)
+    lora_name: str | None = None  # the LoRA adapter to apply (ours: `lora_name`, a packed one alone)
+    lora_id: int | None = None  # with lora_path (main's inputs): an adapter by path, cached by this id
+    lora_path: str | None = None
     lora: Any = None  # its LoRARequest arguments (name, id, path), set by model.py
 
 
@@ -307,6 +309,8 @@ def parse_text_request(
         top_logprobs=top,
         prompt_logprobs=prompt_top,
         lora_name=next(iter(_strings(get("lora_name"), "lora_name")), None) or None,
+        lora_id=None if scalar(get, "lora_id") is None else int(scalar(get, "lora_id")),
+        lora_path=next(iter(_strings(get("lora_path"), "lora_path")), None) or None,
     )
 
 

@@ -183,8 +183,14 @@ class TritonPythonModel(EngineModel):
                 raise pb_utils.TritonModelException(f"rank {self.rank} must not lead the MPI world")
 
     def _adapter(self, request: Any) -> None:
-        """The LoRARequest arguments of the named packed adapter (the LLM loads and caches it)."""
+        """The LoRARequest arguments of the named adapter (the LLM loads and caches it): as sent
+        (`lora_id` and `lora_path`, an adapter loaded while serving), else the packed one's."""
         name = request.lora_name
+        if request.lora_path is not None or request.lora_id is not None:
+            if request.lora_path is None or request.lora_id is None:
+                raise RequestError("lora_name, lora_id and lora_path go together")
+            request.lora = (name, int(request.lora_id), str(request.lora_path))
+            return
         entry = self.adapters.get(name)
         if entry is None:
             known = ", ".join(sorted(self.adapters)) or "none packed"
