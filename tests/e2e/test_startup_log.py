@@ -30,12 +30,13 @@ def test_one_line_per_phase_and_no_triton_tables(service: BentoService, model_na
     assert not tables, f"Triton's tables reached the log at INFO: {tables[:3]}"
     triton_info = [line for line in lines if re.search(r"\[triton\] I\d{4} ", line)]
     assert not triton_info, triton_info[:3]
-    # No silent stretch before Triton starts: the tokenizer's load (transformers) is a phase.
+    # No silent stretch: the tokenizer's load (transformers) is a phase, said while Triton starts.
     hook = next(i for i, line in enumerate(lines) if "Completed async startup hook" in line)
     loading = [i for i, line in enumerate(lines) if f"{model_name}: loading its tokenizer" in line]
     loaded = [i for i, line in enumerate(lines) if re.search(rf"{model_name}: tokenizer loaded in \d", line)]
     assert len(loading) == len(loaded) == 1, "\n".join(lines[-40:])
-    assert hook < loading[0] < loaded[0] < lines.index(starting[0])
+    assert hook < loading[0] < loaded[0] < lines.index(serving[0])
+    assert hook < lines.index(starting[0])
     # Triton's expected complaints on a machine without a GPU: said once, in our words.
     no_gpu = [line for line in lines if "[triton]" in line and any(known in line for known in NO_GPU_LINES)]
     assert not no_gpu, no_gpu
