@@ -39,18 +39,22 @@ from tensorrtllm_backend.lora import (
     rows_as,
     to_rows,
 )
-from trtllm_service.packed_model import LORA_DIR, PackInfo, engine_config, lora_base_config
+from tensorrtllm_backend.repository import FLAVORS
+from trtllm_service.packed_model import LORA_DIR, PackInfo, engine_config, llm_args, lora_base_config
 
 REGISTRY = "registry.json"
+LLM_API_MAX_LORA_RANK = 64
+"""LoraConfig's max_lora_rank when model.yaml does not say (TensorRT-LLM's default)."""
 _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*(:[A-Za-z0-9_.-]+)?$")
 """A BentoML model tag, name[:version]."""
 
 
 @dataclass(frozen=True)
 class LoraLimits:
-    """What a loaded adapter must fit: the packed model's shape, the engine's LoRA set-up (its
-    `max_lora_rank` and target modules: a C++ engine's build, else the packed adapters' LoraConfig)
-    and the dtype its rows are sent in. `unavailable`: why none can be loaded (None: they can)."""
+    """What a loaded adapter must fit: the packed model's shape, its LoRA set-up as the packed model
+    itself records it (`max_lora_rank` and target modules: model.yaml's lora_config for the LLM API, a
+    C++ engine's build_config) and the dtype its rows are sent in. `unavailable`: why none can be
+    loaded (None: they can)."""
 
     base_config: dict[str, Any]
     max_rank: int
@@ -71,7 +75,19 @@ class LoraLimits:
                 None if plugin else "this engine was built without LoRA support (trtllm-build --lora_plugin)"
             )
             return cls(base, int(lora.get("max_lora_rank") or 0), modules, info.dtype, why)
-        if not info.loras:  # the LLM API's LoraConfig is made from the packed adapters
+        if FLAVORS[info.flavor].llm_api:
+            lora = llm_args(model_path).get("lora_config")
+            if not isinstance(lora, dict):
+                why = (
+                    "this model was packed without LoRA support; pack it with --max-lora-rank R (the "
+                    "largest rank loaded adapters may have), or with adapters (--lora NAME=DIR)"
+                )
+                return cls(base, 0, (), info.dtype, why)
+            rank = int(lora.get("max_lora_rank") or LLM_API_MAX_LORA_RANK)
+            return cls(base, rank, tuple(lora.get("lora_target_modules") or ()), info.dtype)
+        # the ensemble's reference engine on a checkpoint stands in for an engine built with the packed
+        # adapters (trtllm-build --lora_dir): their largest rank, their modules
+        if not info.loras:
             why = (
                 "this model was packed without LoRA adapters; pack at least one (pack_model.py --lora "
                 "NAME=DIR): their largest rank and their modules are what loaded adapters may use"

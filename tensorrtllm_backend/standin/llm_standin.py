@@ -440,6 +440,23 @@ def _entries(update: Update, wanted: int) -> list[dict[int, Logprob]]:
 # ---- the LLM ------------------------------------------------------------------------------------------
 
 
+def _check_lora_modules(config: Any) -> None:
+    """The PyTorch executor's LoRA set-up (create_py_executor_instance, _torch/pyexecutor/_util.py):
+    one lora_dir lets it infer lora_target_modules from that adapter (none there: ValueError); with
+    none or several it asserts that lora_target_modules names at least one. LoraConfig itself takes
+    an empty lora_dir."""
+    if config.lora_target_modules:
+        return
+    if len(config.lora_dir) != 1:
+        raise AssertionError("Expecting at least one lora target module")
+    adapter = Path(config.lora_dir[0]) / "adapter_config.json"
+    if not adapter.is_file() or not json.loads(adapter.read_text()).get("target_modules"):
+        raise ValueError(
+            "lora_target_modules is empty. Please specify lora_target_modules or provide lora_dir to "
+            "infer lora_target_modules."
+        )
+
+
 class StandInLLM:
     """`tensorrt_llm.LLM` over a stand-in token source (built by StandIn.LLM)."""
 
@@ -468,6 +485,7 @@ class StandInLLM:
         if args.lora_config is not None:
             from lora import LoraCache
 
+            _check_lora_modules(args.lora_config)
             self._loras = LoraCache(int(args.lora_config.max_loras or 8))
             config = Path(model_dir) / "config.json"
             self._base_config = json.loads(config.read_text()) if config.is_file() else {}

@@ -21,8 +21,8 @@ from trtllm_service import doctor
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "BENTOML_HOME": str(home), "BENTOML_DO_NOT_TRACK": "true"}
+def run(home: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "BENTOML_HOME": str(home), "BENTOML_DO_NOT_TRACK": "true", **(env or {})}
     return subprocess.run(
         [sys.executable, *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300
     )
@@ -61,19 +61,35 @@ def test_every_feature_of_a_packed_model_answers(packed_home: Path) -> None:
 
 @pytest.mark.box
 @pytest.mark.parametrize("demo", ["smollm2", "tiny"])
-def test_the_doctor_passes_on_the_demo(demo: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_the_doctor_passes_on_the_demo(
+    demo: str, demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """`pack_model.py --demo` (SmolLM2, whose greedy answer to a raw prompt is end-of-text at once),
-    then the doctor as the README says, with no model named: every probe a chat, every one ok."""
+    then the doctor as the README says, with no model named: every probe a chat, every one ok. The
+    tiny one is packed alone with --max-lora-rank, and the doctor loads an adapter into it
+    (--probe-lora-load), asks it once and unloads it: LoRA with no adapter packed (llmapi)."""
     home = tmp_path_factory.mktemp(f"doctor-{demo}")
-    packed = run(home, "pack_model.py", "--demo", demo, "--quiet")
+    lora = ["--max-lora-rank", "4"] if demo == "tiny" else []
+    packed = run(home, "pack_model.py", "--demo", demo, "--quiet", *lora)
     assert packed.returncode == 0, packed.stderr
-    result = run(home, "-m", "trtllm_service.doctor", "--json")
+    probe, env = [], {}
+    if lora:
+        config = json.loads((demo_model_dir / "config.json").read_text())
+        root = tmp_path_factory.mktemp("doctor-adapters")
+        make_adapter(root / "poet", config, seed=1)
+        probe, env = ["--probe-lora-load", "poet"], {"TRTLLM_LORA_ROOT": str(root)}
+    result = run(home, "-m", "trtllm_service.doctor", "--json", *probe, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(result.stdout)
     assert report["facts"]["chosen by"].startswith("the served model recorded in "), report["facts"]
     checks = {check["name"]: check for check in report["checks"]}
     for name in ("stream", "stop", "seed", "logprobs", "guided"):
         assert checks[name]["status"] == "ok", checks[name]
+    if lora:
+        assert report["facts"]["flavor"] == "llmapi"
+        load = checks["lora load"]
+        assert load["status"] == "ok" and load["detail"].startswith("'poet' loaded (rank 4), "), load
+        assert load["detail"].endswith(" tokens, unloaded")
     assert not [check for check in report["checks"] if check["status"] in ("failed", "warning")]
 
 

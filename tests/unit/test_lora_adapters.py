@@ -131,3 +131,52 @@ def test_two_workers_see_one_set(root: Path, tmp_path: Path, base_config: dict[s
     assert not Path(entry["dir"]).exists() and not Path(replaced["dir"]).exists()
     assert one["u"]["id"] == 5 and Path(one["u"]["dir"]).is_dir()
     assert not list((tmp_path / "run" / LORA_DIR).glob(".*staged"))  # nothing half-made left
+
+
+def test_llm_api_limits_are_its_model_yaml_lora_config(base_config: dict[str, Any], tmp_path: Path) -> None:
+    """The llmapi flavour's limits are model.yaml's lora_config, as packed, whatever the adapters say:
+    a base model packed alone with --max-lora-rank takes adapters up to that rank."""
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "config.json").write_text(json.dumps(base_config))
+    model_yaml = tmp_path / "repository" / "tensorrt_llm" / "1" / "model.yaml"
+    model_yaml.parent.mkdir(parents=True)
+    fields: dict[str, Any] = dict(
+        tag="m:v", mode="demo", backend="python", packed_root="", world_size=1, tp_size=1, pp_size=1,
+        architecture="LlamaForCausalLM", dtype="float16", max_batch_size=1, max_input_len=None,
+        max_seq_len=None, max_beam_width=1, flavor="llmapi",
+    )  # fmt: skip
+    lora = {"lora_dir": [], "max_lora_rank": 16, "lora_target_modules": ["attn_q", "attn_v"], "max_loras": 2}
+    model_yaml.write_text(f"model: /m\nlora_config: {json.dumps(lora)}\n")
+    packed = {"p": {"id": 1, "rank": 4, "target_modules": ["q_proj"]}}  # not what the limits come from
+    for info in (PackInfo(**fields), PackInfo(**fields, loras=packed)):
+        limits = LoraLimits.of_pack(tmp_path, info)
+        assert (limits.max_rank, limits.modules, limits.unavailable) == (16, ("attn_q", "attn_v"), None)
+    model_yaml.write_text("model: /m\nlora_config: null\n")
+    assert "--max-lora-rank R" in str(LoraLimits.of_pack(tmp_path, PackInfo(**fields)).unavailable)
+
+
+def test_a_bentoml_model_tag_is_an_adapter_source(tmp_path: Path, base_config: dict[str, Any]) -> None:
+    """lora_path may name an adapter saved as a BentoML model (name[:version]), with or without a root."""
+    from bentoml._internal.configuration.containers import BentoMLContainer
+    from bentoml._internal.models import ModelStore
+
+    store = tmp_path / "bentoml" / "models"  # the process's store is made once: this one replaces it
+    store.mkdir(parents=True)
+    BentoMLContainer.model_store.set(ModelStore(str(store)))
+    try:
+        _resolve_tags(tmp_path, base_config)
+    finally:
+        BentoMLContainer.model_store.reset()
+
+
+def _resolve_tags(tmp_path: Path, base_config: dict[str, Any]) -> None:
+    import bentoml
+
+    with bentoml.models.create("poet-adapter") as model:
+        make_adapter(Path(model.path), base_config, seed=1)
+    saved = bentoml.models.get("poet-adapter")
+    assert Path(saved.path).is_relative_to(tmp_path / "bentoml")  # the temporary store, nothing else
+    for path, root in (("poet-adapter", None), (str(saved.tag), None), ("poet-adapter:latest", tmp_path)):
+        found = resolve_source(path, root)
+        assert found == Path(saved.path).resolve(), path
+        assert _limits(base_config).check(found).rank == 4

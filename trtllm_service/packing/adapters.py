@@ -90,19 +90,39 @@ def write_loras(
 
 
 def lora_values(
-    adapters: Mapping[str, Adapter], packed_root: Path, values: Mapping[str, str]
+    adapters: Mapping[str, Adapter],
+    packed_root: Path,
+    *,
+    cache: int,
+    max_rank: int | None = None,
+    modules: Sequence[str] | None = None,
 ) -> dict[str, str]:
-    """model.yaml's LoRA entries: the adapters by name (id, PEFT dir) and the LLM API's LoraConfig."""
-    if not adapters:
-        return {"loras_json": "{}", "llm_lora_config": "null"}
+    """model.yaml's LoRA entries: the adapters by name (id, PEFT dir) and the LLM API's LoraConfig.
+
+    Without `max_rank` (--max-lora-rank) the LoraConfig is the packed adapters' (their largest rank,
+    their modules; none packed: no LoRA). With it, it is written even with no adapter packed, so that
+    adapters can be loaded while serving: that rank, on `modules` (Hugging Face names; None: every
+    module the engine supports), and a packed adapter beyond either is refused (PackError).
+    """
     paths = {name: str(packed_root / LORA_DIR / name) for name in adapters}
     table = {name: {"id": i, "path": paths[name]} for i, name in enumerate(adapters, 1)}
-    modules = sorted({HF_TO_TRTLLM[m] for a in adapters.values() for m in a.target_modules})
-    cache = int(values.get("lora_cache_adapters", "8"))
+    if max_rank is None:
+        if not adapters:
+            return {"loras_json": "{}", "llm_lora_config": "null"}
+        rank = max(a.rank for a in adapters.values())
+        targets = sorted({HF_TO_TRTLLM[m] for a in adapters.values() for m in a.target_modules})
+    else:
+        rank = max_rank
+        targets = sorted(HF_TO_TRTLLM[m] for m in (modules or HF_TO_TRTLLM))
+        for name, adapter in adapters.items():
+            try:
+                check_limits(adapter, rank, targets)
+            except LoraError as exc:
+                raise PackError(f"--lora {name}: {exc} (--max-lora-rank, --lora-target-modules)") from None
     llm = {
         "lora_dir": list(paths.values()),
-        "max_lora_rank": max(a.rank for a in adapters.values()),
-        "lora_target_modules": modules,
+        "max_lora_rank": rank,
+        "lora_target_modules": targets,
         "max_loras": cache,
         "max_cpu_loras": max(cache, len(adapters)),
     }

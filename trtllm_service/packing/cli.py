@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from tensorrtllm_backend import pinned
+from tensorrtllm_backend.lora import HF_TO_TRTLLM
 from tensorrtllm_backend.repository import FLAVORS
 from trtllm_service.chat.reasoning import REASONING_PARSERS
 from trtllm_service.packed_model import PackError
@@ -34,6 +35,7 @@ from trtllm_service.packing.llm_options import (
 )
 from trtllm_service.packing.model_name import default_name, validate_name
 from trtllm_service.packing.options import (
+    ENSEMBLE_LORA_RANK,
     RuntimeOptions,
     add_build_arguments,
     add_engine_arguments,
@@ -239,6 +241,22 @@ def _add_lora_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="adapters the engine holds at once; others are loaded again on use (default: %(default)s)",
     )
+    adapters.add_argument(
+        "--max-lora-rank",
+        type=int,
+        metavar="R",
+        help="llmapi flavour: set the engine up for LoRA adapters up to rank R, packed or not, as vLLM's "
+        "--enable-lora --max-lora-rank R: the base model alone can then serve adapters loaded while "
+        "serving (TRTLLM_ALLOW_RUNTIME_LORA_UPDATING). A --lora adapter above R is refused. Default: the "
+        "packed adapters' largest rank (none packed: no LoRA)",
+    )
+    adapters.add_argument(
+        "--lora-target-modules",
+        type=_modules_arg,
+        metavar="MODULES",
+        help="with --max-lora-rank: the Hugging Face modules adapters may adapt, comma-separated "
+        f"(default: every one the engine supports, {','.join(HF_TO_TRTLLM)})",
+    )
 
 
 def _add_output_arguments(parser: argparse.ArgumentParser) -> None:
@@ -253,6 +271,11 @@ def _options(args: argparse.Namespace) -> RuntimeOptions:
     options = RuntimeOptions.from_args(args)
     options.validate()
     return options
+
+
+def _modules_arg(value: str) -> tuple[str, ...]:
+    """--lora-target-modules q_proj,v_proj (checked by RuntimeOptions.validate)."""
+    return tuple(m.strip() for m in value.split(",") if m.strip())
 
 
 def _lora_arg(value: str) -> tuple[str, Path]:
@@ -304,6 +327,8 @@ def run(args: argparse.Namespace) -> packer.PackResult:
             raise PackError("--build-engine packs an engine for the ensemble flavour, not --flavor llmapi")
         if options.trust_remote_code:
             raise PackError("--trust-remote-code is an LLM API option: it goes with --flavor llmapi")
+        if options.max_lora_rank is not None:
+            raise PackError(ENSEMBLE_LORA_RANK)
         from trtllm_service.packing.engine_build import build_engine
 
         source = read_hf_checkpoint(args.hf_model)

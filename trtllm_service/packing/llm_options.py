@@ -15,7 +15,7 @@ The keys the service owns:
 - `guided_decoding_backend`: xgrammar (packed) or llguidance; `null` (no guides) refused, as the
   service offers guided output for every llmapi model.
 - `lora_config`, `enable_lora`: adapters are packed with --lora NAME=DIR (--lora-cache-adapters is
-  max_loras); refused.
+  max_loras, --max-lora-rank max_lora_rank); refused.
 - `triton_config`: Triton's settings and ours in model.yaml, set by pack_model.py's flags; refused.
 - `tensor_parallel_size`, `pipeline_parallel_size`, `max_batch_size`, `max_seq_len`,
   `max_beam_width`: also decide the ranks launched, Triton's batch, the prompt limit and beam search;
@@ -48,7 +48,7 @@ OWNED: dict[str, str] = {
     "so the LLM must tokenize",
     "_mpi_session": "_mpi_session is made by the Triton model for a multi-rank run, not a setting",
     "lora_config": "lora_config is the packed adapters': pack them with --lora NAME=DIR "
-    "(--lora-cache-adapters sets max_loras)",
+    "(--lora-cache-adapters sets max_loras, --max-lora-rank R max_lora_rank)",
     "enable_lora": "enable_lora is the packed adapters': pack them with --lora NAME=DIR",
     "triton_config": "triton_config is not an LLM API argument: it is Triton's and the service's part of "
     "model.yaml, which pack_model.py's flags set",

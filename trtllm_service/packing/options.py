@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from tensorrtllm_backend.lora import HF_TO_TRTLLM
 from tensorrtllm_backend.repository import DEFAULTS, ENSEMBLE, FLAVORS, LLMAPI, RepositoryFlavor
 from trtllm_service.chat.reasoning import REASONING_PARSERS
 from trtllm_service.packed_model import PackError
@@ -20,6 +21,10 @@ SCHEDULER_POLICIES = ("max_utilization", "guaranteed_no_evict")
 STAND_IN_ENGINES = ("reference", "synthetic")
 LLMAPI_ENGINES = ("tensorrt_llm", *STAND_IN_ENGINES)
 DTYPES = ("auto", "float16", "bfloat16", "float32")
+ENSEMBLE_LORA_RANK = (
+    "--max-lora-rank is the llmapi flavour's: an ensemble engine's LoRA rank and modules are fixed when it "
+    "is built (trtllm-build --lora_plugin auto --max_lora_rank R --lora_target_modules ...)"
+)
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,8 @@ class RuntimeOptions:
     dtype: str = "auto"
     trust_remote_code: bool = False
     lora_cache_adapters: int = 8
+    max_lora_rank: int | None = None  # llmapi: LoRA without packed adapters (vLLM's --max-lora-rank)
+    lora_target_modules: tuple[str, ...] | None = None  # with it: Hugging Face names (None: all)
     guided_decoding: bool | None = None  # None: on (ensemble: write the xgrammar tokenizer info)
     # --build-engine only (trtllm-build's limits; None: see engine_build.trtllm_build_command)
     max_input_len: int | None = None
@@ -111,11 +118,13 @@ class RuntimeOptions:
             ("--pp-size", self.pp_size),
             ("--max-num-tokens", self.max_num_tokens),
             ("--lora-cache-adapters", self.lora_cache_adapters),
+            ("--max-lora-rank", self.max_lora_rank),
             ("--max-input-len", self.max_input_len),
             ("--max-beam-width", self.max_beam_width),
         ):
             if value is not None and value < 1:
                 raise PackError(f"{option} must be >= 1, got {value}")
+        self._validate_lora()
         if self.max_seq_len is not None and self.max_seq_len < 2:
             raise PackError(f"--max-seq-len must be >= 2, got {self.max_seq_len}")
         if self.dtype not in DTYPES:
@@ -168,6 +177,23 @@ class RuntimeOptions:
                 "batches requests itself: one instance)"
             )
 
+    def _validate_lora(self) -> None:
+        """PackError for --lora-target-modules naming a module the engine has no LoRA for, or given
+        without --max-lora-rank, and for either on the ensemble flavour (its engine's build decides)."""
+        modules = self.lora_target_modules
+        if modules is not None:
+            unknown = [m for m in modules if m not in HF_TO_TRTLLM]
+            if unknown or not modules:
+                raise PackError(
+                    f"--lora-target-modules takes Hugging Face module names from {', '.join(HF_TO_TRTLLM)}, "
+                    f"got {','.join(modules) or 'none'!r}"
+                )
+            if self.max_lora_rank is None:
+                raise PackError("--lora-target-modules goes with --max-lora-rank R")
+        asked = self.asked_flavor
+        if self.max_lora_rank is not None and asked is not None and not asked.llm_api:
+            raise PackError(ENSEMBLE_LORA_RANK)
+
     def template_values(self, source: ModelSource) -> dict[str, str]:
         """The template values these options and the source's limits give (paths not included).
 
@@ -184,6 +210,8 @@ class RuntimeOptions:
             ):
                 if value is not None:
                     raise PackError(f"{option} is an LLM API option: it goes with --flavor llmapi")
+        if self.max_lora_rank is not None and not flavor.llm_api:
+            raise PackError(ENSEMBLE_LORA_RANK)
         if source.backend != "python":
             if flavor.llm_api:
                 raise PackError(

@@ -277,7 +277,13 @@ def pack(
             overrides={
                 "end_ids": ",".join(map(str, end_id_list)),
                 **values,
-                **lora_values(adapters, packed_root, values),
+                **lora_values(
+                    adapters,
+                    packed_root,
+                    cache=options.lora_cache_adapters,
+                    max_rank=options.max_lora_rank,
+                    modules=options.lora_target_modules,
+                ),
             },
         )
     except RepositoryError as exc:

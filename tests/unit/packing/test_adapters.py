@@ -101,3 +101,37 @@ def test_pack_refuses_bad_lora_arguments(tmp_path: Path, demo_model_dir: Path, b
     ]:
         with pytest.raises(PackError, match=message):
             read_loras(source, loras)
+
+
+def test_max_lora_rank_writes_a_lora_config_with_no_adapter_packed(
+    tmp_path: Path, demo_model_dir: Path, base_config: dict
+) -> None:
+    """--max-lora-rank: the LoraConfig a runtime-loaded adapter needs, with nothing packed (vLLM's
+    --enable-lora --max-lora-rank R); its modules default to every one the engine supports."""
+    from tensorrtllm_backend.lora import HF_TO_TRTLLM
+    from trtllm_service.packing.adapters import lora_values
+
+    assert lora_values({}, tmp_path, cache=3) == {"loras_json": "{}", "llm_lora_config": "null"}
+    alone = json.loads(lora_values({}, tmp_path, cache=3, max_rank=16)["llm_lora_config"])
+    assert alone == {
+        "lora_dir": [],
+        "max_lora_rank": 16,
+        "lora_target_modules": sorted(HF_TO_TRTLLM.values()),
+        "max_loras": 3,
+        "max_cpu_loras": 3,
+    }
+    source = read_hf_checkpoint(demo_model_dir, mode="demo")
+    poet = read_loras(source, [("poet", make_adapter(tmp_path / "poet", base_config, seed=1))])  # rank 4
+    values = lora_values(
+        poet, tmp_path, cache=1, max_rank=8, modules=("q_proj", "v_proj", "o_proj", "down_proj")
+    )
+    config = json.loads(values["llm_lora_config"])
+    assert config["max_lora_rank"] == 8 and config["lora_dir"] == [str(tmp_path / "loras" / "poet")]
+    assert config["lora_target_modules"] == ["attn_dense", "attn_q", "attn_v", "mlp_4h_to_h"]
+    assert json.loads(values["loras_json"]) == {"poet": {"id": 1, "path": str(tmp_path / "loras" / "poet")}}
+    for rank, modules, says in (
+        (2, None, "--lora poet: rank 4 exceeds the engine's max_lora_rank 2"),
+        (8, ("q_proj",), "--lora poet: the engine was built without LoRA on attn_dense"),
+    ):
+        with pytest.raises(PackError, match=says):
+            lora_values(poet, tmp_path, cache=1, max_rank=rank, modules=modules)

@@ -270,7 +270,7 @@ def test_flag_fields_replace_the_flags() -> None:
             "lora_config: {max_lora_rank: 8}\n",
             [],
             "--config {path}: lora_config is the packed adapters': pack them with --lora NAME=DIR "
-            "(--lora-cache-adapters sets max_loras)",
+            "(--lora-cache-adapters sets max_loras, --max-lora-rank R max_lora_rank)",
         ),
         (
             "backend: tensorrt\n",

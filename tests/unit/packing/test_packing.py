@@ -324,6 +324,12 @@ def test_template_values_for_checkpoint(tmp_path: Path) -> None:
             RuntimeOptions(engine="synthetic", flavor="llmapi", engine_instances=2),
             "--engine synthetic and the ensemble",
         ),
+        (RuntimeOptions(max_lora_rank=0), "--max-lora-rank must be >= 1, got 0"),
+        (RuntimeOptions(max_lora_rank=-4), "--max-lora-rank must be >= 1, got -4"),
+        (RuntimeOptions(max_lora_rank=8, flavor="ensemble"), r"llmapi flavour's.*trtllm-build --lora_plugin"),
+        (RuntimeOptions(max_lora_rank=8, lora_target_modules=("q_proj", "qkv")), "Hugging Face module names"),
+        (RuntimeOptions(max_lora_rank=8, lora_target_modules=()), "got 'none'"),
+        (RuntimeOptions(lora_target_modules=("q_proj",)), "goes with --max-lora-rank R"),
     ],
 )
 def test_bad_options(options: RuntimeOptions, message: str) -> None:
@@ -342,6 +348,12 @@ def test_every_runtime_option_is_the_argument_of_its_name() -> None:
     )
     assert RuntimeOptions.from_args(given) == RuntimeOptions(
         tp_size=2, exclude_input_in_output=False, reasoning_parser="qwen3"
+    )
+    lora = parser.parse_args(
+        ["--demo", "tiny", "--max-lora-rank", "16", "--lora-target-modules", "q_proj, v_proj"]
+    )
+    assert RuntimeOptions.from_args(lora) == RuntimeOptions(
+        max_lora_rank=16, lora_target_modules=("q_proj", "v_proj")
     )
 
 
@@ -473,6 +485,31 @@ def test_a_failed_pack_is_only_its_error_line(
     assert capsys.readouterr().err.splitlines() == [
         "pack_model: error: --dtype is an LLM API option: it goes with --flavor llmapi"
     ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--max-lora-rank", "0"], "--max-lora-rank must be >= 1, got 0"),
+        (["--max-lora-rank", "8", "--flavor", "ensemble"], "--max-lora-rank is the llmapi flavour's"),
+        (["--max-lora-rank", "8", "--lora-target-modules", "q_proj,nope"], "Hugging Face module names"),
+    ],
+)
+def test_bad_lora_rank_arguments_are_one_line(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from trtllm_service.packing import cli
+
+    assert cli.main(["--demo", "tiny", "--quiet", *argv]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("pack_model: error: ") and says in line
+
+
+def test_an_ensemble_engine_refuses_max_lora_rank(tmp_path: Path) -> None:
+    """An engine's LoRA set-up is its build's: --max-lora-rank is refused with --engine-dir too."""
+    with pytest.raises(PackError, match="trtllm-build --lora_plugin auto --max_lora_rank R"):
+        RuntimeOptions(max_lora_rank=8).template_values(engine_source(tmp_path))
+    assert "max_lora_rank" not in RuntimeOptions(max_lora_rank=8).template_values(demo_source(tmp_path))
 
 
 def test_names(tmp_path: Path) -> None:

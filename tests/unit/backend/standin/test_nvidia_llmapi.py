@@ -141,17 +141,30 @@ def test_finding_update_llm_args_with_extra_dict_is_upstreams_merge() -> None:
     assert nv.UPDATE_LLM_ARGS[0] == ("tensorrt_llm.llmapi.llm_utils", "update_llm_args_with_extra_dict")
 
 
-def _packed_model_yaml(tmp_path: Path, demo_model_dir: Path, options: RuntimeOptions) -> dict:
+def _packed_model_yaml(
+    tmp_path: Path, demo_model_dir: Path, options: RuntimeOptions, adapters: dict[str, Adapter] | None = None
+) -> dict:
     source = read_hf_checkpoint(demo_model_dir, mode="demo")
     values = options.template_values(source)
-    adapters = {
-        "poet": Adapter(rank=4, alpha=8, target_modules=("q_proj", "v_proj"), factors={}),
-        "critic": Adapter(rank=8, alpha=8, target_modules=("o_proj", "down_proj"), factors={}),
-    }
+    if adapters is None:
+        adapters = {
+            "poet": Adapter(rank=4, alpha=8, target_modules=("q_proj", "v_proj"), factors={}),
+            "critic": Adapter(rank=8, alpha=8, target_modules=("o_proj", "down_proj"), factors={}),
+        }
     values = repository_values(
         engine_dir=demo_model_dir,
         tokenizer_dir=demo_model_dir,
-        overrides={"end_ids": "1", **values, **lora_values(adapters, tmp_path, values)},
+        overrides={
+            "end_ids": "1",
+            **values,
+            **lora_values(
+                adapters,
+                tmp_path,
+                cache=options.lora_cache_adapters,
+                max_rank=options.max_lora_rank,
+                modules=options.lora_target_modules,
+            ),
+        },
     )
     from tensorrtllm_backend.tools.fill_template import fill_text, placeholders
 
@@ -191,6 +204,27 @@ def test_finding_packing_writes_only_llm_api_fields(
     assert args.lora_config.lora_target_modules == ["attn_dense", "attn_q", "attn_v", "mlp_4h_to_h"]
     assert args.guided_decoding_backend == "xgrammar" and args.backend == "pytorch"
     assert nv.unknown_keys({**data, "env_overrides": {}}) == ["env_overrides"]  # estimated: not ours to write
+
+
+def test_finding_lora_config_takes_an_empty_lora_dir(tmp_path: Path, demo_model_dir: Path) -> None:
+    """--max-lora-rank with no adapter packed: LoraConfig takes lora_dir [] (1.2.1's default_factory=list;
+    lora_helper.py), and the PyTorch executor then needs lora_target_modules, which packing writes
+    (create_py_executor_instance asserts "Expecting at least one lora target module")."""
+    data = _packed_model_yaml(tmp_path, demo_model_dir, RuntimeOptions(max_lora_rank=16), adapters={})
+    args = nv.validate_llm_args(nv.drop_nulls(data))
+    assert args.lora_config.lora_dir == [] and args.lora_config.max_lora_rank == 16
+    llm_standin._check_lora_modules(args.lora_config)  # what StandInLLM checks when it is made
+    bare = nv.validate_llm_args({"model": "/m", "lora_config": {}}).lora_config
+    assert (bare.lora_dir, bare.max_lora_rank, bare.lora_target_modules) == ([], 64, [])
+    with pytest.raises(AssertionError, match="Expecting at least one lora target module"):
+        llm_standin._check_lora_modules(bare)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "adapter_config.json").write_text('{"target_modules": ["q_proj"]}')
+    one = nv.validate_llm_args({"model": "/m", "lora_config": {"lora_dir": [str(tmp_path / "a")]}})
+    llm_standin._check_lora_modules(one.lora_config)  # inferred from the one adapter
+    (tmp_path / "a" / "adapter_config.json").write_text("{}")
+    with pytest.raises(ValueError, match="lora_target_modules is empty"):
+        llm_standin._check_lora_modules(one.lora_config)
 
 
 # ---- SamplingParams, GuidedDecodingParams ----------------------------------------------------------------
