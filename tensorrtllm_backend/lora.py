@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -211,6 +212,17 @@ def to_rows(factors: Factors, dtype: Any = np.float32) -> tuple[np.ndarray, np.n
         dtype=np.int32,
     )
     return weights.astype(dtype), config
+
+
+def write_adapter(adapter: Adapter, source: Path | str, target: Path, engine_dtype: str) -> None:
+    """Fills the directory `target` (which exists) with the adapter read from `source`: its PEFT files
+    as they were (the LLM API reads them) and its rows for the C++ backend, in `engine_dtype`'s type.
+    Packing and runtime loading both write an adapter this way."""
+    for file in (CONFIG_FILE, WEIGHTS_FILE):
+        shutil.copyfile(Path(source) / file, target / file)
+    weights, config = to_rows(adapter.factors)
+    np.save(target / ROWS_WEIGHTS, rows_as(weights, engine_dtype))
+    np.save(target / ROWS_CONFIG, config)
 
 
 def from_rows(weights: np.ndarray, config: np.ndarray, base_config: Mapping[str, Any]) -> Factors:

@@ -26,18 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from tensorrtllm_backend.lora import (
-    CONFIG_FILE,
     HF_TO_TRTLLM,
     NAME,
-    ROWS_CONFIG,
-    ROWS_WEIGHTS,
-    WEIGHTS_FILE,
     Adapter,
     LoraError,
     check_limits,
     read_peft,
-    rows_as,
-    to_rows,
+    write_adapter,
 )
 from tensorrtllm_backend.repository import FLAVORS
 from trtllm_service.packed_model import LORA_DIR, PackInfo, engine_config, llm_args, lora_base_config
@@ -253,13 +248,7 @@ class SharedAdapters(Mapping[str, Mapping[str, Any]]):
             shutil.rmtree(staged, ignore_errors=True)
             staged.mkdir()
             try:
-                for file in (CONFIG_FILE, WEIGHTS_FILE):
-                    shutil.copyfile(source / file, staged / file)
-                weights, config = to_rows(adapter.factors)
-                import numpy as np
-
-                np.save(staged / ROWS_WEIGHTS, rows_as(weights, dtype))
-                np.save(staged / ROWS_CONFIG, config)
+                write_adapter(adapter, source, staged, dtype)
                 os.rename(staged, target)
             except BaseException:
                 shutil.rmtree(staged, ignore_errors=True)

@@ -4,30 +4,18 @@ files and TensorRT-LLM's rows, and listed in model.yaml."""
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from tensorrtllm_backend.lora import (
-    CONFIG_FILE as LORA_CONFIG_FILE,
-)
 from tensorrtllm_backend.lora import (
     HF_TO_TRTLLM,
     NAME,
-    ROWS_CONFIG,
-    ROWS_WEIGHTS,
     Adapter,
     LoraError,
     check_limits,
     read_peft,
-    rows_as,
-    to_rows,
-)
-from tensorrtllm_backend.lora import (
-    WEIGHTS_FILE as LORA_WEIGHTS_FILE,
+    write_adapter,
 )
 from trtllm_service.packed_model import LORA_DIR, PackError, lora_base_config, read_json_object
 from trtllm_service.packing.sources import ModelSource, existing_dir
@@ -81,12 +69,7 @@ def write_loras(
     for name, adapter in adapters.items():
         target = staging / LORA_DIR / name
         target.mkdir(parents=True)
-        for file in (LORA_CONFIG_FILE, LORA_WEIGHTS_FILE):
-            shutil.copyfile(Path(sources[name]) / file, target / file)
-        weights, config = to_rows(adapter.factors)
-        weights = rows_as(weights, dtype)
-        np.save(target / ROWS_WEIGHTS, weights)
-        np.save(target / ROWS_CONFIG, config)
+        write_adapter(adapter, sources[name], target, dtype)
 
 
 def lora_values(
