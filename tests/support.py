@@ -114,6 +114,25 @@ def engine_response(ids: Sequence[int] = (), *, final: bool = False, error: str 
     return response.SerializeToString()
 
 
+def kernel_log() -> list[str]:
+    """The kernel's log (dmesg), line by line: where a crashed process (a stub's segfault) shows."""
+    read = subprocess.run(["dmesg"], capture_output=True, text=True, check=True)
+    return read.stdout.splitlines()
+
+
+def new_stub_crashes(before: Sequence[str], pids: Sequence[int] | None = None) -> list[str]:
+    """Segfault lines of Python-backend stubs (of `pids`, else any) logged since `before` was read."""
+    seen = set(before)
+    return [
+        line
+        for line in kernel_log()
+        if line not in seen
+        and "segfault" in line
+        and ("triton_python_b" in line or "stub" in line)
+        and (pids is None or any(f"[{pid}]: " in line for pid in pids))
+    ]
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

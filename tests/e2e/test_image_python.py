@@ -28,7 +28,7 @@ import pytest
 
 from tests.e2e.conftest import BentoService, pack_demo, serving
 from tests.py312.build_env import PYTHON_VERSION, ROOT, environment
-from tests.support import http_ok, prometheus_metric, wait_for
+from tests.support import http_ok, kernel_log, new_stub_crashes, prometheus_metric, wait_for
 
 pytestmark = pytest.mark.box  # all of it, in the GPU box suite too
 
@@ -205,21 +205,18 @@ def test_stopping_crashes_no_stub(served: BentoService) -> None:
     # earlier process (another stub, killed with its Triton) may have had one of these pids.
     pids = [stub.pid for stub in stubs(served)]
     assert pids
-    before = set(kernel_log())
+    before = readable_kernel_log()
     served.stop()
     time.sleep(1)
-    crashed = [
-        line
-        for line in kernel_log()
-        if line not in before and "segfault" in line and any(f"[{pid}]: " in line for pid in pids)
-    ]
+    crashed = new_stub_crashes(before, pids)
     assert not crashed, crashed
 
 
-def kernel_log() -> list[str]:
-    """The kernel's log (dmesg), line by line; skips where this machine's kernel keeps it to itself."""
-    read = subprocess.run(["dmesg"], capture_output=True, text=True, check=False)
-    if read.returncode != 0 and NATIVE:  # the GPU box's sandboxed kernel keeps its log to itself
-        pytest.skip(f"the kernel log cannot be read here: {read.stderr.strip()}")
-    assert read.returncode == 0, read.stderr
-    return read.stdout.splitlines()
+def readable_kernel_log() -> list[str]:
+    """The kernel's log; skips where this machine's kernel keeps it to itself (the GPU box)."""
+    try:
+        return kernel_log()
+    except subprocess.CalledProcessError as exc:
+        if NATIVE:  # the GPU box's sandboxed kernel keeps its log to itself
+            pytest.skip(f"the kernel log cannot be read here: {exc.stderr.strip()}")
+        raise

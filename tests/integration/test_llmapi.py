@@ -34,7 +34,9 @@ from tests.support import (
     TOKENS_METRIC,
     Streamer,
     TritonServer,
+    kernel_log,
     load_tokenizer,
+    new_stub_crashes,
     wait_engine_idle,
     wait_for,
 )
@@ -325,6 +327,7 @@ def test_finding_model_yaml_unknown_key_fails_like_llm_args(demo_model_dir: Path
     model_yaml = server.repo / "tensorrt_llm" / "1" / "model.yaml"
     text = model_yaml.read_text().replace("kv_cache_config:\n", "kv_cache_config:\n  free_gpu_memory: 0.5\n")
     model_yaml.write_text(text + "\n")
+    before = kernel_log()
     try:
         with pytest.raises(RuntimeError, match="failed to load"):
             server.__enter__()
@@ -334,6 +337,8 @@ def test_finding_model_yaml_unknown_key_fails_like_llm_args(demo_model_dir: Path
         ]
     finally:
         server.stop()
+    # A failed load is never finalized: its metric families, freed at the stub's exit, crashed it.
+    assert not new_stub_crashes(before)
 
 
 def test_required_tensorrt_llm_is_a_start_up_error(demo_model_dir: Path, tmp_path: Path) -> None:

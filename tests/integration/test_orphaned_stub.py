@@ -10,20 +10,14 @@ the server and kills what is left, is stopped first: a stub that leaves does so 
 from __future__ import annotations
 
 import signal
-import subprocess
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.support import TritonServer, wait_for
+from tests.support import TritonServer, kernel_log, new_stub_crashes, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def kernel_log() -> set[str]:
-    read = subprocess.run(["dmesg"], capture_output=True, text=True, check=True)
-    return set(read.stdout.splitlines())
 
 
 def gone(pid: int) -> bool:
@@ -52,7 +46,5 @@ def test_a_killed_servers_stubs_leave_at_once_without_a_crash(demo_model_dir: Pa
             assert wait_for(lambda: all(gone(pid) for pid in stubs), timeout=10), "a stub outlived its server"
         finally:
             launcher.resume()
-        crashed = [
-            line for line in kernel_log() - before if any(f"[{pid}]: segfault" in line for pid in stubs)
-        ]
+        crashed = new_stub_crashes(before, stubs)
         assert not crashed, crashed

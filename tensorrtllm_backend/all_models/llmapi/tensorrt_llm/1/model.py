@@ -93,10 +93,27 @@ class TritonPythonModel(EngineModel):
 
         model_dir = str(llm_yaml.get("model", ""))
         self.tokenizer = AutoTokenizer.from_pretrained(str(llm_yaml.get("tokenizer") or model_dir))
-        cancel_ms = int(triton_config.get("cancellation_check_period_ms", nv.CANCELLATION_CHECK_PERIOD_MS))
         api = self._api(kind, triton_config)
         kind = "tensorrt_llm" if isinstance(api, TensorRTLLM) else api.kind
         counters = self._register_metrics(kind)
+        try:
+            self._start_engine(api, kind, llm_yaml, triton_config, counters, model_dir)
+        except BaseException:
+            self.finalize()  # a failed load is never finalized: its metric families must go now
+            raise
+
+    def _start_engine(
+        self,
+        api: Any,
+        kind: str,
+        llm_yaml: dict[str, Any],
+        triton_config: dict[str, Any],
+        counters: Any,
+        model_dir: str,
+    ) -> None:
+        """initialize()'s second half: the LLM, the limits its requests are checked against, and the
+        metrics thread."""
+        cancel_ms = int(triton_config.get("cancellation_check_period_ms", nv.CANCELLATION_CHECK_PERIOD_MS))
         self.adapters: dict[str, Any] = dict(triton_config.get("loras") or {})
         try:
             llm_args = api.update_llm_args_with_extra_dict({}, llm_yaml)
