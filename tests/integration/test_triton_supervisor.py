@@ -43,9 +43,11 @@ def _gone(processes: list[psutil.Process], timeout: float = 20.0) -> bool:
 
 
 def _supervisor(repo: Path, tmp_path: Path, **kwargs: object) -> TritonSupervisor:
+    """A supervisor of `repo`: the legacy ensemble (`repo`) or the llmapi flavour's one model
+    (`llmapi_repo`, which starts and stops faster: what does not depend on the models uses it)."""
     return TritonSupervisor(
         repo,
-        models=("ensemble", "tensorrt_llm"),
+        models=("ensemble", "tensorrt_llm") if (repo / "ensemble").is_dir() else ("tensorrt_llm",),
         run_dir=tmp_path / "run",
         ports=TritonPorts(0, 0, 0),
         startup_timeout_s=120,
@@ -85,6 +87,15 @@ def repo(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     return build_repository(
         tmp_path_factory.mktemp("supervised") / "repo",
         repository_values(engine_dir=demo_model_dir, tokenizer_dir=demo_model_dir),
+    )
+
+
+@pytest.fixture(scope="module")
+def llmapi_repo(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_repository(
+        tmp_path_factory.mktemp("supervised_llmapi") / "repo",
+        repository_values(engine_dir=demo_model_dir, tokenizer_dir=demo_model_dir),
+        flavor="llmapi",
     )
 
 
@@ -131,14 +142,14 @@ def test_restart_after_crash_and_clean_stop(repo: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("loop", ["uvloop", "asyncio"])
 def test_sigterm_from_outside_does_not_stop_triton_only_the_supervisor_does(
-    repo: Path, tmp_path: Path, loop: str
+    llmapi_repo: Path, tmp_path: Path, loop: str
 ) -> None:
     """BentoML's process manager SIGTERMs a worker's children (Triton) the moment it stops the worker,
     while the worker still drains its streams: Triton must serve on until the supervisor stops it.
     On uvloop (what BentoML's workers run) and asyncio's own loop: they spawn differently."""
 
     async def scenario() -> None:
-        supervisor = _supervisor(repo, tmp_path, probe_interval_s=0.25)
+        supervisor = _supervisor(llmapi_repo, tmp_path, probe_interval_s=0.25)
         await supervisor.start()
         server = supervisor.triton.pid if supervisor.triton else None
         assert server is not None
@@ -165,12 +176,12 @@ def test_sigterm_from_outside_does_not_stop_triton_only_the_supervisor_does(
         runner.run(scenario())
 
 
-def test_a_hung_server_is_unready_then_restarted(repo: Path, tmp_path: Path) -> None:
+def test_a_hung_server_is_unready_then_restarted(llmapi_repo: Path, tmp_path: Path) -> None:
     """SIGSTOP: no health answers -> not ready within seconds -> killed and restarted after the stall timeout."""
 
     async def scenario() -> None:
         supervisor = _supervisor(
-            repo, tmp_path, restart_backoff_s=0.2, probe_interval_s=0.5, stall_timeout_s=4
+            llmapi_repo, tmp_path, restart_backoff_s=0.2, probe_interval_s=0.5, stall_timeout_s=4
         )
         await supervisor.start()
         try:
@@ -217,7 +228,9 @@ def test_a_dead_python_stub_is_noticed_and_triton_restarted(
     assert "stub of model instance 'tensorrt_llm_0_0'" in caplog.text, caplog.text
 
 
-def test_restarts_in_a_row_are_limited_and_a_stable_run_resets_the_count(repo: Path, tmp_path: Path) -> None:
+def test_restarts_in_a_row_are_limited_and_a_stable_run_resets_the_count(
+    llmapi_repo: Path, tmp_path: Path
+) -> None:
     """max_restarts=1: a crash, a run that stays up past stable_run_s, a crash (restarted: the count
     began again), a crash right after (no restart: gave_up, for the liveness probe)."""
 
@@ -228,7 +241,7 @@ def test_restarts_in_a_row_are_limited_and_a_stable_run_resets_the_count(repo: P
         assert await _until(lambda: not supervisor.ready, 10)
 
     async def scenario() -> None:
-        supervisor = _supervisor(repo, tmp_path, restart_backoff_s=0.2, max_restarts=1, stable_run_s=3)
+        supervisor = _supervisor(llmapi_repo, tmp_path, restart_backoff_s=0.2, max_restarts=1, stable_run_s=3)
         await supervisor.start()
         try:
             await kill_and_wait(supervisor)
@@ -248,9 +261,11 @@ def test_restarts_in_a_row_are_limited_and_a_stable_run_resets_the_count(repo: P
     asyncio.run(scenario())
 
 
-def test_a_server_that_answers_again_is_ready_again_without_restart(repo: Path, tmp_path: Path) -> None:
+def test_a_server_that_answers_again_is_ready_again_without_restart(
+    llmapi_repo: Path, tmp_path: Path
+) -> None:
     async def scenario() -> None:
-        supervisor = _supervisor(repo, tmp_path, probe_interval_s=0.5, stall_timeout_s=60)
+        supervisor = _supervisor(llmapi_repo, tmp_path, probe_interval_s=0.5, stall_timeout_s=60)
         await supervisor.start()
         try:
             pid = supervisor.triton.pid if supervisor.triton else None
