@@ -123,7 +123,9 @@ def test_environment_failures(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_failed_check_fails_the_command(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    async def diagnose(tag: str | None) -> tuple[dict[str, str], list[doctor.Check]]:
+    async def diagnose(
+        tag: str | None, lora_path: str | None = None
+    ) -> tuple[dict[str, str], list[doctor.Check]]:
         return {"model": "m"}, [
             doctor.Check("stream", "ok", "fine"),
             doctor.Check("seed", "failed", "differs"),
