@@ -45,6 +45,7 @@ from trtllm_service.relay.request import EngineLimits, GenerationRequest, Sampli
 from trtllm_service.served_model import ModelNotFoundError as ModelNotFoundError  # re-exported
 from trtllm_service.served_model import default_model_tag as default_model_tag  # service.py, dev.sh
 from trtllm_service.settings import Settings
+from trtllm_service.tokenizer_loading import load_tokenizer
 from trtllm_service.triton.metrics import TRITON_RESTARTS, served_engine
 from trtllm_service.triton.process import ModelProbe, TritonPorts, TritonStartupError, TritonSupervisor
 from trtllm_service.triton.shared import SharedTriton
@@ -77,12 +78,6 @@ def check_tensorrt_llm(version: str | None) -> None:
         )
 
 
-def _load_tokenizer(path: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(path))
-
-
 class Runtime:
     """Serves generation requests for one packed model through the one Triton of the service."""
 
@@ -109,10 +104,10 @@ class Runtime:
     def load(self) -> None:
         """Reads the tokenizer and builds what requests need from it (blocking: seconds)."""
         settings = self.settings
-        # transformers' import is most of it: seconds, 40 s on a loaded machine
+        # transformers' import is most of it: a second, more on a loaded machine
         logger.info("%s: loading its tokenizer (transformers)", self.model_name)
         started = time.monotonic()
-        self.tokenizer = _load_tokenizer(self.model_path / "tokenizer")
+        self.tokenizer = load_tokenizer(self.model_path / "tokenizer")
         logger.info("%s: tokenizer loaded in %.1f s", self.model_name, time.monotonic() - started)
         self.formatter = PromptFormatter(
             self.tokenizer, content_special_tokens=settings.content_special_tokens

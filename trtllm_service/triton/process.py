@@ -43,6 +43,7 @@ from typing import Any
 import httpx
 
 from tensorrtllm_backend import LAUNCHER, launcher
+from trtllm_service.tokenizer_loading import ENVIRON_LOCK
 from trtllm_service.triton.shm import remove_regions
 from trtllm_service.versions import REQUIRE_TENSORRT_LLM, installed_tensorrt_llm
 
@@ -303,7 +304,9 @@ def triton_command(
         hold = [sys.executable, str(LAUNCHER), launcher.SUPERVISE_HOLDING_SIGTERM_MODE, grace, "--"]
     else:
         hold = [sys.executable, str(LAUNCHER), launcher.HOLD_SIGTERM_MODE, "--"]
-    return [*hold, *command], install.child_env()
+    with ENVIRON_LOCK:  # os.environ as it is, not while the tokenizer's import changes it
+        env = install.child_env()
+    return [*hold, *command], env
 
 
 def launch_script(llmapi: bool, environ: dict[str, str] | None = None) -> str | None:

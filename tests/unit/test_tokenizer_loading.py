@@ -1,0 +1,46 @@
+"""The worker's tokenizer is read without PyTorch (and what transformers brings with it), the same
+tokenizer as transformers' with PyTorch, and os.environ is left as it was."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.support import REPO_ROOT
+
+PROBE = """
+import json, os, sys
+from pathlib import Path
+before = dict(os.environ)
+from trtllm_service.tokenizer_loading import load_tokenizer
+tokenizer = load_tokenizer(Path(sys.argv[1]))
+messages = [{"role": "user", "content": "Hello there, how are you?"}]
+print(json.dumps({
+    "heavy": sorted(m for m in ("torch", "sklearn", "pandas", "scipy") if m in sys.modules),
+    "environ_unchanged": dict(os.environ) == before,
+    "ids": tokenizer(["Hello there, how are you?"])["input_ids"][0],
+    "prompt": tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+}))
+"""
+
+
+def test_the_tokenizer_comes_without_torch_and_is_the_same(demo_model_dir: Path, tokenizer: Any) -> None:
+    env = {key: value for key, value in os.environ.items() if key not in ("USE_TORCH", "USE_TF")}
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, str(demo_model_dir)],
+        cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["heavy"] == [], f"imported with the tokenizer: {found['heavy']}"
+    assert found["environ_unchanged"]
+    assert "None of PyTorch" not in done.stderr, done.stderr
+    # The tests' own tokenizer was loaded with PyTorch imported (tests/support.py).
+    messages = [{"role": "user", "content": "Hello there, how are you?"}]
+    assert found["ids"] == tokenizer(["Hello there, how are you?"])["input_ids"][0]
+    assert found["prompt"] == tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    )
