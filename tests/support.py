@@ -256,7 +256,7 @@ class TritonServer:
                 f"{self.http_url}/v2/models/{'ensemble' if self.flavor == 'ensemble' else 'tensorrt_llm'}/ready"
             ):
                 return self
-            time.sleep(0.5)
+            time.sleep(0.1)
         self.stop()
         raise RuntimeError(f"tritonserver was not ready in {self.startup_timeout} s:\n{self.log()[-4000:]}")
 

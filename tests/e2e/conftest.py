@@ -166,7 +166,7 @@ class BentoService:
                 raise RuntimeError(f"bentoml serve exited:\n{self.log()[-5000:]}")
             if http_ok(f"{self.url}/readyz"):
                 return self
-            time.sleep(0.5)
+            time.sleep(0.1)
         self.stop()
         raise RuntimeError(f"bentoml serve was not ready in {timeout} s:\n{self.log()[-5000:]}")
 
