@@ -17,8 +17,11 @@ Rules every thread here keeps, learnt from pytriton's stub (Triton 2.51, python_
 - Metric families must go before the stub tears itself down (a family freed at interpreter exit
   talks to a server that is gone: a segfault at every stop): `finalize` releases them. A killed
   server never calls finalize: its stubs see it gone once it is reaped, free the model (families
-  included) and crash. So the metrics thread ends its stub at once (`os._exit`) when the stub's
-  parent changes: a stub is re-parented the moment its server dies, before the server is reaped.
+  included) and crash. So the stub ends itself (`os._exit`) the moment its server dies, before the
+  server is reaped: a thread waits on the server's pidfd, which is readable from the server's exit
+  on (`watch_server`); where there is no pidfd the metrics thread checks every FLUSH_S that the
+  stub's parent is the same (a stub is re-parented at once; that check alone lost the race about
+  once in a full test run).
 - Messages that may hold a client's input (an engine's error echoing a 600 KB grammar) are cut to
   MESSAGE_LIMIT before they are logged or sent (`brief`).
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import threading
 import time
@@ -319,6 +323,7 @@ class MetricsPublisher:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="engine-metrics", daemon=True)
         self._thread.start()
+        watch_server()
 
     def _metric(self, name: str, kind: str, description: str, label: tuple[str, str] | None = None) -> Any:
         key = (name, label[1] if label else "")
@@ -381,6 +386,25 @@ class MetricsPublisher:
         self._thread.join(timeout=5)
         self.families.clear()
         self.metrics.clear()
+
+
+def watch_server() -> None:
+    """Ends this stub (`os._exit`) the moment the server that started it exits, before the server is
+    reaped (see the module docstring), from a thread that sleeps on the server's pidfd. Does nothing
+    where pidfds are missing (Linux < 5.3): the metrics thread's parent check stands alone there."""
+    server = os.getppid()
+    try:
+        pidfd = os.pidfd_open(server)
+    except ProcessLookupError:
+        os._exit(1)
+    except (AttributeError, OSError):
+        return
+
+    def wait() -> None:
+        select.select([pidfd], [], [])  # readable once the server has exited
+        os._exit(1)
+
+    threading.Thread(target=wait, name="server-watch", daemon=True).start()
 
 
 def take_sigterm() -> None:
