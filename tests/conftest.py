@@ -18,7 +18,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # nothing in production (every Triton the tests start inherits this).
 os.environ.setdefault("TRTLLM_CONTRACT_CHECK", "1")
 
-from tests.support import TritonServer, load_tokenizer
+from tests.support import DEFERRED_STOPS, TritonServer, load_tokenizer
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -29,6 +29,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         parts = Path(str(item.fspath)).resolve().relative_to(TESTS_DIR).parts
         if parts and parts[0] in {"unit", "integration", "e2e"}:
             item.add_marker(getattr(pytest.mark, parts[0]))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Finishes the services' stops that nobody waited for (tests/support.DEFERRED_STOPS)."""
+    while DEFERRED_STOPS:
+        DEFERRED_STOPS.pop(0)()
 
 
 @pytest.fixture(scope="session")

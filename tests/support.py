@@ -30,6 +30,10 @@ from tensorrtllm_backend.repository import build_repository, repository_values
 REPO_ROOT = Path(__file__).resolve().parents[1]
 """The repository's root (tests/ sits in it)."""
 
+DEFERRED_STOPS: list[Callable[[], None]] = []
+"""The rest of each stop told to a service and not waited for (e2e conftest's `stop_soon`): run
+when more services are stopping, and all at the session's end (tests/conftest.py)."""
+
 HARD_TEXT = (
     "Grüße aus München! naïve café, déjà vu, façade, jalapeño.\n"
     "  中文：你好，世界。我们今天去公园散步 🌍\n"

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from tests.openai_support import Reference, reference_for, served_model_name
-from tests.support import free_ports, http_ok, prometheus_metric
+from tests.support import DEFERRED_STOPS, free_ports, http_ok, prometheus_metric
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -190,6 +190,25 @@ class BentoService:
         tree = self.descendants()
         if self.process.poll() is None:
             self.process.send_signal(sig)
+        self._finish_stop(tree, timeout)
+
+    def stop_soon(self) -> None:
+        """`stop`, but not waited for: SIGTERM now, the rest once two more services are stopping
+        or at the session's end (tests/support.DEFERRED_STOPS). For fixtures whose stop no test
+        looks at: a stop takes 3-5 s, mostly Triton waiting on itself, and the next tests run
+        meanwhile."""
+        if self.process is None or self.process.poll() is not None:
+            self.stop()
+            return
+        tree = self.descendants()
+        self.process.send_signal(signal.SIGTERM)
+        while len(DEFERRED_STOPS) >= 2:
+            DEFERRED_STOPS.pop(0)()
+        DEFERRED_STOPS.append(lambda: self._finish_stop(tree, 60.0))
+
+    def _finish_stop(self, tree: list[psutil.Process], timeout: float) -> None:
+        assert self.process is not None
+        if self.process.poll() is None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.process.wait(timeout=timeout)
         with contextlib.suppress(ProcessLookupError):
@@ -213,7 +232,7 @@ def serving(home: Path, workdir: Path, extra_env: dict[str, str] | None = None) 
     try:
         yield server
     finally:
-        server.stop()
+        server.stop_soon()
 
 
 def _lingers(process: psutil.Process) -> bool:
@@ -247,7 +266,7 @@ def service(bentoml_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     try:
         yield server
     finally:
-        server.stop()
+        server.stop_soon()
 
 
 @pytest.fixture(scope="session")
@@ -273,7 +292,7 @@ def synthetic_service(
     try:
         yield server
     finally:
-        server.stop()
+        server.stop_soon()
 
 
 @pytest.fixture
@@ -290,7 +309,7 @@ def make_service(bentoml_home: Path, tmp_path: Path) -> Iterator[Callable[..., B
         yield make
     finally:
         for server in started:
-            server.stop()
+            server.stop_soon()
 
 
 # ---- shared by the OpenAI API tests ------------------------------------------------------------------

@@ -126,7 +126,7 @@ def paced_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BentoSer
     try:
         yield server
     finally:
-        server.stop()
+        server.stop_soon()
 
 
 def test_a_storm_of_100_disconnects(paced_service: BentoService) -> None:

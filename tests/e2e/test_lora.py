@@ -56,7 +56,7 @@ def lora_service(
     try:
         yield server
     finally:
-        server.stop()
+        server.stop_soon()
 
 
 @pytest.fixture(scope="module")

@@ -131,7 +131,7 @@ def test_two_services_sharing_one_bentoml_home_keep_their_own_metrics(
         assert models_requests(other.url, 7) == 7
         assert models_requests(service.url, 2) == before + 2
     finally:
-        other.stop()
+        other.stop_soon()
 
 
 @pytest.fixture(scope="module")

@@ -50,7 +50,7 @@ def queued(slow_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     try:
         yield server
     finally:
-        server.stop()
+        server.stop_soon()
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +61,7 @@ def bounded(slow_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     try:
         yield server
     finally:
-        server.stop()
+        server.stop_soon()
 
 
 def metric(server: BentoService, name: str, **labels: str) -> float:

@@ -57,7 +57,7 @@ def reasoning_service(flavor: str, tmp_path_factory: pytest.TempPathFactory) -> 
     try:
         yield server
     finally:
-        server.stop()
+        server.stop_soon()
 
 
 @pytest.fixture(scope="module")
