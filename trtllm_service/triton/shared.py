@@ -121,8 +121,15 @@ class SharedTriton:
         return state.host, TritonPorts(grpc=state.grpc_port, http=state.http_port, metrics=state.metrics_port)
 
     def grpc_address(self) -> tuple[str, int] | None:
-        """Where to send requests now; None while Triton is not ready."""
-        where = self._where() if self.ready else None
+        """Where to send requests now; None while Triton is not ready. A follower that last saw it
+        not ready reads the owner's state again first: the owner may have published since the last
+        poll (every POLL_S, later on a busy loop), and a request in that gap got a needless 503
+        while another worker already answered /readyz with 200."""
+        ready = self.ready
+        if not ready and self.supervisor is None:
+            self._read_state()
+            ready = self.ready
+        where = self._where() if ready else None
         return None if where is None else (where[0], where[1].grpc)
 
     @property
