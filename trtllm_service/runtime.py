@@ -134,6 +134,7 @@ class Runtime:
             idle_timeout_s=settings.stream_idle_timeout_s,
             stream_interval_s=settings.stream_interval_ms / 1000.0,
         )
+        self.relay.pace.interval_s = settings.loaded_stream_interval_ms / 1000.0
 
     def loaded_now(self) -> None:
         """On the event loop, once `load` has ended: requests may come; a Triton that became ready

@@ -102,6 +102,14 @@ class Settings(BaseModel, frozen=True):
         "this many ms (tokens that arrive meanwhile go out in one chunk: less CPU per token when tokens "
         "come faster than that); 0 = every token as it arrives",
     )
+    loaded_stream_interval_ms: float = Field(
+        10.0,
+        ge=0,
+        le=1000,
+        description="TRTLLM_LOADED_STREAM_INTERVAL_MS: while requests of a worker wait for their first token, "
+        "write other streams' text at most once per this many ms (first tokens first: the loop's time goes to "
+        "the new requests, and a write carries several tokens); 0 = off",
+    )
     stream_idle_timeout_s: float = Field(
         120.0,
         gt=0,
@@ -190,6 +198,7 @@ class Settings(BaseModel, frozen=True):
             "cors_allow_origins": "TRTLLM_CORS_ALLOW_ORIGINS",
             "stream_timeout_s": "TRTLLM_STREAM_TIMEOUT",
             "stream_interval_ms": "TRTLLM_STREAM_INTERVAL_MS",
+            "loaded_stream_interval_ms": "TRTLLM_LOADED_STREAM_INTERVAL_MS",
             "stream_idle_timeout_s": "TRTLLM_STREAM_IDLE_TIMEOUT",
             "shutdown_grace_s": "TRTLLM_SHUTDOWN_GRACE",
             "max_body_bytes": "TRTLLM_MAX_BODY_BYTES",

@@ -40,6 +40,7 @@ from tensorrtllm_backend.lora import CACHE_MISS
 from trtllm_service.errors import APIError
 from trtllm_service.relay.grpc_http2 import CANCELLED, OK, UNAVAILABLE, GrpcConnection
 from trtllm_service.relay.logprobs import TokenLogprob
+from trtllm_service.relay.pace import PACE, STARTING, Pace, Ticket
 from trtllm_service.relay.readers import Reader
 from trtllm_service.relay.request import ENGINE_CACHE_OUTPUT, GenerationRequest
 from trtllm_service.relay.response_shape import SHAPES_PER_STREAM, ResponseShape
@@ -89,6 +90,9 @@ class EngineStream:
             the whole read, not per response).
         block: Tokens per KV cache block of the engine (cached_tokens is counted in blocks).
         interval_s: After the first text, the least time between two texts (0: each as it arrives).
+        pace: The worker's starting requests: while there are any, texts after the first are at
+            least `pace.interval_s` apart (relay/pace.py). None: only `interval_s` holds text.
+        ticket: The request's place among the starting ones, done at its first response.
         retry: Sends the request again with its LoRA adapter's weights, when the engine no longer
             holds it; returns the new call's stream id.
     """
@@ -97,17 +101,19 @@ class EngineStream:
         "_add_raws",
         "_block",
         "_cancel",
-        "_due",
         "_error",
         "_final",
         "_interval",
+        "_last",
         "_learns",
         "_logprobs",
+        "_pace",
         "_queued",
         "_reader",
         "_reading",
         "_retry",
         "_shape",
+        "_ticket",
         "_timer",
         "_waiter",
         "cached_tokens",
@@ -129,6 +135,8 @@ class EngineStream:
         reading: GrpcConnection | None = None,
         block: int = 32,
         interval_s: float = 0.0,
+        pace: Pace | None = None,
+        ticket: Ticket | None = None,
         retry: Callable[[EngineStream], int] | None = None,
     ) -> None:
         self.request_id = request_id
@@ -147,7 +155,9 @@ class EngineStream:
         self._timer: asyncio.TimerHandle | None = None
         self._retry = retry
         self._interval = interval_s
-        self._due = 0.0  # the event loop's time before which text is held
+        self._pace = pace
+        self._ticket = ticket
+        self._last = -1e9  # time.monotonic() of the last text read (after the first, text may be held)
         self.hold = 0.0  # after poll() found text held: the seconds it stays held
         self.on_wake: Callable[[], None] | None = None  # instead of waking read(): something arrived
         self._reading = reading
@@ -174,6 +184,9 @@ class EngineStream:
     # ---- CallSink: called by the connection, on the event loop -----------------------------------
 
     def on_message(self, data: bytes) -> None:
+        if self._ticket is not None:  # the first response: the request is no longer starting
+            self._ticket.done()
+            self._ticket = None
         shape = self._shape
         if shape is not None:
             raws = shape.contents(data)
@@ -221,6 +234,9 @@ class EngineStream:
         self._fail(engine_refusal(message))
 
     def _fail(self, error: APIError) -> None:
+        if self._ticket is not None:
+            self._ticket.done()
+            self._ticket = None
         if self._error is None and self.finish_reason is None:
             self._error = error
         self._wake()
@@ -270,11 +286,16 @@ class EngineStream:
         if self.finish_reason is not None:
             return ""
         reader = self._reader
-        if self._interval and reader.pending and not self._final:
-            delay = self._due - asyncio.get_running_loop().time()
-            if delay > 0:  # more tokens may come meanwhile: they go out together
-                self.hold = delay
-                return None
+        pace = self._pace
+        if reader.pending and not self._final:
+            interval = self._interval
+            if not interval and pace is not None and pace.starting:
+                interval = pace.interval_s
+            if interval:
+                delay = self._last + interval - time.monotonic()
+                if delay > 0:  # more tokens may come meanwhile: they go out together
+                    self.hold = delay
+                    return None
         if reader.pending:
             text = reader.take()
             if reader.stopped:  # a stop string matched: the answer ends, the engine request is cancelled
@@ -283,8 +304,8 @@ class EngineStream:
         else:
             text = ""
         if text or self.finish_reason is not None:
-            if self._interval:
-                self._due = asyncio.get_running_loop().time() + self._interval
+            if self._interval or (pace is not None and pace.starting):  # a hold may follow
+                self._last = time.monotonic()
             return text
         if self._final:
             self.finish_reason = "length" if reader.completion_tokens >= self.max_tokens else "stop"
@@ -338,6 +359,9 @@ class EngineStream:
 
     def close(self) -> None:
         """Ends the request: cancels it in the engine unless it has finished. Safe to call twice."""
+        if self._ticket is not None:
+            self._ticket.done()
+            self._ticket = None
         self._done()
         if self.stream_id and not self._final:
             self._cancel(self.stream_id)
@@ -444,6 +468,8 @@ class TritonRelay:
         stream_timeout_s: Longest a request may stream before it ends with a 504.
         stream_interval_s: After a stream's first text, the least time between two of its texts
             (0: each as it arrives).
+        pace: The worker's starting requests, which hold other streams' text while there are any
+            (relay/pace.py; the worker's own by default).
         idle_timeout_s: Longest Triton may send nothing while requests are open before they end
             with a 503 (it hangs).
     """
@@ -456,8 +482,10 @@ class TritonRelay:
         stream_timeout_s: float = 600.0,
         idle_timeout_s: float = 120.0,
         stream_interval_s: float = 0.0,
+        pace: Pace = PACE,
     ) -> None:
         self.address = address
+        self.pace = pace
         self.flavor = flavor
         self.stream_interval_s = stream_interval_s
         self.stream_timeout_s = stream_timeout_s
@@ -540,6 +568,8 @@ class TritonRelay:
             reading=connection,
             block=flavor.tokens_per_block,
             interval_s=self.stream_interval_s,
+            pace=self.pace,
+            ticket=STARTING.get(),
             retry=retry,
         )
         stream.started(

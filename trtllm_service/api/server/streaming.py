@@ -30,21 +30,35 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trtllm_service.errors import APIError
 from trtllm_service.relay.client import EngineStream
+from trtllm_service.relay.pace import PACE, STARTING, Pace
 
 SERVER_SEND = "trtllm.server_send"
 """Scope key of the server's own `send` (set by `ServerSendApp`)."""
 
 
 class ServerSendApp:
-    """The outermost ASGI app: records the server's `send` in an HTTP request's scope."""
+    """The outermost ASGI app: records the server's `send` in an HTTP request's scope, and counts a
+    POST among the worker's starting requests (relay/pace.py) from here, before any middleware, until
+    its first engine response or its end."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, pace: Pace = PACE) -> None:
         self.app = app
+        self.pace = pace
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            scope[SERVER_SEND] = send
-        await self.app(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        scope[SERVER_SEND] = send
+        if scope.get("method") != "POST":
+            await self.app(scope, receive, send)
+            return
+        ticket = self.pace.enter()
+        STARTING.set(ticket)  # this task's context: the request's handler and what it starts
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            ticket.done()
 
 
 class CutStreamLogFilter(logging.Filter):
