@@ -318,8 +318,10 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
     records: list[Record] = []
     errors: list[str] = []
 
-    async def one(i: int) -> None:
+    async def one(i: int, stagger_s: float = 0.0) -> None:
         async with semaphore:
+            if stagger_s and i < args.concurrency:  # holds its place while it waits: no burst behind it
+                await asyncio.sleep(i * stagger_s / args.concurrency)
             try:
                 records.append(
                     await client.run(prompt_text(args.prompt_words, args.seed + i), args.max_tokens)
@@ -331,7 +333,7 @@ async def drive(args: argparse.Namespace) -> dict[str, Any]:
     records.clear()
     cpu = time.process_time()
     started = time.perf_counter()
-    await asyncio.gather(*(one(i) for i in range(args.requests)))
+    await asyncio.gather(*(one(i, args.stagger_s) for i in range(args.requests)))
     return {
         "wall": time.perf_counter() - started,
         "cpu": time.process_time() - cpu,
@@ -352,6 +354,13 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--prompt-words", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--stagger-s",
+        type=float,
+        default=0.0,
+        help="start the streams evenly over this many seconds instead of all at once (streams of one "
+        "length that start together finish together, and the next requests arrive as one burst)",
+    )
     parser.add_argument("--flavor", choices=("ensemble", "llmapi"), default="ensemble")
     args = parser.parse_args()
     print(json.dumps(asyncio.run(drive(args))))

@@ -391,6 +391,7 @@ def run_load(
     profile: Path | None = None,
     stall_s: float = 180.0,
     floors: dict[str, Floor] | None = None,
+    stagger_s: float = 0.0,
 ) -> dict[str, Any]:
     floors = floors or {}
     address = (
@@ -435,6 +436,8 @@ def run_load(
                 service.flavor,
                 "--seed",
                 str(i * 1000),
+                "--stagger-s",
+                str(stagger_s),
             ],
             stdout=subprocess.PIPE,
             env=service.env,
@@ -569,6 +572,7 @@ def scenario(args: argparse.Namespace, engine: str, levels: list[int], max_token
                             profile,
                             args.stall_timeout,
                             floors,
+                            concurrency * args.stagger_ms_per_stream / 1000.0,
                         )
                     except subprocess.TimeoutExpired:
                         stalled_at = f"{target} c={concurrency}"
@@ -628,6 +632,10 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"- service served from: {report['service_root']}")
     if report.get("stream_interval_ms"):
         lines.append(f"- TRTLLM_STREAM_INTERVAL_MS: {report['stream_interval_ms']}")
+    if report.get("stagger_ms_per_stream"):
+        lines.append(f"- streams started over {report['stagger_ms_per_stream']} ms per stream (staggered)")
+    if report.get("loaded_stream_interval_ms") is not None:
+        lines.append(f"- TRTLLM_LOADED_STREAM_INTERVAL_MS: {report['loaded_stream_interval_ms']}")
     if report.get("engine_instances", 1) > 1:
         lines.append(f"- synthetic engine: {report['engine_instances']} instances (Triton model instances)")
     if report.get("step_delay_ms"):
@@ -726,6 +734,15 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=None, help="TRTLLM_WORKERS (default: the service's)")
     parser.add_argument("--max-batch-size", type=int, default=256)
     parser.add_argument(
+        "--stagger-ms-per-stream",
+        type=float,
+        default=0.0,
+        help="start a level's streams evenly over this many ms per stream (0: all at once). Streams of "
+        "one length that start together keep finishing together, so each round arrives as a burst "
+        "and TTFT measures where a request falls in it; about one stream's time over the level's "
+        "concurrency spreads the arrivals over a round instead",
+    )
+    parser.add_argument(
         "--flavor",
         choices=("ensemble", "llmapi"),
         default="ensemble",
@@ -800,6 +817,8 @@ def main() -> None:
         "step_delay_ms": args.step_delay_ms,
         "engine_instances": args.engine_instances,
         "stream_interval_ms": args.stream_interval_ms,
+        "stagger_ms_per_stream": args.stagger_ms_per_stream,
+        "loaded_stream_interval_ms": os.environ.get("TRTLLM_LOADED_STREAM_INTERVAL_MS"),
         "date": time.strftime("%Y-%m-%d"),
         "scenarios": [],
     }

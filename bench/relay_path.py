@@ -135,8 +135,14 @@ def _stream(
         with contextlib.suppress(AttributeError):  # as TritonRelay.start set it (older still: none)
             stream._reading = connection
         return stream
+    try:  # since issue 46: the worker's pace (no request starting here: nothing is held)
+        from trtllm_service.relay.pace import PACE
+
+        paced: dict[str, Any] = {"pace": PACE}
+    except ImportError:
+        paced = {}
     return EngineStream(
-        request, TokenIdReader(request, decoder), request_id, connection.cancel, reading=connection
+        request, TokenIdReader(request, decoder), request_id, connection.cancel, reading=connection, **paced
     )
 
 
