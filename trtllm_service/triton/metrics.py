@@ -18,6 +18,8 @@ import re
 import httpx
 from prometheus_client import Counter
 
+from trtllm_service.triton.loopback import loopback_client
+
 logger = logging.getLogger("trtllm_service.metrics")
 
 TRITON_RESTARTS = Counter(
@@ -32,7 +34,7 @@ async def scrape_triton(metrics_url: str | None, timeout_s: float = 2.0) -> str 
     if not metrics_url:
         return None
     try:
-        async with httpx.AsyncClient(timeout=timeout_s) as client:
+        async with loopback_client(timeout_s) as client:
             response = await client.get(metrics_url)
             response.raise_for_status()
     except httpx.HTTPError as exc:

@@ -44,6 +44,7 @@ import httpx
 
 from tensorrtllm_backend import LAUNCHER, launcher
 from trtllm_service.tokenizer_loading import ENVIRON_LOCK
+from trtllm_service.triton.loopback import loopback_client
 from trtllm_service.triton.shm import remove_regions
 from trtllm_service.versions import REQUIRE_TENSORRT_LLM, installed_tensorrt_llm
 
@@ -523,7 +524,7 @@ async def probe_model(host: str, port: int, probe: ModelProbe, timeout_s: float)
         return None
 
     try:
-        async with httpx.AsyncClient(timeout=timeout_s) as client:
+        async with loopback_client(timeout_s) as client:
             return await asyncio.wait_for(ask(client), timeout_s)
     except (httpx.HTTPError, OSError, asyncio.TimeoutError, ValueError):
         return None
@@ -532,7 +533,7 @@ async def probe_model(host: str, port: int, probe: ModelProbe, timeout_s: float)
 async def declares_probe(host: str, port: int, probe: ModelProbe, timeout_s: float = 10.0) -> bool:
     """Whether the model's config declares the probe's input (NVIDIA's C++ backend does not)."""
     try:
-        async with httpx.AsyncClient(timeout=timeout_s) as client:
+        async with loopback_client(timeout_s) as client:
             config = (await client.get(f"http://{host}:{port}/v2/models/{probe.model}/config")).json()
     except (httpx.HTTPError, OSError, ValueError):
         return False
