@@ -28,7 +28,7 @@ class _Ok(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def server() -> Iterator[str]:
+def ready_endpoint() -> Iterator[str]:
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -55,13 +55,13 @@ async def _get(client: httpx.AsyncClient, url: str) -> int:
         return (await client.get(url)).status_code
 
 
-def test_a_proxy_in_the_environment_is_not_used_for_triton(server: str, dead_proxy: None) -> None:
-    assert asyncio.run(_get(loopback_client(2.0), server)) == 200
+def test_a_proxy_in_the_environment_is_not_used_for_triton(ready_endpoint: str, dead_proxy: None) -> None:
+    assert asyncio.run(_get(loopback_client(2.0), ready_endpoint)) == 200
 
 
 def test_the_environment_proxy_would_have_been_used_by_a_default_client(
-    server: str, dead_proxy: None
+    ready_endpoint: str, dead_proxy: None
 ) -> None:
     """The premise of the test above: httpx's default client sends 127.0.0.1 to the proxy."""
     with pytest.raises(httpx.HTTPError):
-        asyncio.run(_get(httpx.AsyncClient(timeout=2.0), server))
+        asyncio.run(_get(httpx.AsyncClient(timeout=2.0), ready_endpoint))
