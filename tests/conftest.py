@@ -18,7 +18,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # nothing in production (every Triton the tests start inherits this).
 os.environ.setdefault("TRTLLM_CONTRACT_CHECK", "1")
 
-from tests.support import DEFERRED_STOPS, TritonServer, load_tokenizer
+from tests.support import TritonServer, finish_deferred_stops, load_tokenizer, stopped_soon
 
 TESTS_DIR = Path(__file__).resolve().parent
 
@@ -33,8 +33,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Finishes the services' stops that nobody waited for (tests/support.DEFERRED_STOPS)."""
-    while DEFERRED_STOPS:
-        DEFERRED_STOPS.pop(0)()
+    finish_deferred_stops()
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +62,7 @@ def triton(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         tokenizer_dir=demo_model_dir,
         overrides={"max_beam_width": "4"},  # beam search (tests/integration/test_engine_features.py)
     )
-    with server:
+    with stopped_soon(server):
         yield server
 
 
@@ -95,5 +94,5 @@ def llmapi(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         tokenizer_dir=demo_model_dir,
         flavor="llmapi",
     )
-    with server:
+    with stopped_soon(server):
         yield server

@@ -31,8 +31,25 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 """The repository's root (tests/ sits in it)."""
 
 DEFERRED_STOPS: list[Callable[[], None]] = []
-"""The rest of each stop told to a service and not waited for (e2e conftest's `stop_soon`): run
-when more services are stopping, and all at the session's end (tests/conftest.py)."""
+"""The rest of each stop told to a service and not waited for (`defer_stop`: TritonServer's and e2e
+conftest's `stop_soon`): run when more services are stopping, and all at the session's end
+(tests/conftest.py)."""
+
+
+def defer_stop(finish: Callable[[], None]) -> None:
+    """Queues `finish`, the rest of a stop already signalled, in DEFERRED_STOPS; first finishes the
+    oldest queued stops, so that no more than two are ever pending."""
+    while len(DEFERRED_STOPS) >= 2:
+        DEFERRED_STOPS.pop(0)()
+    DEFERRED_STOPS.append(finish)
+
+
+def finish_deferred_stops() -> None:
+    """Finishes every stop in DEFERRED_STOPS (at the session's end, or before a test that reads
+    what any stub did since it began)."""
+    while DEFERRED_STOPS:
+        DEFERRED_STOPS.pop(0)()
+
 
 HARD_TEXT = (
     "Grüße aus München! naïve café, déjà vu, façade, jalapeño.\n"
@@ -273,8 +290,22 @@ class TritonServer:
             return
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=30)
+        self._finish_stop()
+
+    def stop_soon(self) -> None:
+        """`stop`, but not waited for: SIGTERM now, the rest later (`defer_stop`). For fixtures whose
+        stop no test looks at: Triton takes 3-4 s to unload the stand-in and exit (10 more when
+        a model's unload runs into its exit timeout), and the next tests run meanwhile."""
+        if self.process is None or self.process.poll() is not None:
+            self.stop()
+            return
+        self.process.send_signal(signal.SIGTERM)
+        defer_stop(self._finish_stop)
+
+    def _finish_stop(self) -> None:
+        assert self.process is not None
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=30)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
@@ -282,6 +313,17 @@ class TritonServer:
     def metric(self, name: str, **labels: str) -> float:
         """Sum of a Prometheus metric from Triton's metrics endpoint, filtered by labels."""
         return prometheus_metric(f"http://127.0.0.1:{self.metrics_port}/metrics", name, **labels)
+
+
+@contextlib.contextmanager
+def stopped_soon(server: TritonServer) -> Iterator[TritonServer]:
+    """`with server:` for a fixture whose server's stop no test looks at: started, and stopped with
+    `stop_soon` when the block ends."""
+    server.__enter__()
+    try:
+        yield server
+    finally:
+        server.stop_soon()
 
 
 def prometheus_metric(url: str, name: str, **labels: str) -> float:

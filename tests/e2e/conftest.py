@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from tests.openai_support import Reference, reference_for, served_model_name
-from tests.support import DEFERRED_STOPS, free_ports, http_ok, prometheus_metric
+from tests.support import defer_stop, free_ports, http_ok, prometheus_metric
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -202,9 +202,7 @@ class BentoService:
             return
         tree = self.descendants()
         self.process.send_signal(signal.SIGTERM)
-        while len(DEFERRED_STOPS) >= 2:
-            DEFERRED_STOPS.pop(0)()
-        DEFERRED_STOPS.append(lambda: self._finish_stop(tree, 60.0))
+        defer_stop(lambda: self._finish_stop(tree, 60.0))
 
     def _finish_stop(self, tree: list[psutil.Process], timeout: float) -> None:
         assert self.process is not None

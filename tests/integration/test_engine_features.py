@@ -20,7 +20,7 @@ import torch
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
 
-from tests.support import Streamer, TritonServer, engine_inputs
+from tests.support import Streamer, TritonServer, engine_inputs, stopped_soon
 from trtllm_service.errors import APIError
 from trtllm_service.relay import client
 from trtllm_service.relay.client import TritonRelay
@@ -45,7 +45,7 @@ def llmapi_beams(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory)
         flavor="llmapi",
         overrides={"max_beam_width": str(BEAMS)},
     )
-    with server:
+    with stopped_soon(server):
         yield server
 
 

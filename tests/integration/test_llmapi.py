@@ -34,9 +34,11 @@ from tests.support import (
     TOKENS_METRIC,
     Streamer,
     TritonServer,
+    finish_deferred_stops,
     kernel_log,
     load_tokenizer,
     new_stub_crashes,
+    stopped_soon,
     wait_engine_idle,
     wait_for,
 )
@@ -327,6 +329,7 @@ def test_finding_model_yaml_unknown_key_fails_like_llm_args(demo_model_dir: Path
     model_yaml = server.repo / "tensorrt_llm" / "1" / "model.yaml"
     text = model_yaml.read_text().replace("kv_cache_config:\n", "kv_cache_config:\n  free_gpu_memory: 0.5\n")
     model_yaml.write_text(text + "\n")
+    finish_deferred_stops()  # any stub's crash from here on is this server's
     before = kernel_log()
     try:
         with pytest.raises(RuntimeError, match="failed to load"):
@@ -369,7 +372,7 @@ def beam_packed(demo_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
         flavor="llmapi",
         overrides={"max_beam_width": "2", "max_num_tokens": "16", "llm_max_seq_len": "64"},
     )
-    with server:
+    with stopped_soon(server):
         yield server
 
 

@@ -920,7 +920,7 @@ except LauncherError as exc:  # pragma: no cover - depends on the machine
 @pytest.mark.skipif(bool(NO_TRITON), reason=f"no tritonserver: {NO_TRITON}")
 def test_packed_demo_serves_after_relocation(store: Store, tmp_path: Path) -> None:
     """The relocated repository of a packed model loads in a real tritonserver and generates."""
-    from tests.support import TritonServer, run_stream, text_inputs
+    from tests.support import TritonServer, run_stream, stopped_soon, text_inputs
 
     assert store.run("--demo", "tiny", "--flavor", "ensemble").returncode == 0
     moved_home = tmp_path / "elsewhere"
@@ -932,7 +932,7 @@ def test_packed_demo_serves_after_relocation(store: Store, tmp_path: Path) -> No
         tmp_path / "triton", engine_dir=model_path / "engine", tokenizer_dir=model_path / "tokenizer"
     )
     server.repo = repo  # serve the relocated packed repository, not a freshly built one
-    with server:
+    with stopped_soon(server):
         result = run_stream(server.grpc_url, text_inputs("The quick brown fox", 8, stream=True))
     assert result.error is None, result.error
     assert result.text

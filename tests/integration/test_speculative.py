@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.llmapi_support import GREEDY, final, run
-from tests.support import TritonServer, load_tokenizer
+from tests.support import TritonServer, load_tokenizer, stopped_soon
 
 NGRAM = """
 speculative_config:
@@ -43,7 +43,7 @@ def servers(
 ) -> Iterator[tuple[TritonServer, ...]]:
     plain = _server(tmp_path_factory.mktemp("plain"), demo_model_dir)
     ngram = _server(tmp_path_factory.mktemp("ngram"), demo_model_dir, NGRAM)
-    with plain, ngram:
+    with stopped_soon(plain), stopped_soon(ngram):
         yield plain, ngram
 
 
