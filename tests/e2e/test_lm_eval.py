@@ -110,12 +110,17 @@ def _task_dir(tmp_path: Path) -> Path:
     return tasks
 
 
+LM_EVAL_PYTHON = Path(sys.prefix) / "lm-eval" / "bin" / "python"
+"""lm-eval-harness's own venv, inside the tests' (requirements-lm-eval.txt says why; dev.sh makes it)."""
+
+
 def _lm_eval(
     model: str, args: str, tasks: str, task_dir: Path, out: Path, *extra: str
 ) -> list[dict[str, Any]]:
     """Runs lm-eval's CLI as a user does (offline), returns its logged samples."""
+    assert LM_EVAL_PYTHON.exists(), f"{LM_EVAL_PYTHON} is missing: ./dev.sh test makes lm-eval's venv"
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OPENAI_API_KEY": "unused"}
-    command = [sys.executable, "-m", "lm_eval", "--model", model, "--model_args", args, "--tasks", tasks]
+    command = [str(LM_EVAL_PYTHON), "-m", "lm_eval", "--model", model, "--model_args", args, "--tasks", tasks]
     command += ["--include_path", str(task_dir), "--output_path", str(out), "--log_samples", *extra]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
