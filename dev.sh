@@ -35,7 +35,7 @@ setup() {
     "$(pick_python)" -m venv "$VENV"
   fi
   local want stamp="$VENV/.requirements.sha256"
-  want=$(cat requirements.txt requirements-dev.txt requirements-demo.txt requirements-lm-eval.txt | sha256sum | cut -d' ' -f1)
+  want=$(cat requirements.txt requirements-dev.txt requirements-lm-eval.txt requirements-demo.txt | sha256sum | cut -d' ' -f1)
   if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     local started=$SECONDS uv_pin link torch_wheel="" args=()
     uv_pin=$(grep -E '^uv==' requirements-dev.txt)
