@@ -135,6 +135,32 @@ def engine_response(ids: Sequence[int] = (), *, final: bool = False, error: str 
     return response.SerializeToString()
 
 
+def timed_reads(stream: Any, ids: Sequence[int], gap_s: float) -> list[tuple[float, str]]:
+    """Feeds an engine stream (relay/client.EngineStream) one token id per `gap_s` as Triton's
+    responses, then the final one, on a real event loop; returns (seconds since start, text) of
+    each `read()` until the stream finished."""
+    import asyncio
+
+    async def scenario() -> list[tuple[float, str]]:
+        loop = asyncio.get_running_loop()
+
+        async def feed() -> None:
+            for token in ids:
+                stream.on_message(engine_response([token]))
+                await asyncio.sleep(gap_s)
+            stream.on_message(engine_response([], final=True))
+
+        feeder = asyncio.ensure_future(feed())
+        start, reads = loop.time(), []
+        while stream.finish_reason is None:
+            text = await stream.read()
+            reads.append((loop.time() - start, text))
+        await feeder
+        return reads
+
+    return asyncio.run(scenario())
+
+
 def kernel_log() -> list[str]:
     """The kernel's log (dmesg), line by line: where a crashed process (a stub's segfault) shows."""
     read = subprocess.run(["dmesg"], capture_output=True, text=True, check=True)

@@ -13,7 +13,7 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
-from tests.support import engine_response
+from tests.support import timed_reads
 from trtllm_service.relay.client import EngineStream
 from trtllm_service.relay.readers import TokenIdReader
 from trtllm_service.relay.request import GenerationRequest
@@ -29,26 +29,7 @@ def _stream(tokenizer: Any, interval_s: float) -> EngineStream:
 
 def _reads(tokenizer: Any, interval_s: float, ids: list[int], gap_s: float) -> list[tuple[float, str]]:
     """Feeds one id per `gap_s`, then the final response; returns (time, text) of each read."""
-
-    async def scenario() -> list[tuple[float, str]]:
-        loop = asyncio.get_running_loop()
-        stream = _stream(tokenizer, interval_s)
-
-        async def feed() -> None:
-            for token in ids:
-                stream.on_message(engine_response([token]))
-                await asyncio.sleep(gap_s)
-            stream.on_message(engine_response([], final=True))
-
-        feeder = asyncio.ensure_future(feed())
-        start, reads = loop.time(), []
-        while stream.finish_reason is None:
-            text = await stream.read()
-            reads.append((loop.time() - start, text))
-        await feeder
-        return reads
-
-    return asyncio.run(scenario())
+    return timed_reads(_stream(tokenizer, interval_s), ids, gap_s)
 
 
 def test_without_an_interval_each_token_is_read_as_it_arrives(tokenizer: Any) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
-from tests.support import engine_response
+from tests.support import engine_response, timed_reads
 from trtllm_service.api.server.streaming import ServerSendApp
 from trtllm_service.errors import APIError
 from trtllm_service.relay.client import EngineStream
@@ -31,28 +31,8 @@ def _stream(tokenizer: Any, pace: Pace, ticket: Ticket | None = None) -> EngineS
 
 
 def _reads(tokenizer: Any, pace: Pace, ids: list[int], gap_s: float) -> list[tuple[float, str]]:
-    """Feeds one id per `gap_s`, then the final response; returns (time, text) of each read."""
-
-    async def scenario() -> list[tuple[float, str]]:
-        loop = asyncio.get_running_loop()
-        stream = _stream(tokenizer, pace)
-
-        async def feed() -> None:
-            for token in ids:
-                stream.on_message(engine_response([token]))
-                await asyncio.sleep(gap_s)
-            stream.on_message(engine_response([], final=True))
-
-        feeder = asyncio.ensure_future(feed())
-        start, reads = loop.time(), []
-        while stream.finish_reason is None:
-            text = await stream.read()
-            if text:
-                reads.append((loop.time() - start, text))
-        await feeder
-        return reads
-
-    return asyncio.run(scenario())
+    """Feeds one id per `gap_s`, then the final response; returns (time, text) of each read with text."""
+    return [(at, text) for at, text in timed_reads(_stream(tokenizer, pace), ids, gap_s) if text]
 
 
 def _words(tokenizer: Any) -> list[int]:
