@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from tests.e2e.conftest import BentoService, pack_demo, serving
+from tests.support import wait_for as poll
 
 
 def scrape(url: str) -> str:
@@ -199,7 +200,11 @@ def test_ngram_drafts_packed_with_set_show_on_metrics_and_change_no_token(
     plain = httpx.post(f"{service.url}/v1/completions", json=body, timeout=120)
     assert plain.status_code == 200, plain.text
     with serving(home, tmp_path_factory.mktemp("serve_ngram")) as drafting:
-        assert "LLM API options from --set" in drafting.log() and "decoding_type=NGram" in drafting.log()
+        # The owner worker logs the options once Triton is ready, a moment after /readyz may answer.
+        def logged() -> bool:
+            return "LLM API options from --set" in drafting.log() and "decoding_type=NGram" in drafting.log()
+
+        assert poll(logged, timeout=20), drafting.log()[-3000:]
         answer = httpx.post(f"{drafting.url}/v1/completions", json=body, timeout=120)
         assert answer.status_code == 200, answer.text
         assert answer.json()["choices"][0]["text"] == plain.json()["choices"][0]["text"]
