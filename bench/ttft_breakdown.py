@@ -65,12 +65,17 @@ def one_request(port: int, route: str, tokens: int) -> float:
         connection.close()
 
 
-def run(service: Service, worker: int, timeline: Path, route: str, tokens: int, count: int) -> dict:
+def run(
+    service: Service, worker: int, timeline: Path, route: str, tokens: int, count: int, pause_s: float = 0.0
+) -> dict:
     for _ in range(5):
         one_request(service.port, route, tokens)
     os.kill(worker, signal.SIGRTMIN + 7)  # drop the warm-up's
     time.sleep(0.2)
-    ttfts = [one_request(service.port, route, tokens) for _ in range(count)]
+    ttfts = []
+    for _ in range(count):
+        ttfts.append(one_request(service.port, route, tokens))
+        time.sleep(pause_s)
     report = timeline / f"{worker}.txt"
     lines_before = len(report.read_text().splitlines()) if report.exists() else 0
     os.kill(worker, signal.SIGRTMIN + 7)
@@ -115,6 +120,12 @@ def main() -> None:
     parser.add_argument("--routes", default="chat,generate")
     parser.add_argument("--requests", type=int, default=300, help="requests of one token per route")
     parser.add_argument("--long-requests", type=int, default=40, help="requests of 256 tokens per route")
+    parser.add_argument(
+        "--pause-ms",
+        type=float,
+        default=0.0,
+        help="idle time after each request (0: back to back, as bench/relay.py's streams send them)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-ttft-") as tmp:
         timeline = Path(tmp) / "timeline"
@@ -129,7 +140,7 @@ def main() -> None:
             results = []
             for route in args.routes.split(","):
                 for tokens, count in ((1, args.requests), (256, args.long_requests)):
-                    result = run(service, workers[0], timeline, route, tokens, count)
+                    result = run(service, workers[0], timeline, route, tokens, count, args.pause_ms / 1e3)
                     print(
                         f"{route} {tokens:3} tokens: client TTFT p50 {result['ttft_ms']:.2f} ms", flush=True
                     )

@@ -36,7 +36,10 @@ MIDDLEWARES = {  # module -> ASGI classes whose entry is marked (outermost first
     "opentelemetry.instrumentation.asgi": ["OpenTelemetryMiddleware"],
     "bentoml._internal.server.http.access": ["AccessLogMiddleware"],
     "starlette.middleware.cors": ["CORSMiddleware"],
+    "bentoml._internal.server.http.traffic": ["TimeoutMiddleware"],
+    "trtllm_service.api.server.error_shape": ["ErrorShapeMiddleware"],
     "trtllm_service.api.server.limits": ["ConcurrencyLimitMiddleware", "BodyLimitMiddleware"],
+    "trtllm_service.api.server.admission": ["AdmissionMiddleware"],
     "trtllm_service.api.app": ["V1NotFoundMiddleware"],
     "_bentoml_impl.server.app": ["ContextMiddleware"],
     "starlette.routing": ["Router"],
@@ -92,6 +95,10 @@ def _patch(module: Any) -> None:
         module.parse_request = _on_exit(module.parse_request, "parsed")
     elif name == "trtllm_service.api.generate.serving":
         module.first_text = _on_exit(module.first_text, "first text")
+        module.serve_generate = _on_entry(module.serve_generate, "handler")
+    elif name == "_bentoml_impl.server.app":
+        factory = module.ServiceAppFactory
+        factory.api_endpoint_wrapper = _on_entry(factory.api_endpoint_wrapper, "endpoint")
     elif name == "trtllm_service.api.openai.serving" and hasattr(module.OpenAIServing, "_start"):
         module.OpenAIServing._start = _on_exit(module.OpenAIServing._start, "first text")  # before issue 36
     elif name in ("trtllm_service.api.generation.serving", "trtllm_service.api.openai.completions.serving"):
