@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -10,12 +11,14 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 import uvloop
 
 from tensorrtllm_backend.repository import build_repository, repository_values
+from trtllm_service.triton import process
 from trtllm_service.triton.process import PythonStub, TritonPorts, TritonStartupError, TritonSupervisor
 
 
@@ -192,6 +195,44 @@ def test_a_hung_server_is_unready_then_restarted(llmapi_repo: Path, tmp_path: Pa
             assert not psutil.pid_exists(hung) or psutil.Process(hung).status() == psutil.STATUS_ZOMBIE
         finally:
             await supervisor.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_stop_whose_cancel_a_probe_drops_still_stops(
+    llmapi_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python 3.11's asyncio.wait_for returns its result and drops a cancel that comes as its own
+    await completes. The watch's probes use it, so stop()'s cancel of the watch could be lost: stop()
+    then waited on a watch that went on probing, and the owner killed Triton's tree 35 s later (seen
+    once under load). The race is rare; a fake probe that always drops the cancel makes it certain
+    (the one fake here: a real probe loses it only by chance)."""
+    real_http_ok = process.http_ok
+    probing = asyncio.Event()
+
+    async def drops_the_cancel(*args: Any, **kwargs: Any) -> bool:
+        probing.set()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(1.0)
+        return await real_http_ok(*args, **kwargs)
+
+    async def scenario() -> None:
+        supervisor = _supervisor(llmapi_repo, tmp_path, probe_interval_s=0.05)
+        await supervisor.start()
+        server = supervisor.triton.pid if supervisor.triton else None
+        assert server is not None
+        tree = _tree(server)
+        monkeypatch.setattr(process, "http_ok", drops_the_cancel)
+        await asyncio.wait_for(probing.wait(), 10)
+        stopping = asyncio.ensure_future(supervisor.stop())
+        stopped, _ = await asyncio.wait([stopping], timeout=20)
+        if not stopped:  # killing Triton ends the watch, and with it the stop
+            for leftover in _tree(server):
+                with contextlib.suppress(psutil.Error):
+                    leftover.kill()
+            await stopping
+        assert stopped, "stop() waited on a watch that went on probing"
+        assert _gone(tree, timeout=5)
 
     asyncio.run(scenario())
 

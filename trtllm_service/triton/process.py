@@ -746,6 +746,10 @@ class TritonSupervisor:
         misses = 0
         try:
             while True:
+                # stop() cancels this task, but Python 3.11's asyncio.wait_for (in the probes) drops a
+                # cancel that comes as its own await completes: the flag ends the watch all the same.
+                if self._stopping:
+                    return "stopping"
                 done, _ = await asyncio.wait([exited], timeout=self.probe_interval_s)
                 if done:
                     return f"tritonserver exited (code {exited.result()})"
