@@ -132,7 +132,7 @@ case "${1:-}" in
     "$VENV/bin/ruff" format --check .
     typecheck
     # One process. `./dev.sh test -n 2` (pytest-xdist) takes 16-17 minutes instead of 28-31, but
-    # timing tests fail there now and then (docs/architecture.md, "Tests").
+    # a timing test fails there now and then (docs/architecture.md, "Tests").
     exec "$PY" -m pytest "$@"
     ;;
   types)
