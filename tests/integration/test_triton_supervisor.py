@@ -58,6 +58,14 @@ def _supervisor(repo: Path, tmp_path: Path, **kwargs: object) -> TritonSuperviso
     )
 
 
+async def _started(supervisor: TritonSupervisor) -> tuple[int, list[psutil.Process]]:
+    """Starts `supervisor`: its tritonserver's pid and process tree."""
+    await supervisor.start()
+    server = supervisor.triton.pid if supervisor.triton else None
+    assert server is not None
+    return server, _tree(server)
+
+
 def _blocks_sigterm(pid: int) -> bool:
     """Whether the process's (main thread's) signal mask blocks SIGTERM, from /proc."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -153,10 +161,7 @@ def test_sigterm_from_outside_does_not_stop_triton_only_the_supervisor_does(
 
     async def scenario() -> None:
         supervisor = _supervisor(llmapi_repo, tmp_path, probe_interval_s=0.25)
-        await supervisor.start()
-        server = supervisor.triton.pid if supervisor.triton else None
-        assert server is not None
-        tree = _tree(server)
+        server, tree = await _started(supervisor)
         engines = [stub.pid for stub in supervisor.stubs if stub.instance.rsplit("_", 2)[0] == "tensorrt_llm"]
         assert _blocks_sigterm(server) and engines, supervisor.stubs
         # The engine's stub takes SIGTERM again: the processes an engine starts stop as upstream expects.
@@ -218,10 +223,7 @@ def test_a_stop_whose_cancel_a_probe_drops_still_stops(
 
     async def scenario() -> None:
         supervisor = _supervisor(llmapi_repo, tmp_path, probe_interval_s=0.05)
-        await supervisor.start()
-        server = supervisor.triton.pid if supervisor.triton else None
-        assert server is not None
-        tree = _tree(server)
+        server, tree = await _started(supervisor)
         monkeypatch.setattr(process, "http_ok", drops_the_cancel)
         await asyncio.wait_for(probing.wait(), 10)
         stopping = asyncio.ensure_future(supervisor.stop())
