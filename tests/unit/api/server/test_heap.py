@@ -27,7 +27,9 @@ def test_start_up_garbage_is_collected_and_the_rest_frozen() -> None:
         kept = [Node() for _ in range(100)]
         frozen = freeze_startup_heap()
         assert before_freeze() is None  # collected before freezing: start-up garbage does not stay
-        assert frozen == gc.get_freeze_count() >= len(kept)
+        # Frozen objects can still be freed (another thread of the test process may drop the last
+        # reference to some meanwhile: 32 of 900,813 once, in a full run), so the count only falls.
+        assert frozen >= gc.get_freeze_count() >= len(kept)
         full_pass = {id(o) for o in gc.get_objects(generation=2)}
         assert not any(id(node) in full_pass for node in kept)  # frozen: no pass walks them
         later = cycle()
