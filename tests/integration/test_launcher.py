@@ -379,8 +379,15 @@ def ranks_of(launched: Launched) -> tuple[psutil.Process, list[psutil.Process], 
 
 
 def wait_for_ranks(launched: Launched, count: int, timeout: float = 30.0) -> None:
+    """``count`` tritonservers up, each with its repository's one model loaded. Rank 0's readiness
+    does not wait for rank 1 here (the test model loads on each rank alone, unlike an engine split
+    over ranks), and a rank stopped while it loads dies of the signal: Triton traps SIGTERM only
+    once its models are loaded."""
     deadline = time.monotonic() + timeout
-    while len(ranks_of(launched)[2]) < count:
+    while (
+        len(ranks_of(launched)[2]) < count
+        or launched.log.read_text(errors="replace").count("successfully loaded '") < count
+    ):
         assert time.monotonic() < deadline, f"{count} ranks did not start:\n{launched.log_tail()}"
         time.sleep(0.2)
 
