@@ -192,6 +192,9 @@ def test_a_killed_stub_mid_stream_is_restarted(served: BentoService) -> None:
         with pytest.raises(httpx.RemoteProtocolError):  # cut short: no end of the chunked body
             for _ in chunks:
                 pass
+    # /readyz stays 200 until the owner's next look at the stubs (a probe interval): the restart
+    # has begun once it counts, and is done once /readyz answers 200 again
+    assert wait_for(lambda: restarts(served) == before + 1, timeout=10, interval=0.2)
     assert wait_for(lambda: http_ok(f"{served.url}/readyz"), timeout=60, interval=0.5)
     assert restarts(served) == before + 1
     answer = httpx.post(f"{served.url}/generate", json={"prompt": "Hi", "max_tokens": 4}, timeout=60)
