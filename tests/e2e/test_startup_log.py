@@ -8,12 +8,17 @@ import re
 from pathlib import Path
 
 from tests.e2e.conftest import BentoService
+from tests.support import wait_for
 from trtllm_service.triton.process import NO_GPU_LINES, NO_GPU_NOTE
 
 FLAVORS = ("llmapi",)  # the log does not depend on the repository flavour
 
 
 def test_one_line_per_phase_and_no_triton_tables(service: BentoService, model_name: str) -> None:
+    # The owner logs "serving ..." once Triton is ready, a moment after /readyz may answer.
+    assert wait_for(lambda: f"serving {model_name} on {service.url} " in service.log(), timeout=20), (
+        service.log()[-3000:]
+    )
     lines = service.log().splitlines()
     starting = [line for line in lines if "Triton starting (pid " in line]
     ready = [
