@@ -131,9 +131,10 @@ case "${1:-}" in
     "$VENV/bin/ruff" check .
     "$VENV/bin/ruff" format --check .
     typecheck
-    # One process. `./dev.sh test -n 2` (pytest-xdist) takes 16-17 minutes instead of 28-31, but
-    # a timing test fails there now and then (docs/architecture.md, "Tests").
-    exec "$PY" -m pytest "$@"
+    # Two pytest-xdist processes: most tests wait on servers, so one process keeps one core of two
+    # busy (docs/architecture.md, "Tests"). loadgroup: the image tests share one worker (their
+    # podman builds); the rest go one by one to whichever worker is free. `-n 0`: one process.
+    exec "$PY" -m pytest -n 2 --dist loadgroup "$@"
     ;;
   types)
     setup

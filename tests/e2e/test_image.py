@@ -35,7 +35,7 @@ from tests.e2e.conftest import REPO_ROOT, pack_demo
 from tests.image_double import double
 from tests.support import free_ports, http_ok
 
-pytestmark = pytest.mark.image
+pytestmark = [pytest.mark.image, pytest.mark.xdist_group("image")]  # one worker builds the images
 FLAVORS = ("llmapi",)  # the tests pack their own models; flavours are not the conftest's fixture
 BUILT = re.compile(r'Successfully built Bento\(tag="([^"]+)"\)')
 
