@@ -107,6 +107,7 @@ class EngineStream:
         "_last",
         "_learns",
         "_logprobs",
+        "_on_settled",
         "_pace",
         "_queued",
         "_reader",
@@ -164,6 +165,7 @@ class EngineStream:
         self._queued = False  # on_wake is due at the end of the connection's current read
         self._shape: ResponseShape | None = None  # the last response's: the next ones read without protobuf
         self._learns = SHAPES_PER_STREAM if reader.shape_outputs else 0  # shapes it may learn (5 us each)
+        self._on_settled: Callable[[], None] | None = None
 
     def started(self, stream_id: int, timeout_s: float) -> None:
         """The call is on the connection (0: it could not start); it ends with a 504 after `timeout_s`."""
@@ -203,6 +205,7 @@ class EngineStream:
         if result.parameters["triton_final_response"].bool_param:
             self._final = True
             self.cached_tokens = _cached_blocks(result) * self._block
+            self._settle()
         elif self._learns:  # after a full parse of a response that is not the last: its shape
             self._learns -= 1
             self._shape = ResponseShape.learn(data, result, *self._reader.shape_outputs) or self._shape
@@ -239,6 +242,7 @@ class EngineStream:
             self._ticket = None
         if self._error is None and self.finish_reason is None:
             self._error = error
+        self._settle()
         self._wake()
 
     def _wake(self) -> None:
@@ -263,6 +267,20 @@ class EngineStream:
 
     def timed_out(self) -> None:
         self._fail(APIError.timeout())
+
+    def when_settled(self, callback: Callable[[], None]) -> None:
+        """Calls `callback` once, when the engine is done with this request: its last response came,
+        it failed, or it was closed (cancelled in the engine); at once if that has happened."""
+        if self._final or self._error is not None or self.finish_reason is not None:
+            callback()
+        else:
+            self._on_settled = callback
+
+    def _settle(self) -> None:
+        callback = self._on_settled
+        if callback is not None:
+            self._on_settled = None
+            callback()
 
     def end(self, error: APIError) -> None:
         """Ends the request with `error` (its engine request is cancelled by the caller)."""
@@ -368,6 +386,7 @@ class EngineStream:
         self.stream_id = 0
         if self.finish_reason is None and self._error is None:
             self._error = APIError.unavailable("The request was cancelled.")
+        self._settle()
 
 
 def _marker(template: str) -> str:

@@ -14,7 +14,7 @@ from starlette.responses import Response
 from trtllm_service.api.generate.protocol import GENERATE_ROUTE, GenerateRequest
 from trtllm_service.api.generation.bodies import bound_serving
 from trtllm_service.api.generation.serving import GenerationServing, error_response
-from trtllm_service.api.server.admission import wait_turn
+from trtllm_service.api.server.admission import release_when_done, wait_turn
 from trtllm_service.api.server.metrics import RequestMetrics, count_rejected
 from trtllm_service.api.server.startup import Startup
 from trtllm_service.api.server.streaming import PushBody
@@ -49,6 +49,7 @@ async def serve_generate(request: GenerateRequest, startup: Startup[Any], model_
         )
         await wait_turn(*params.queue_rank)  # the service's queue, where it has one
         stream = await runtime.generate(prepared)  # one engine request, seeded only when asked
+        release_when_done([stream])  # its slot, once the engine is done with it
         first = await first_text(stream, metrics)
     except APIError as exc:
         metrics.done(exc.status)

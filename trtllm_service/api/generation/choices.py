@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 
+from trtllm_service.api.server.admission import release_when_done, wait_turn
 from trtllm_service.errors import APIError
 from trtllm_service.relay.client import EngineStream
 from trtllm_service.relay.logprobs import TokenLogprob
@@ -70,18 +71,23 @@ def _seeded(prepared: GenerationRequest, params: SamplingParams, i: int) -> Gene
 async def start_choices(
     runtime: Runtime, prepared: Sequence[GenerationRequest], params: SamplingParams, n: int
 ) -> list[Choice]:
-    """Starts every engine request and waits for each first text; on any failure closes them all."""
-    if any(request.beam_width for request in prepared) and not (
-        n == 1 and runtime.flavor.beam_packed
-    ):  # one beam of a beam-packed model reads as an ordinary (one-chunk) stream
+    """Waits for the request's turn in the service's queue (as many slots as engine requests, held
+    until the engine is done with them), starts every engine request and waits for each first text;
+    on any failure closes them all."""
+    # one beam of a beam-packed model reads as an ordinary (one-chunk) stream
+    beams = any(request.beam_width for request in prepared) and not (n == 1 and runtime.flavor.beam_packed)
+    count = len(prepared) if beams else len(prepared) * n
+    await wait_turn(*params.queue_rank, count)  # the service's queue, where it has one
+    if beams:
         return await _start_beams(runtime, prepared, n)
     streams: list[tuple[int, EngineStream]] = []
-    count = len(prepared) * n  # Triton's ids: the request's X-Request-Id, "<id>-<index>" for several
     try:
         for p, request in enumerate(prepared):
             for i in range(n):
+                # Triton's ids: the request's X-Request-Id, "<id>-<index>" for several
                 engine = replace(_seeded(request, params, i), request_id=engine_request_id(p * n + i, count))
                 streams.append((p * n + i, await runtime.generate(engine)))
+        release_when_done([stream for _, stream in streams])
         firsts = await asyncio.gather(*(stream.read() for _, stream in streams))
     except BaseException as exc:
         for _, stream in streams:
@@ -100,6 +106,7 @@ async def _start_beams(runtime: Runtime, prepared: Sequence[GenerationRequest], 
         for p, request in enumerate(prepared):
             engine = replace(request, num_return=n, request_id=engine_request_id(p, len(prepared)))
             streams.append(await runtime.generate(engine))
+        release_when_done(streams)
         found = await asyncio.gather(*(stream.beams() for stream in streams))
     except BaseException as exc:
         for stream in streams:

@@ -25,7 +25,6 @@ from trtllm_service.api.generation.choices import (
     start_choices,
 )
 from trtllm_service.api.generation.sse_frames import SSE_HEADERS, plainly_text, sse_body, whole_frames
-from trtllm_service.api.server.admission import wait_turn
 from trtllm_service.api.server.metrics import RequestMetrics
 from trtllm_service.api.server.streaming import StreamBody
 from trtllm_service.chat import reasoning
@@ -178,7 +177,6 @@ class GenerationServing:
             prepared = await self.runtime.prepare_chat(
                 request.chat_messages(), params, tools=tools, reasoning_effort=effort
             )
-            await wait_turn(*params.queue_rank)  # the service's queue, where it has one
             choices = await start_choices(self.runtime, [prepared], params, request.samples_per_prompt)
         except APIError as exc:
             metrics.done(exc.status)

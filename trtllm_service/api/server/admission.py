@@ -8,9 +8,12 @@ arrival order. Keeping the excess here instead orders it, bounds it (TRTLLM_MAX_
 TRTLLM_QUEUE_TIMEOUT: a 429 with Retry-After past either) and lets a client that leaves while
 waiting take nothing from the engine.
 
-A request's place lasts as long as its HTTP request (`AdmissionMiddleware`: until the answer's last
-byte, or its client leaving); the endpoint waits for its turn once its body is read and its prompt
-prepared (`wait_turn`), since its priority is in the body. Each worker polls the shared table while
+A request takes as many slots as the engine requests it starts (`n` choices, several prompts: its
+weight) and holds them until the engine is done with all of them (`release_when_done`: their last
+responses arrived, or they were cancelled), not until its client has read the answer's last byte;
+else until the HTTP request ends, however it ends (`AdmissionMiddleware`). The endpoint waits for
+its turn once its body is read and its prompt prepared (`wait_turn`), since its priority is in the
+body. Each worker polls the shared table while
 requests of its own wait (every `poll_s` when it has changed, every second regardless, at once when
 one of its own requests ends): the polling costs nothing while nobody waits.
 """
@@ -20,15 +23,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Protocol
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trtllm_service.api.server.auth import is_open
 from trtllm_service.api.server.metrics import QUEUE_REASONS, QUEUE_REJECTIONS, QUEUE_TIME
-from trtllm_service.api.server.waiting_queue import ADMITTED, FULL, SharedQueue
+from trtllm_service.api.server.waiting_queue import ADMITTED, FULL, SharedQueue, weight_of
 from trtllm_service.errors import APIError
 
 CLIENT_GONE = 499
@@ -107,17 +111,22 @@ class Admission:
         self._rejected = {reason: QUEUE_REJECTIONS.labels(model_name, reason) for reason in QUEUE_REASONS}
 
     async def wait(
-        self, tier: int, priority: int, gone: Callable[[], Awaitable[object]] | None = None
-    ) -> None:
-        """Returns once the request may start (it then holds a slot: `release` it); raises the
-        429 of a full queue or of a wait past the timeout, or the 499 of a client that left
-        (`gone()` returns when it does)."""
+        self,
+        tier: int,
+        priority: int,
+        gone: Callable[[], Awaitable[object]] | None = None,
+        weight: int = 1,
+    ) -> int:
+        """Returns once the request may start, with the slots it then holds (`weight`, capped at
+        the slots: `release` them); raises the 429 of a full queue or of a wait past the timeout, or
+        the 499 of a client that left (`gone()` returns when it does)."""
         started = time.perf_counter()
         limits = self.limits
-        seq = self.queue.enter(tier, priority, limits.slots, limits.max_waiting)
+        weight = weight_of(weight, limits.slots)
+        seq = self.queue.enter(tier, priority, limits.slots, limits.max_waiting, weight)
         if seq == ADMITTED:
             self._queue_time.observe(0.0)
-            return
+            return weight
         if seq == FULL:
             self._rejected["queue_full"].inc()
             raise queue_full(limits)
@@ -129,34 +138,35 @@ class Admission:
             waited = {turn} if watch is None else {turn, watch}
             await asyncio.wait(waited, timeout=limits.timeout_s, return_when=asyncio.FIRST_COMPLETED)
         except BaseException:  # cancelled: nobody will run the request
-            self._forget(seq, turn)
+            self._forget(seq, turn, weight)
             raise
         finally:
             if watch is not None:
                 watch.cancel()
         left = watch is not None and watch.done() and not watch.cancelled() and watch.exception() is None
         if left or not turn.done():
-            self._forget(seq, turn)
+            self._forget(seq, turn, weight)
             if left:
                 raise client_gone()
             self._rejected["queue_timeout"].inc()
             raise queue_timeout(limits)
         self._queue_time.observe(time.perf_counter() - started)
+        return weight
 
-    def _forget(self, seq: int, turn: asyncio.Future[None]) -> None:
-        """A waiting request that will not run: out of the queue, or, had it just started, its slot
+    def _forget(self, seq: int, turn: asyncio.Future[None], weight: int) -> None:
+        """A waiting request that will not run: out of the queue, or, had it just started, its slots
         freed (nothing else runs between the two checks)."""
         if turn.done() and not turn.cancelled():
-            self.release()
+            self.release(weight)
             return
         self._waiters.pop(seq, None)
         self.queue.leave(seq)
         turn.cancel()
 
-    def release(self) -> None:
-        """A request that started has ended: its slot is free (this worker's waiting requests
+    def release(self, weight: int = 1) -> None:
+        """A request that started has ended: its slots are free (this worker's waiting requests
         look at once)."""
-        self.queue.release()
+        self.queue.release(weight)
         self._kick.set()
 
     def counts(self) -> tuple[int, int]:
@@ -181,20 +191,19 @@ class Admission:
 
 
 class Turn:
-    """One HTTP request's place with the engine: waited for once (`wait`), released once, when the
-    request ends (`release`)."""
+    """One HTTP request's place with the engine: waited for once (`wait`), released once (`release`),
+    when the engine is done with its requests or when the HTTP request ends, whichever comes first."""
 
-    __slots__ = ("admission", "receive", "started")
+    __slots__ = ("admission", "held", "receive")
 
     def __init__(self, admission: Admission, receive: Receive) -> None:
         self.admission = admission
         self.receive = receive
-        self.started = False
+        self.held = 0  # the slots it holds
 
-    async def wait(self, tier: int, priority: int) -> None:
-        if not self.started:
-            await self.admission.wait(tier, priority, self._gone)
-            self.started = True
+    async def wait(self, tier: int, priority: int, weight: int) -> None:
+        if not self.held:
+            self.held = await self.admission.wait(tier, priority, self._gone, weight)
 
     async def _gone(self) -> None:
         """Returns when the client disconnects (its body has been read: nothing else arrives)."""
@@ -205,9 +214,9 @@ class Turn:
             await asyncio.sleep(0.05)  # a server that answers "no more body" again and again
 
     def release(self) -> None:
-        if self.started:
-            self.started = False
-            self.admission.release()
+        if self.held:
+            held, self.held = self.held, 0
+            self.admission.release(held)
 
 
 _TURN: ContextVar[Turn | None] = ContextVar("trtllm_turn", default=None)
@@ -225,12 +234,37 @@ def waiting_requests() -> int | None:
         return None
 
 
-async def wait_turn(tier: int, priority: int) -> None:
-    """Waits until the current request may start in the engine (see `Admission.wait` for what it
-    raises); at once where the service has no queue."""
+async def wait_turn(tier: int, priority: int, engine_requests: int = 1) -> None:
+    """Waits until the current request may start its `engine_requests` in the engine (see
+    `Admission.wait` for what it raises); at once where the service has no queue."""
     turn = _TURN.get()
     if turn is not None:
-        await turn.wait(tier, priority)
+        await turn.wait(tier, priority, engine_requests)
+
+
+class Settling(Protocol):
+    """An engine request that calls back once the engine is done with it (relay/client.EngineStream)."""
+
+    def when_settled(self, callback: Callable[[], None]) -> None: ...
+
+
+def release_when_done(streams: Sequence[Settling]) -> None:
+    """Frees the current request's slots once the engine is done with every one of `streams` (the
+    engine requests it started), before its client has read the whole answer; nothing where the
+    service has no queue or the request holds no slot."""
+    turn = _TURN.get()
+    if turn is None or not turn.held or not streams:
+        return
+    left = len(streams)
+
+    def settled() -> None:
+        nonlocal left
+        left -= 1
+        if left == 0:
+            turn.release()
+
+    for stream in streams:
+        stream.when_settled(settled)
 
 
 class AdmissionMiddleware:

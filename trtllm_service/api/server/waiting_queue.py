@@ -7,12 +7,14 @@ over when the owner dies or Triton moves (triton/shared.py); the service's concu
 counts this way (api/server/limits.py). A worker that dies leaves entries behind; they are skipped
 (and cleared) as soon as its pid is gone, so a dead worker never holds a slot or a place.
 
-The table holds the requests running in the engine per process (pid, count) and the waiting ones
-(pid, tier, priority, arrival number). Ranked by (tier, priority, arrival), the first `free` waiting
-requests (free = slots - running) may start; each process starts its own (`admit`), so no request
-is handed between processes and none is started twice. A newcomer starts at once only if it ranks
-among them: a slot that frees while the owner of the first waiting request has not looked yet stays
-that request's.
+The table holds the engine requests running per process (pid, count) and the waiting HTTP requests
+(pid, tier, priority, arrival number, weight). A request's weight is the engine requests it starts
+(`n` choices, several prompts), at most `slots`: it needs that many free slots. Ranked by (tier,
+priority, arrival), the waiting requests may start while their weights fit in the free slots (free =
+slots - running), up to the first that does not fit (no later one passes it, so a heavy request is
+not starved); each process starts its own (`admit`), so no request is handed between processes and
+none is started twice. A newcomer starts at once only if it is among them: a slot that frees while
+the owner of the first waiting request has not looked yet stays that request's.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from tensorrtllm_backend.launcher import pid_alive
 
 _HEADER = struct.Struct("<QQQ")  # next arrival number, version (changes on every write), waiting entries
 _RUNNING = struct.Struct("<qq")  # pid, requests running
-_WAITING = struct.Struct("<qqqQ")  # pid, tier, priority, arrival number
+_WAITING = struct.Struct("<qqqQq")  # pid, tier, priority, arrival number, weight
 PROCESSES = 256
 """Processes that may share one queue (the service's workers)."""
 CAPACITY = 8192
@@ -42,12 +44,14 @@ _SIZE = _WAITING_AT + CAPACITY * _WAITING.size
 
 @dataclass(frozen=True, slots=True)
 class Waiting:
-    """One waiting request: its process, its rank (tier, priority) and its arrival number."""
+    """One waiting request: its process, its rank (tier, priority), its arrival number and its
+    weight (the engine slots it needs)."""
 
     pid: int
     tier: int
     priority: int
     seq: int
+    weight: int = 1
 
     @property
     def rank(self) -> tuple[int, int, int]:
@@ -109,33 +113,38 @@ class SharedQueue:
         """The table's version, read without the lock: a hint that something changed."""
         return _HEADER.unpack_from(self._open(), 0)[1]
 
-    def enter(self, tier: int, priority: int, slots: int, max_waiting: int) -> int:
-        """A request arrives: ADMITTED (it may start now; it counts as running), FULL (refused), or
-        its arrival number (it waits; `admit` starts it, `leave` takes it out)."""
+    def enter(self, tier: int, priority: int, slots: int, max_waiting: int, weight: int = 1) -> int:
+        """A request of `weight` engine requests arrives (see `weight_of`): ADMITTED (it may start
+        now; it counts as running), FULL (refused), or its arrival number (it waits; `admit` starts
+        it, `leave` takes it out)."""
+        weight = weight_of(weight, slots)
         with self._locked() as table:
             waiting = table.live_waiting()
             running = table.running()
-            if not waiting and running < slots:
-                table.add_running(1)
+            if not waiting and running + weight <= slots:
+                table.add_running(weight)
                 return ADMITTED
             if len(waiting) >= min(max_waiting, CAPACITY):
                 return FULL
-            seq = table.append(tier, priority)
-            waiting.append(Waiting(self.pid, tier, priority, seq))
+            seq = table.append(tier, priority, weight)
+            waiting.append(Waiting(self.pid, tier, priority, seq, weight))
             if seq in table.startable(waiting, running, slots, {seq}):
                 table.remove({seq})
-                table.add_running(1)
+                table.add_running(weight)
                 return ADMITTED
             return seq
 
     def admit(self, slots: int, mine: Collection[int]) -> list[int]:
-        """Starts those of this process's waiting requests (`mine`: their arrival numbers) that rank
-        among the first `slots - running`; returns their arrival numbers (they count as running)."""
+        """Starts those of this process's waiting requests (`mine`: their arrival numbers) that are
+        among the first whose weights fit in `slots - running`; returns their arrival numbers (they
+        count as running, each with its weight)."""
         with self._locked() as table:
-            started = table.startable(table.live_waiting(), table.running(), slots, mine)
+            waiting = table.live_waiting()
+            started = table.startable(waiting, table.running(), slots, mine)
             if started:
+                weights = {entry.seq: entry.weight for entry in waiting if entry.pid == table.me}
                 table.remove(set(started))
-                table.add_running(len(started))
+                table.add_running(sum(weights[seq] for seq in started))
             return started
 
     def leave(self, seq: int) -> bool:
@@ -143,10 +152,10 @@ class SharedQueue:
         with self._locked() as table:
             return table.remove({seq}) > 0
 
-    def release(self) -> None:
-        """A running request of this process ended."""
+    def release(self, weight: int = 1) -> None:
+        """A running request of this process (of `weight` engine requests, as it entered) ended."""
         with self._locked() as table:
-            table.add_running(-1)
+            table.add_running(-weight)
 
     def counts(self) -> tuple[int, int]:
         """(running, waiting) over the live processes."""
@@ -164,6 +173,10 @@ class _Table:
         self._queue = queue
         self._me = queue.pid
         self._alive: dict[int, bool] = {self._me: True}
+
+    @property
+    def me(self) -> int:
+        return self._me
 
     def _is_alive(self, pid: int) -> bool:
         alive = self._alive.get(pid)
@@ -231,7 +244,7 @@ class _Table:
 
     def _put(self, index: int, entry: Waiting) -> None:
         at = _WAITING_AT + index * _WAITING.size
-        _WAITING.pack_into(self._map, at, entry.pid, entry.tier, entry.priority, entry.seq)
+        _WAITING.pack_into(self._map, at, entry.pid, entry.tier, entry.priority, entry.seq, entry.weight)
 
     def live_waiting(self) -> list[Waiting]:
         """The waiting requests of live processes (those of dead ones are cleared here)."""
@@ -241,10 +254,10 @@ class _Table:
             self._store(live)
         return live
 
-    def append(self, tier: int, priority: int) -> int:
+    def append(self, tier: int, priority: int, weight: int) -> int:
         """Adds a waiting request of this process; returns its arrival number."""
         seq, version, count = self._header()
-        self._put(count, Waiting(self._me, tier, priority, seq))
+        self._put(count, Waiting(self._me, tier, priority, seq, weight))
         _HEADER.pack_into(self._map, 0, seq + 1, version + 1, count + 1)
         return seq
 
@@ -258,10 +271,21 @@ class _Table:
         return len(entries) - len(kept)
 
     def startable(self, waiting: list[Waiting], running: int, slots: int, mine: Collection[int]) -> list[int]:
-        """The arrival numbers of this process's requests (`mine`) among the first `slots - running`
-        waiting requests, in rank order."""
+        """The arrival numbers of this process's requests (`mine`) among the waiting requests that
+        may start, in rank order: those whose weights fit in `slots - running`, up to the first that
+        does not."""
         free = slots - running
-        if free <= 0:
-            return []
-        first = sorted(waiting, key=lambda entry: entry.rank)[:free]
-        return [entry.seq for entry in first if entry.pid == self._me and entry.seq in mine]
+        started = []
+        for entry in sorted(waiting, key=lambda entry: entry.rank):
+            if entry.weight > free:
+                break
+            free -= entry.weight
+            if entry.pid == self._me and entry.seq in mine:
+                started.append(entry.seq)
+        return started
+
+
+def weight_of(engine_requests: int, slots: int) -> int:
+    """The slots a request of `engine_requests` engine requests takes: at least 1, at most all of
+    them (a request larger than the engine runs alone)."""
+    return max(1, min(engine_requests, slots))

@@ -4,13 +4,28 @@ order, bounds, a client that leaves, a cancelled wait, and two workers sharing o
 from __future__ import annotations
 
 import asyncio
+from array import array
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from trtllm_service.api.server.admission import CLIENT_GONE, Admission, QueueLimits
+from tensorrtllm_backend.detokenizer import IncrementalDetokenizer
+from tests.support import engine_response
+from trtllm_service.api.server.admission import (
+    _TURN,
+    CLIENT_GONE,
+    Admission,
+    QueueLimits,
+    Turn,
+    release_when_done,
+    wait_turn,
+)
 from trtllm_service.api.server.waiting_queue import SharedQueue
 from trtllm_service.errors import APIError
+from trtllm_service.relay.client import EngineStream
+from trtllm_service.relay.readers import TokenIdReader
+from trtllm_service.relay.request import GenerationRequest
 
 
 def admission(
@@ -135,3 +150,44 @@ def test_two_workers_share_one_queue_in_rank_order(tmp_path: Path) -> None:
         return order
 
     assert asyncio.run(run()) == ["one-first", "two-first", "two-late"]
+
+
+def _engine_stream(tokenizer: Any) -> EngineStream:
+    request = GenerationRequest(prompt_ids=array("i", [1]), max_tokens=10)
+    return EngineStream(
+        request, TokenIdReader(request, IncrementalDetokenizer(tokenizer)), "id", lambda _: None
+    )
+
+
+def test_slots_are_freed_when_the_engine_is_done_not_when_the_answer_is_read(
+    tmp_path: Path, tokenizer: Any
+) -> None:
+    """A request of n=2 holds two slots until both engine requests have ended (their last response,
+    or a cancel), while its client may still be reading: then the next waiting request starts."""
+
+    async def scenario() -> None:
+        worker = admission(tmp_path, slots=2)
+
+        async def receive() -> dict[str, str]:
+            await asyncio.sleep(3600)  # the client stays
+            return {"type": "http.disconnect"}
+
+        turn = Turn(worker, receive)
+        _TURN.set(turn)
+        await wait_turn(1, 0, 2)
+        assert worker.counts() == (2, 0)
+        first, second = _engine_stream(tokenizer), _engine_stream(tokenizer)
+        release_when_done([first, second])
+        later = asyncio.create_task(worker.wait(1, 0))
+        await asyncio.sleep(0.05)
+        assert worker.counts() == (2, 1)  # both slots held: the later request waits
+        first.on_message(engine_response([5], final=True))
+        await asyncio.sleep(0.05)
+        assert worker.counts() == (2, 1)  # one engine request is still running
+        second.close()  # the other one cancelled (a stop string, or the client left)
+        assert await asyncio.wait_for(later, 5) == 1
+        assert worker.counts() == (1, 0)
+        turn.release()  # the HTTP request ends later: nothing more to free
+        assert worker.counts() == (1, 0)
+
+    asyncio.run(scenario())

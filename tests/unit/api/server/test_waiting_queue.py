@@ -112,3 +112,29 @@ def test_the_version_changes_with_every_write(tmp_path: Path) -> None:
     q.release()
     assert q.version() != after
     q.close()
+
+
+def test_a_request_of_several_engine_requests_takes_as_many_slots_and_keeps_its_rank(tmp_path: Path) -> None:
+    a, b = queue(tmp_path, 101), queue(tmp_path, 202)
+    assert a.enter(1, 0, slots=4, max_waiting=10, weight=3) == ADMITTED  # n=3: three of four slots
+    assert a.counts() == (3, 0)
+    pair = b.enter(1, 0, slots=4, max_waiting=10, weight=2)  # two do not fit in the one left
+    single = a.enter(1, 0, slots=4, max_waiting=10)  # fits, but does not pass the earlier pair
+    assert pair >= 0 and single >= 0
+    assert a.admit(4, {single}) == []
+    a.release(3)
+    assert b.admit(4, {pair}) == [pair]
+    assert a.admit(4, {single}) == [single]
+    assert a.counts() == (3, 0)
+    b.release(2)
+    a.release()
+    assert a.counts() == (0, 0)
+
+
+def test_a_request_larger_than_the_engine_runs_alone(tmp_path: Path) -> None:
+    q = queue(tmp_path, 101)
+    assert q.enter(1, 0, slots=2, max_waiting=10, weight=8) == ADMITTED  # capped at the two slots
+    assert q.counts() == (2, 0)
+    waiting = q.enter(1, 0, slots=2, max_waiting=10)
+    q.release(2)
+    assert q.admit(2, {waiting}) == [waiting]

@@ -19,7 +19,6 @@ from trtllm_service.api.openai.completions.protocol import (
 from trtllm_service.api.openai.protocol import new_id
 from trtllm_service.api.openai.sse import SSE_DONE, CompletionChunkEncoder, error_frame
 from trtllm_service.api.openai.usage import usage_frame, usage_info
-from trtllm_service.api.server.admission import wait_turn
 from trtllm_service.errors import APIError
 from trtllm_service.relay.logprobs import TokenLogprob, completion_logprobs
 
@@ -41,7 +40,6 @@ async def serve_completions(
         params = await serving.params(request, adapter, "logprobs")
         prompts = request.prompts()
         prepared = await serving.runtime.prepare_prompts(prompts, params)
-        await wait_turn(*params.queue_rank)  # the service's queue, where it has one
         choices = await start_choices(serving.runtime, prepared, params, request.samples_per_prompt)
     except APIError as exc:
         metrics.done(exc.status)
