@@ -82,6 +82,17 @@ def restarts(server: BentoService) -> float:
     return float(found.group(1)) if found else 0.0
 
 
+def test_the_environment_is_built_once(py312: dict[str, str]) -> None:
+    """A second process that asks for it (pytest-xdist's other worker) finds it built: it used to
+    build it again from nothing, under the first one's running Triton."""
+    if NATIVE:
+        pytest.skip("the GPU box runs the image's Python itself: nothing is built")
+    venv = ROOT / "venv"
+    before = venv.stat().st_ino
+    assert environment() == py312
+    assert venv.stat().st_ino == before
+
+
 def test_the_models_run_under_the_images_python(served: BentoService) -> None:
     found = stubs(served)
     assert found, "no Python-backend stub runs"

@@ -28,6 +28,7 @@ Images are cached in the store by a hash of their inputs, so a second build cost
 from __future__ import annotations
 
 import base64
+import fcntl
 import hashlib
 import os
 import shutil
@@ -293,8 +294,15 @@ def python312() -> Path:
 
 
 def ensure_double(env: dict[str, str] | None = None) -> tuple[str, dict[str, str]]:
-    """The double, tagged as the pinned image; built when its inputs changed. Returns (name, env)."""
+    """The double, tagged as the pinned image; built when its inputs changed. Returns (name, env).
+    One process at a time (pytest-xdist's workers): the others wait for its build."""
     env = env or podman_env()
+    with open(ROOT / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _ensure_double(env)
+
+
+def _ensure_double(env: dict[str, str]) -> tuple[str, dict[str, str]]:
     base = ensure_base(env)
     inputs = _hash(
         base.encode(),

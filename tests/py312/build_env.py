@@ -22,6 +22,7 @@ Run `python -m tests.py312.build_env` to build it and print them.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -68,12 +69,20 @@ STUB = "triton_python_backend_stub"
 
 
 def environment(root: Path = ROOT) -> dict[str, str]:
-    """TRITONSERVER and TRITON_PYTHON for Triton's models to run under Python 3.12.3 (built once)."""
+    """TRITONSERVER and TRITON_PYTHON for Triton's models to run under Python 3.12.3 (built once).
+
+    Under a lock: of the test processes that ask at once (pytest-xdist's workers), one builds and
+    the others wait for it. Each one used to build again from scratch (its recipe, with tuples,
+    never equalled the stamp it read back, with lists), deleting the files another one's Triton was
+    importing."""
     stamp = root / "built.json"
-    want = _recipe()
-    if not (stamp.is_file() and json.loads(stamp.read_text()) == want):
-        _build(root)
-        stamp.write_text(json.dumps(want))
+    want = json.loads(json.dumps(_recipe()))  # as the stamp reads back (tuples become lists)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / f"{root.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (stamp.is_file() and json.loads(stamp.read_text()) == want):
+            _build(root)
+            stamp.write_text(json.dumps(want))
     return {
         "TRITONSERVER": str(root / "triton" / "pytriton" / "tritonserver" / "bin" / "tritonserver"),
         "TRITON_PYTHON": str(root / "venv" / "bin" / "python3"),
