@@ -64,6 +64,17 @@ def bounded(slow_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         server.stop_soon()
 
 
+@pytest.fixture(scope="module")
+def paired(slow_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BentoService]:
+    """Two slots in the service's queue (the engine's one batch slot runs their requests in turn)."""
+    env = {"TRTLLM_ENGINE_SLOTS": "2"}
+    server = BentoService(slow_home, tmp_path_factory.mktemp("serve_paired"), env).start()
+    try:
+        yield server
+    finally:
+        server.stop_soon()
+
+
 def metric(server: BentoService, name: str, **labels: str) -> float:
     return prometheus_metric(f"{server.url}/metrics", name, **labels)
 
@@ -243,3 +254,20 @@ def test_the_time_bound_answers_429(bounded: BentoService) -> None:
         "1",
     )
     assert metric(bounded, "trtllm:queue_rejections_total", reason="queue_timeout") == timed_out_before + 1
+
+
+def test_a_request_of_two_choices_takes_two_slots(paired: BentoService) -> None:
+    started_before = metric(paired, "trtllm:request_queue_time_seconds_count")
+    done: list[Any] = []
+    sent = [send(paired, "pair", "/v1/completions", {"prompt": "hi", "max_tokens": 40, "n": 2}, done)]
+    until(
+        lambda: metric(paired, "trtllm:request_queue_time_seconds_count") == started_before + 1,
+        "the request of two choices started",
+    )
+    sent.append(send(paired, "single", "/generate", {"prompt": "hi", "max_tokens": 2}, done))
+    waiting(paired, 1)  # both slots are the pair's: the single one waits (it used to take the second)
+    for request in sent:
+        request.join(WAIT_S)
+    assert [(name, status) for name, status, _ in done] == [("pair", 200), ("single", 200)]
+    assert len(json.loads(done[0][2])["choices"]) == 2
+    waiting(paired, 0)
