@@ -29,7 +29,7 @@ from trtllm_service.api.generation.protocol import (
 )
 from trtllm_service.api.openapi import DocumentedService
 from trtllm_service.api.server import deployment, early
-from trtllm_service.api.server.admission import waiting_requests
+from trtllm_service.api.server.admission import queue_summary, waiting_requests
 from trtllm_service.api.server.bentoml_patches import quiet_logs, read_strictly, share_bentoml_log_handlers
 from trtllm_service.api.server.heap import freeze_startup_heap
 from trtllm_service.api.server.http_limits import quiet_client_gone
@@ -100,7 +100,14 @@ class TRTLLM:
         freeze_startup_heap()  # the loaded worker out of the collector's full passes (api/server/heap.py)
         if runtime.triton.owner:  # one line per service, not per worker
             url = deployment.serving_url()
-            logger.info("serving %s on %s (OpenAI API at %s/v1, docs at %s/)", MODEL_NAME, url, url, url)
+            logger.info(
+                "serving %s on %s (OpenAI API at %s/v1, docs at %s/); %s",
+                MODEL_NAME,
+                url,
+                url,
+                url,
+                queue_summary(),
+            )
 
     @bentoml.on_shutdown
     async def stop_triton(self) -> None:
@@ -146,7 +153,7 @@ class TRTLLM:
         """Formats the prompt with the model's chat template and streams the answer as text;
         with `json_schema`, the answer is JSON that validates against it; with `lora`, the named
         LoRA adapter (packed with `pack_model.py --lora`) applies; with `priority` (lower first),
-        its place in the service's queue (TRTLLM_ENGINE_SLOTS).
+        its place in the service's queue.
 
         Errors before the first chunk are JSON responses with a 4xx/5xx status, never text in
         the stream: the first text is awaited before the response starts.

@@ -111,6 +111,14 @@ class PackInfo:
     format: int = PACK_FORMAT
 
     @property
+    def batch_slots(self) -> int:
+        """The requests the engine batches at once: `max_batch_size` per instance of its Triton model.
+        NVIDIA's C++ backend and the LLM API model run one instance that batches inside; only the
+        synthetic stand-in runs several (`--engine-instances`), each with a batch of its own."""
+        instances = int(self.template_values.get("engine_instance_count") or 1)
+        return max(1, int(self.max_batch_size)) * max(1, instances)
+
+    @property
     def launch_argv(self) -> list[str]:
         return shlex.split(self.launch_command)
 

@@ -71,11 +71,11 @@ class Settings(BaseModel, frozen=True):
         description="TRTLLM_MAX_CONCURRENCY: requests in flight, then 429 (traffic.max_concurrency); "
         "default four batches' worth, at least 256",
     )
-    engine_slots: int | Literal["auto"] | None = Field(
-        None,
+    engine_slots: int | Literal["auto", "off"] = Field(
+        "auto",
         description="TRTLLM_ENGINE_SLOTS: requests let into the engine at once, across the workers; the "
         "rest wait in the service's queue, by priority then arrival (auto: traffic.concurrency, the "
-        "engine's batch slots); unset: no service queue, requests wait in the engine's own, in arrival order",
+        "engine's batch slots); off: no service queue, requests wait in the engine's own, in arrival order",
     )
     max_waiting: int | None = Field(
         None,
@@ -168,9 +168,9 @@ class Settings(BaseModel, frozen=True):
 
     @field_validator("engine_slots")
     @classmethod
-    def _positive_slots(cls, value: int | str | None) -> int | str | None:
+    def _positive_slots(cls, value: int | str) -> int | str:
         if isinstance(value, int) and value < 1:
-            raise ValueError("must be at least 1, or auto")
+            raise ValueError("must be at least 1, auto or off")
         return value
 
     @classmethod

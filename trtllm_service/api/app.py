@@ -194,7 +194,7 @@ def install(service: Any, *, settings: Settings, model_name: str, drain: Drain) 
         drain=drain,
     )
     service.add_asgi_middleware(
-        ServiceAdmission,  # the waiting queue, with TRTLLM_ENGINE_SLOTS; shared by the workers
+        ServiceAdmission,  # the waiting queue (TRTLLM_ENGINE_SLOTS), shared by the workers
         settings=settings,
         fallback=service.config["traffic"],
         shared_dir=run_dir(settings),

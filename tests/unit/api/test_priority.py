@@ -109,7 +109,8 @@ def test_the_queues_refusals_are_429_with_retry_after_and_529_on_messages() -> N
 
 def test_queue_bounds_from_the_settings() -> None:
     traffic = {"concurrency": 8, "max_concurrency": 256}
-    assert queue_limits(Settings.from_env({}), traffic) is None
+    assert queue_limits(Settings.from_env({"TRTLLM_ENGINE_SLOTS": "off"}), traffic) is None
+    assert queue_limits(Settings.from_env({}), traffic) == QueueLimits(8, 256, 600.0), "on by default"
     assert queue_limits(Settings.from_env({"TRTLLM_ENGINE_SLOTS": "auto"}), traffic) == QueueLimits(
         8, 256, 600.0
     )

@@ -78,8 +78,7 @@ Priority = Annotated[
     Field(
         ge=-(1 << 63),
         le=(1 << 63) - 1,
-        description="Extension (vLLM): the request's place in the service's queue, lower first (default 0); "
-        "applies with TRTLLM_ENGINE_SLOTS",
+        description="Extension (vLLM): the request's place in the service's queue, lower first (default 0)",
     ),
 ]
 
@@ -231,7 +230,7 @@ class SamplingFields(BaseRequest):
     service_tier: OpenAIServiceTier | None = Field(
         None,
         description="OpenAI's: the request's tier in the service's queue, `priority` first, `flex` last, "
-        "the others (`auto`, `default`, `scale`) between; echoed in the answer. Applies with TRTLLM_ENGINE_SLOTS",
+        "the others (`auto`, `default`, `scale`) between; echoed in the answer",
     )
 
     @field_validator("stop", mode="before")

@@ -82,7 +82,7 @@ OPENAI_FIELDS: tuple[Row, ...] = (
     Row(
         "`priority`, `service_tier`",
         (),
-        "the service's queue (TRTLLM_ENGINE_SLOTS): no engine at 1.2.1 takes a priority",
+        "the service's queue: no engine at 1.2.1 takes a priority",
     ),
     Row("`stream`", (), "the engine always streams (beam search excepted)"),
 )

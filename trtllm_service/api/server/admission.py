@@ -1,6 +1,7 @@
 """When a generation request may start in the engine: at once while the engine has a free slot,
 otherwise after waiting its turn in the service's queue (by tier, then priority, then arrival),
-shared by the workers (waiting_queue.py). Off unless TRTLLM_ENGINE_SLOTS is set.
+shared by the workers (waiting_queue.py). On by default (TRTLLM_ENGINE_SLOTS=auto: the engine's
+batch slots); TRTLLM_ENGINE_SLOTS=off leaves every request to the engine's own queue.
 
 Why the service queues at all: at TensorRT-LLM 1.2.1 neither flavour's engine takes a request
 priority (docs/api.md: Priority), and whatever Triton lets in waits in the engine's own queue in
@@ -232,6 +233,17 @@ def waiting_requests() -> int | None:
         return _SERVICE.counts()[1]
     except OSError:
         return None
+
+
+def queue_summary() -> str:
+    """The service queue's bounds in a few words, for the start-up log."""
+    if _SERVICE is None:
+        return "no service queue (TRTLLM_ENGINE_SLOTS=off): requests wait in the engine's, first come first served"
+    limits = _SERVICE.limits
+    return (
+        f"{limits.slots} engine slots, then up to {limits.max_waiting} requests wait in the service's queue "
+        f"for at most {limits.timeout_s:g} s"
+    )
 
 
 async def wait_turn(tier: int, priority: int, engine_requests: int = 1) -> None:

@@ -4,16 +4,17 @@ The service decorator's runtime settings come from here, so `bentoml build` writ
 Bento (its bento.yaml) and BentoCloud's scheduler and autoscaler read them there:
 
 - `traffic.concurrency`: the requests one replica serves at once, the engine's batch slots (the
-  packed `max_batch_size`). BentoCloud scales a Deployment on it: replicas = concurrent requests /
-  concurrency, within the Deployment's min and max replicas. Without it BentoCloud has no
-  request-based target and scales on CPU alone. Requests beyond it wait in the engine's queue.
+  packed `max_batch_size` per instance of the engine's model: `PackInfo.batch_slots`). BentoCloud
+  scales a Deployment on it: replicas = concurrent requests / concurrency, within the Deployment's
+  min and max replicas. Without it BentoCloud has no request-based target and scales on CPU alone.
+  Requests beyond it wait in the service's queue (`TRTLLM_ENGINE_SLOTS=auto`, api/server/admission.py).
 - `traffic.max_concurrency`: the requests in flight a replica takes before it answers 429: four
   batches' worth, at least 256. The service's own limiter (api/server/limits.py) enforces it across every
   worker, in OpenAI's error shape; BentoML's per-worker one is left out (api/server/bentoml_patches.py).
 - `traffic.timeout`: as long as one request may stream (`TRTLLM_STREAM_TIMEOUT`).
 - `traffic.external_queue` stays off: with it BentoCloud holds every request beyond `concurrency`
   in its own queue (a replica then never sees more than `concurrency`, `max_concurrency` never
-  applies, and each request pays the queue's round trip). The engine's queue does the same job
+  applies, and each request pays the queue's round trip). The service's queue does the same job
   within a replica without that cost; a Deployment can turn it on in `config_overrides.traffic`.
 - `resources.gpu`: the ranks the engine was built for (tensor x pipeline parallel). The GPU type
   is the deployer's: `bentoml build --arg gpu_type=...` records one, or the Deployment's
@@ -73,7 +74,7 @@ def traffic(info: PackInfo, settings: Settings) -> dict[str, Any]:
     """`traffic` for the service decorator: concurrency from the engine's batch slots,
     max_concurrency from them, timeout from the stream timeout; the settings override each. A
     target above the hard limit could never be reached: concurrency is at most max_concurrency."""
-    concurrency = settings.concurrency or max(1, int(info.max_batch_size))
+    concurrency = settings.concurrency or info.batch_slots
     max_concurrency = settings.max_concurrency or max(MIN_MAX_CONCURRENCY, QUEUED_BATCHES * concurrency)
     return {
         "timeout": settings.stream_timeout_s,
@@ -173,9 +174,9 @@ class ServiceConcurrencyLimit(ConcurrencyLimitMiddleware):
 
 
 def queue_limits(settings: Settings, traffic: dict[str, Any]) -> QueueLimits | None:
-    """The service queue's bounds (None: no queue, TRTLLM_ENGINE_SLOTS unset), from the settings and
+    """The service queue's bounds (None: no queue, TRTLLM_ENGINE_SLOTS=off), from the settings and
     the service's `traffic` (`auto` slots: its concurrency; waiting: its max_concurrency by default)."""
-    if settings.engine_slots is None:
+    if settings.engine_slots == "off":
         return None
     slots = int(traffic["concurrency"]) if settings.engine_slots == "auto" else settings.engine_slots
     max_waiting = int(traffic["max_concurrency"]) if settings.max_waiting is None else settings.max_waiting

@@ -119,6 +119,9 @@ class SharedQueue:
         it, `leave` takes it out)."""
         weight = weight_of(weight, slots)
         with self._locked() as table:
+            if not table.waiting_count() and table.running(alive_only=False) + weight <= slots:
+                table.add_running(weight)  # the common case: it fits even with dead processes counted
+                return ADMITTED
             waiting = table.live_waiting()
             running = table.running()
             if not waiting and running + weight <= slots:
@@ -202,7 +205,11 @@ class _Table:
             found.append((pid, count))
         return found
 
-    def running(self) -> int:
+    def running(self, alive_only: bool = True) -> int:
+        """The engine requests running; `alive_only=False` counts those of dead processes too (no
+        process is looked up: an upper bound)."""
+        if not alive_only:
+            return sum(count for _, count in self._slots() if count > 0)
         return sum(count for pid, count in self._slots() if count > 0 and self._is_alive(pid))
 
     def add_running(self, delta: int) -> None:
@@ -232,6 +239,10 @@ class _Table:
         return len(slots)
 
     # ---- waiting ---------------------------------------------------------------------------------
+    def waiting_count(self) -> int:
+        """The waiting entries, those of dead processes among them."""
+        return self._header()[2]
+
     def _entries(self) -> list[Waiting]:
         count = self._header()[2]
         raw = self._map[_WAITING_AT : _WAITING_AT + count * _WAITING.size]

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import re
 import typing
-from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import attrs
 import pytest
@@ -26,10 +25,24 @@ ROOT = REPO_ROOT
 DEPLOYMENT_YAML = ROOT / "deployment.yaml"
 
 
-def pack_info(max_batch_size: int = 8, tp_size: int = 1, pp_size: int = 1) -> PackInfo:
-    """What deployment.py reads of a packed model's pack.json."""
-    shape = SimpleNamespace(max_batch_size=max_batch_size, tp_size=tp_size, pp_size=pp_size)
-    return cast(PackInfo, shape)
+def pack_info(max_batch_size: int = 8, tp_size: int = 1, pp_size: int = 1, instances: int = 1) -> PackInfo:
+    """A packed model's pack.json, with what deployment.py reads of it given."""
+    return PackInfo(
+        tag="m:1",
+        mode="demo",
+        backend="python",
+        packed_root="/nowhere",
+        world_size=tp_size * pp_size,
+        tp_size=tp_size,
+        pp_size=pp_size,
+        architecture="LlamaForCausalLM",
+        dtype="float32",
+        max_batch_size=max_batch_size,
+        max_input_len=None,
+        max_seq_len=None,
+        max_beam_width=1,
+        template_values={"engine_instance_count": str(instances)},
+    )
 
 
 def bentoml_services_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -46,6 +59,15 @@ def bentoml_services_config(config: dict[str, Any]) -> dict[str, Any]:
 def test_traffic_follows_the_engines_batch_slots(slots: int, concurrency: int, max_concurrency: int) -> None:
     traffic = deployment.traffic(pack_info(max_batch_size=slots), Settings.from_env({}))
     assert traffic == {"timeout": 600.0, "concurrency": concurrency, "max_concurrency": max_concurrency}
+
+
+def test_every_instance_of_the_engine_counts_its_batch() -> None:
+    """The synthetic stand-in packed with --engine-instances 4 runs four token sources of 8 slots
+    each: 32 requests run at once, and the service's queue (`auto`) lets 32 in, not 8."""
+    traffic = deployment.traffic(pack_info(max_batch_size=8, instances=4), Settings.from_env({}))
+    assert traffic["concurrency"] == 32
+    limits = deployment.queue_limits(Settings.from_env({}), traffic)
+    assert limits is not None and limits.slots == 32
 
 
 def test_traffic_can_be_overridden_and_stays_consistent() -> None:
