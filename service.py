@@ -47,6 +47,7 @@ logger = logging.getLogger("trtllm_service")
 SETTINGS = get_settings()
 MODEL_TAG = default_model_tag(SETTINGS.model_tag, announce=True)  # one line: which model, and why
 MODEL_NAME = MODEL_TAG.split(":")[0]
+PACK_INFO = read_pack_info(bentoml.models.get(MODEL_TAG).path)
 DRAIN = Drain(SETTINGS.shutdown_grace_s)  # SIGTERM: requests in flight finish, new ones get 503
 app.prepare(SETTINGS)  # BentoML's fixes, connection limits, the port's early answers (before the app)
 
@@ -61,9 +62,7 @@ app.prepare(SETTINGS)  # BentoML's fixes, connection limits, the port's early an
     labels=deployment.labels(),
     image=deployment.image(),  # NVIDIA's pinned image; what goes into it: bentofile.yaml
     service_class=DocumentedService,
-    **deployment.service_config(
-        read_pack_info(bentoml.models.get(MODEL_TAG).path), SETTINGS, deployment.build_arguments()
-    ),
+    **deployment.service_config(PACK_INFO, SETTINGS, deployment.build_arguments()),
 )
 class TRTLLM:
     """Streams text from a TensorRT-LLM engine served by a supervised Triton."""
@@ -168,4 +167,11 @@ TRTLLM.apis["generate"].is_stream = True  # type: ignore[attr-defined]  # a bent
 # Its body read by /v1's rules: a field it does not know is a 400 naming it, not ignored, and no
 # value is coerced (`"10"` and `true` are not numbers); the fields' ranges are /v1's (generation/protocol.py).
 read_strictly(TRTLLM.apis["generate"].input_spec)  # type: ignore[attr-defined]  # a bentoml Service: mypy applies no class decorator
-app.install(TRTLLM, settings=SETTINGS, model_name=MODEL_NAME, drain=DRAIN)  # tokenizer routes, middlewares
+# tokenizer routes, middlewares
+app.install(
+    TRTLLM,
+    settings=SETTINGS,
+    model_name=MODEL_NAME,
+    drain=DRAIN,
+    batch_known=PACK_INFO.batch_slots is not None,
+)

@@ -111,10 +111,14 @@ class PackInfo:
     format: int = PACK_FORMAT
 
     @property
-    def batch_slots(self) -> int:
-        """The requests the engine batches at once: `max_batch_size` per instance of its Triton model.
-        NVIDIA's C++ backend and the LLM API model run one instance that batches inside; only the
-        synthetic stand-in runs several (`--engine-instances`), each with a batch of its own."""
+    def batch_slots(self) -> int | None:
+        """The requests the engine batches at once: `max_batch_size` per instance of its Triton model
+        (NVIDIA's C++ backend and the LLM API model run one instance that batches inside; only the
+        synthetic stand-in runs several, `--engine-instances`). None where the packed model leaves
+        the batch size to the LLM API (the llmapi flavour packed without `--max-batch-size`): the
+        LLM API then picks its own, which nothing packed here records."""
+        if self.template_values.get("llm_max_batch_size") in ("null", ""):
+            return None
         instances = int(self.template_values.get("engine_instance_count") or 1)
         return max(1, int(self.max_batch_size)) * max(1, instances)
 

@@ -120,7 +120,7 @@ def paced_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BentoSer
     started the 100th stream (CI saw 0 of 100 ended, locally 47 and 98 under load)."""
     home = pack_demo(
         tmp_path_factory.mktemp("bentoml_home_paced"), "ensemble", "--engine", "synthetic",
-        "--step-delay-ms", STORM_STEP_MS,
+        "--step-delay-ms", STORM_STEP_MS, "--max-batch-size", "128",  # all 100 run in the engine at once
     )  # fmt: skip
     server = BentoService(home, tmp_path_factory.mktemp("serve_paced")).start()
     try:

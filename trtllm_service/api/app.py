@@ -175,7 +175,9 @@ def prepare(settings: Settings) -> None:
     )
 
 
-def install(service: Any, *, settings: Settings, model_name: str, drain: Drain) -> None:
+def install(
+    service: Any, *, settings: Settings, model_name: str, drain: Drain, batch_known: bool = True
+) -> None:
     """Mounts `root` on the BentoML `service` (after its own routes) and adds the middlewares.
 
     Outermost first (arrange_middlewares puts the request id before BentoML's own middlewares and
@@ -199,6 +201,7 @@ def install(service: Any, *, settings: Settings, model_name: str, drain: Drain) 
         fallback=service.config["traffic"],
         shared_dir=run_dir(settings),
         model_name=model_name,
+        batch_known=batch_known,  # `auto` queues only an engine whose batch size is known
     )
     service.add_asgi_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, model_name=model_name)
     service.add_asgi_middleware(V1NotFoundMiddleware)

@@ -223,6 +223,8 @@ class Turn:
 _TURN: ContextVar[Turn | None] = ContextVar("trtllm_turn", default=None)
 _SERVICE: Admission | None = None
 """This worker's admission, once its app is built (None: no service queue)."""
+_WITHOUT = "TRTLLM_ENGINE_SLOTS=off"
+"""Why this worker has no service queue, when it has none."""
 
 
 def waiting_requests() -> int | None:
@@ -238,7 +240,7 @@ def waiting_requests() -> int | None:
 def queue_summary() -> str:
     """The service queue's bounds in a few words, for the start-up log."""
     if _SERVICE is None:
-        return "no service queue (TRTLLM_ENGINE_SLOTS=off): requests wait in the engine's, first come first served"
+        return f"no service queue, requests wait in the engine's in arrival order: {_WITHOUT}"
     limits = _SERVICE.limits
     return (
         f"{limits.slots} engine slots, then up to {limits.max_waiting} requests wait in the service's queue "
@@ -285,12 +287,16 @@ class AdmissionMiddleware:
 
     Args:
         admission: The worker's side of the queue; None: no service queue (the middleware passes).
+        without: Why there is no queue, when there is none (the start-up log says it).
     """
 
-    def __init__(self, app: ASGIApp, admission: Admission | None) -> None:
-        global _SERVICE
+    def __init__(
+        self, app: ASGIApp, admission: Admission | None, without: str = "TRTLLM_ENGINE_SLOTS=off"
+    ) -> None:
+        global _SERVICE, _WITHOUT
         self.app = app
         self.admission = _SERVICE = admission
+        _WITHOUT = without
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         admission = self.admission

@@ -74,7 +74,7 @@ def traffic(info: PackInfo, settings: Settings) -> dict[str, Any]:
     """`traffic` for the service decorator: concurrency from the engine's batch slots,
     max_concurrency from them, timeout from the stream timeout; the settings override each. A
     target above the hard limit could never be reached: concurrency is at most max_concurrency."""
-    concurrency = settings.concurrency or info.batch_slots
+    concurrency = settings.concurrency or info.batch_slots or max(1, int(info.max_batch_size))
     max_concurrency = settings.max_concurrency or max(MIN_MAX_CONCURRENCY, QUEUED_BATCHES * concurrency)
     return {
         "timeout": settings.stream_timeout_s,
@@ -173,10 +173,15 @@ class ServiceConcurrencyLimit(ConcurrencyLimitMiddleware):
         super().__init__(app, limit=int(limit), **options)
 
 
-def queue_limits(settings: Settings, traffic: dict[str, Any]) -> QueueLimits | None:
-    """The service queue's bounds (None: no queue, TRTLLM_ENGINE_SLOTS=off), from the settings and
-    the service's `traffic` (`auto` slots: its concurrency; waiting: its max_concurrency by default)."""
-    if settings.engine_slots == "off":
+def queue_limits(settings: Settings, traffic: dict[str, Any], batch_known: bool = True) -> QueueLimits | None:
+    """The service queue's bounds (None: no queue), from the settings and the service's `traffic`
+    (`auto` slots: its concurrency; waiting: its max_concurrency by default). No queue with
+    TRTLLM_ENGINE_SLOTS=off, nor with `auto` where the engine's batch size is not known
+    (`batch_known`: `PackInfo.batch_slots`) and TRTLLM_CONCURRENCY does not say it: a guess too low
+    would hold back an engine that runs more at once."""
+    if settings.engine_slots == "off" or (
+        settings.engine_slots == "auto" and not batch_known and settings.concurrency is None
+    ):
         return None
     slots = int(traffic["concurrency"]) if settings.engine_slots == "auto" else settings.engine_slots
     max_waiting = int(traffic["max_concurrency"]) if settings.max_waiting is None else settings.max_waiting
@@ -200,9 +205,18 @@ class ServiceAdmission(AdmissionMiddleware):
         shared_dir: Path,
         model_name: str = "",
         service_name: str = SERVICE_NAME,
+        batch_known: bool = True,
     ) -> None:
-        limits = queue_limits(settings, {**fallback, **configured_traffic(service_name)})
+        limits = queue_limits(settings, {**fallback, **configured_traffic(service_name)}, batch_known)
         admission = None
         if limits is not None:
             admission = Admission(SharedQueue(shared_dir / "queue.table"), limits, model_name)
-        super().__init__(app, admission)
+        why = UNKNOWN_BATCH if settings.engine_slots == "auto" else "TRTLLM_ENGINE_SLOTS=off"
+        super().__init__(app, admission, without=why)
+
+
+UNKNOWN_BATCH = (
+    "the LLM API picks its own batch size (pack with --max-batch-size, or set TRTLLM_ENGINE_SLOTS "
+    "or TRTLLM_CONCURRENCY)"
+)
+"""Why `auto` leaves the queue off for a model whose engine batch is not known (start-up log)."""

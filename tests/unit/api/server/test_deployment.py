@@ -25,7 +25,13 @@ ROOT = REPO_ROOT
 DEPLOYMENT_YAML = ROOT / "deployment.yaml"
 
 
-def pack_info(max_batch_size: int = 8, tp_size: int = 1, pp_size: int = 1, instances: int = 1) -> PackInfo:
+def pack_info(
+    max_batch_size: int = 8,
+    tp_size: int = 1,
+    pp_size: int = 1,
+    instances: int = 1,
+    llm_batch: str | None = None,
+) -> PackInfo:
     """A packed model's pack.json, with what deployment.py reads of it given."""
     return PackInfo(
         tag="m:1",
@@ -41,7 +47,10 @@ def pack_info(max_batch_size: int = 8, tp_size: int = 1, pp_size: int = 1, insta
         max_input_len=None,
         max_seq_len=None,
         max_beam_width=1,
-        template_values={"engine_instance_count": str(instances)},
+        template_values={"engine_instance_count": str(instances)}
+        if llm_batch is None
+        else {"llm_max_batch_size": llm_batch},
+        flavor="ensemble" if llm_batch is None else "llmapi",
     )
 
 
@@ -68,6 +77,25 @@ def test_every_instance_of_the_engine_counts_its_batch() -> None:
     assert traffic["concurrency"] == 32
     limits = deployment.queue_limits(Settings.from_env({}), traffic)
     assert limits is not None and limits.slots == 32
+
+
+def test_auto_queues_only_an_engine_whose_batch_is_known() -> None:
+    """An LLM API model packed without --max-batch-size runs at the LLM API's own batch size, which
+    nothing packed records: `auto` then leaves the queue off rather than hold the engine to 8."""
+    unknown, packed = pack_info(llm_batch="null"), pack_info(max_batch_size=48, llm_batch="48")
+    assert (unknown.batch_slots, packed.batch_slots) == (None, 48)
+    defaults = Settings.from_env({})
+    traffic = deployment.traffic(unknown, defaults)
+    assert traffic["concurrency"] == 8, "the autoscaling target stays Triton's batch"
+    assert deployment.queue_limits(defaults, traffic, batch_known=False) is None
+    told = Settings.from_env({"TRTLLM_CONCURRENCY": "512"})  # the operator says how many run at once
+    limits = deployment.queue_limits(told, deployment.traffic(unknown, told), batch_known=False)
+    assert limits is not None and limits.slots == 512
+    fixed = Settings.from_env({"TRTLLM_ENGINE_SLOTS": "100"})
+    limits = deployment.queue_limits(fixed, traffic, batch_known=False)
+    assert limits is not None and limits.slots == 100
+    limits = deployment.queue_limits(defaults, deployment.traffic(packed, defaults))
+    assert limits is not None and limits.slots == 48
 
 
 def test_traffic_can_be_overridden_and_stays_consistent() -> None:
