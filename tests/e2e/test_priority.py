@@ -42,37 +42,34 @@ def slow_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-@pytest.fixture(scope="module")
-def queued(slow_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BentoService]:
-    """Two workers, the queue as it is by default: its slots are the engine's batch slots (auto: 1)."""
-    env = {"TRTLLM_WORKERS": "2"}
-    server = BentoService(slow_home, tmp_path_factory.mktemp("serve_queued"), env).start()
+def serve(
+    home: Path, tmp_path_factory: pytest.TempPathFactory, name: str, env: dict[str, str]
+) -> Iterator[BentoService]:
+    """`bentoml serve .` on `home` with `env`, stopped once the module is done with it."""
+    server = BentoService(home, tmp_path_factory.mktemp(f"serve_{name}"), env).start()
     try:
         yield server
     finally:
         server.stop_soon()
+
+
+@pytest.fixture(scope="module")
+def queued(slow_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BentoService]:
+    """Two workers, the queue as it is by default: its slots are the engine's batch slots (auto: 1)."""
+    yield from serve(slow_home, tmp_path_factory, "queued", {"TRTLLM_WORKERS": "2"})
 
 
 @pytest.fixture(scope="module")
 def bounded(slow_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BentoService]:
     """One slot, at most two waiting, each for at most 5 s."""
     env = {"TRTLLM_ENGINE_SLOTS": "1", "TRTLLM_MAX_WAITING": "2", "TRTLLM_QUEUE_TIMEOUT": "5"}
-    server = BentoService(slow_home, tmp_path_factory.mktemp("serve_bounded"), env).start()
-    try:
-        yield server
-    finally:
-        server.stop_soon()
+    yield from serve(slow_home, tmp_path_factory, "bounded", env)
 
 
 @pytest.fixture(scope="module")
 def paired(slow_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BentoService]:
     """Two slots in the service's queue (the engine's one batch slot runs their requests in turn)."""
-    env = {"TRTLLM_ENGINE_SLOTS": "2"}
-    server = BentoService(slow_home, tmp_path_factory.mktemp("serve_paired"), env).start()
-    try:
-        yield server
-    finally:
-        server.stop_soon()
+    yield from serve(slow_home, tmp_path_factory, "paired", {"TRTLLM_ENGINE_SLOTS": "2"})
 
 
 def metric(server: BentoService, name: str, **labels: str) -> float:

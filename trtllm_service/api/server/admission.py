@@ -223,7 +223,9 @@ class Turn:
 _TURN: ContextVar[Turn | None] = ContextVar("trtllm_turn", default=None)
 _SERVICE: Admission | None = None
 """This worker's admission, once its app is built (None: no service queue)."""
-_WITHOUT = "TRTLLM_ENGINE_SLOTS=off"
+QUEUE_OFF = "TRTLLM_ENGINE_SLOTS=off"
+"""Why a worker has no service queue when the operator turned it off."""
+_WITHOUT = QUEUE_OFF
 """Why this worker has no service queue, when it has none."""
 
 
@@ -290,9 +292,7 @@ class AdmissionMiddleware:
         without: Why there is no queue, when there is none (the start-up log says it).
     """
 
-    def __init__(
-        self, app: ASGIApp, admission: Admission | None, without: str = "TRTLLM_ENGINE_SLOTS=off"
-    ) -> None:
+    def __init__(self, app: ASGIApp, admission: Admission | None, without: str = QUEUE_OFF) -> None:
         global _SERVICE, _WITHOUT
         self.app = app
         self.admission = _SERVICE = admission

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from tensorrtllm_backend import pinned
-from trtllm_service.api.server.admission import Admission, AdmissionMiddleware, QueueLimits
+from trtllm_service.api.server.admission import QUEUE_OFF, Admission, AdmissionMiddleware, QueueLimits
 from trtllm_service.api.server.limits import ConcurrencyLimitMiddleware
 from trtllm_service.api.server.waiting_queue import SharedQueue
 from trtllm_service.packed_model import PackInfo
@@ -211,7 +211,7 @@ class ServiceAdmission(AdmissionMiddleware):
         admission = None
         if limits is not None:
             admission = Admission(SharedQueue(shared_dir / "queue.table"), limits, model_name)
-        why = UNKNOWN_BATCH if settings.engine_slots == "auto" else "TRTLLM_ENGINE_SLOTS=off"
+        why = UNKNOWN_BATCH if settings.engine_slots == "auto" else QUEUE_OFF
         super().__init__(app, admission, without=why)
 
 
