@@ -94,7 +94,8 @@ def _patch(module: Any) -> None:
         module.serve_body = _on_entry(module.serve_body, "handler")
         module.parse_request = _on_exit(module.parse_request, "parsed")
     elif name == "trtllm_service.api.generate.serving":
-        module.first_text = _on_exit(module.first_text, "first text")
+        if hasattr(module, "first_text"):  # before the response read the first text itself
+            module.first_text = _on_exit(module.first_text, "first text")
         module.serve_generate = _on_entry(module.serve_generate, "handler")
     elif name == "_bentoml_impl.server.app":
         factory = module.ServiceAppFactory
@@ -102,7 +103,7 @@ def _patch(module: Any) -> None:
     elif name == "trtllm_service.api.openai.serving" and hasattr(module.OpenAIServing, "_start"):
         module.OpenAIServing._start = _on_exit(module.OpenAIServing._start, "first text")  # before issue 36
     elif name in ("trtllm_service.api.generation.serving", "trtllm_service.api.openai.completions.serving"):
-        module.start_choices = _on_exit(module.start_choices, "first text")  # where it is called
+        module.start_choices = _first_read(module.start_choices)  # where it is called
     elif name in ("trtllm_service.runtime", "trtllm_service.relay.runtime"):  # relay/ before issue 37
         for method in ("prepare_chat", "prepare_prompts"):
             setattr(module.Runtime, method, _on_exit(getattr(module.Runtime, method), "prepared"))
@@ -122,6 +123,8 @@ def _patch_streaming(module: Any) -> None:
 
     module.ServerSendApp.__call__ = entered
     module.PushBody.__call__ = _on_entry(module.PushBody.__call__, "response")
+    if hasattr(module.PushBody, "_first_text"):  # the response reads the first text itself
+        module.PushBody._first_text = _on_exit(module.PushBody._first_text, "first text")
     start = module.PushBody._start
 
     def started(self: Any) -> None:
@@ -133,6 +136,27 @@ def _patch_streaming(module: Any) -> None:
             _DONE.append(marks)
 
     module.PushBody._start = started
+
+
+def _first_read(start_choices: Any) -> Any:
+    """start_choices, marking "first text" where it returns the first texts read (not a lone
+    streamed choice left `waiting` for its response to read it)."""
+
+    @functools.wraps(start_choices)
+    async def wrapped(*args: Any, **kwargs: Any) -> Any:
+        choices = await start_choices(*args, **kwargs)
+        if not any(getattr(choice, "waiting", False) for choice in choices):
+            mark("first text")
+        return choices
+
+    return wrapped
+
+
+def _first_response_due(marks: list[tuple[str, float]]) -> bool:
+    """The request was sent and its first response not yet marked (the response may have been
+    entered in between, where it reads the first text itself)."""
+    labels = [label for label, _ in marks]
+    return "request sent" in labels and "first response" not in labels
 
 
 def _patch_client(module: Any) -> None:
@@ -152,7 +176,7 @@ def _patch_client(module: Any) -> None:
 
         def first(self: Any, data: bytes, _on_message: Any = on_message) -> None:
             marks = _STREAMS.get(id(self))
-            if marks is not None and marks[-1][0] == "request sent":
+            if marks is not None and _first_response_due(marks):
                 marks.append(("first response", time.perf_counter()))
             _on_message(self, data)
 

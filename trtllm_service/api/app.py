@@ -25,7 +25,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from trtllm_service.api.anthropic import errors as anthropic_errors
 from trtllm_service.api.anthropic import routes as anthropic_routes
 from trtllm_service.api.generation.bodies import bind_serving
-from trtllm_service.api.generation.serving import error_response
 from trtllm_service.api.openai import routes as openai_routes
 from trtllm_service.api.openai.serving import OpenAIServing
 from trtllm_service.api.openapi import describe, openai_routes_of
@@ -39,7 +38,7 @@ from trtllm_service.api.server.bentoml_patches import (
     own_prometheus_dir,
 )
 from trtllm_service.api.server.deployment import OPENAI_ROUTE, ServiceAdmission, ServiceConcurrencyLimit
-from trtllm_service.api.server.error_shape import ErrorShapeMiddleware
+from trtllm_service.api.server.error_shape import ErrorShapeMiddleware, error_response
 from trtllm_service.api.server.http_limits import ConnectionLimits
 from trtllm_service.api.server.http_limits import install as install_connection_limits
 from trtllm_service.api.server.limits import BodyLimitMiddleware, ConcurrencyLimitMiddleware

@@ -344,15 +344,26 @@ class EngineStream:
             if self.hold:
                 await asyncio.sleep(self.hold)
                 continue
-            self._waiter = asyncio.get_running_loop().create_future()
-            await self._waiter
+            await self.next_wake()
+
+    def next_wake(self) -> asyncio.Future[None]:
+        """A future done at the stream's next wake-up (a response, the end, a failure, `interrupt`):
+        for a reader that also waits on something else (a pushed response's first text, and the
+        client leaving). Then `poll`."""
+        self._waiter = waiter = asyncio.get_running_loop().create_future()
+        return waiter
+
+    def interrupt(self) -> None:
+        """Wakes a reader waiting on `next_wake` with nothing new."""
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
     async def beams(self) -> list[tuple[str, int, str]]:
         """A beam search (its reader a `BeamReader`): (text, tokens, finish reason) of each returned
         beam, best first, once the one final response arrived; raises APIError."""
         while self._error is None and not self._final:
-            self._waiter = asyncio.get_running_loop().create_future()
-            await self._waiter
+            await self.next_wake()
         if self._error is not None:
             raise self._error
         out = self._reader.finished(self.max_tokens)  # type: ignore[attr-defined]  # a beam search's reader: a BeamReader

@@ -18,7 +18,8 @@ from trtllm_service.api.anthropic.protocol import MESSAGES_ROUTE, CountTokensReq
 from trtllm_service.api.anthropic.serving import count_message_tokens, serve_messages
 from trtllm_service.api.generation.bodies import add_body_route, body_doc, bound_serving, event_stream_ok
 from trtllm_service.api.generation.protocol import parse_request
-from trtllm_service.api.generation.serving import error_docs, error_response
+from trtllm_service.api.generation.serving import error_docs
+from trtllm_service.api.server.error_shape import error_response
 from trtllm_service.errors import APIError
 
 MESSAGES_EXAMPLE = {

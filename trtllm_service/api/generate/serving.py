@@ -2,7 +2,7 @@
 names, its sampling parameters checked against what the engine can serve (`GenerationServing.params`:
 beam search, guides, the engine's features), its prompt through the chat template, and its answer
 streamed as plain text (UTF-8, as it comes). Errors before the first text are JSON answers with
-their status, never text in the stream: the first text is awaited before the response starts.
+their status, never text in the stream: the response reads the first text before it starts.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from starlette.responses import Response
 
 from trtllm_service.api.generate.protocol import GENERATE_ROUTE, GenerateRequest
 from trtllm_service.api.generation.bodies import bound_serving
-from trtllm_service.api.generation.serving import GenerationServing, error_response
+from trtllm_service.api.generation.serving import GenerationServing
 from trtllm_service.api.server.admission import release_when_done, wait_turn
+from trtllm_service.api.server.error_shape import error_response
 from trtllm_service.api.server.metrics import RequestMetrics, count_rejected
 from trtllm_service.api.server.startup import Startup
 from trtllm_service.api.server.streaming import PushBody
@@ -50,27 +51,33 @@ async def serve_generate(request: GenerateRequest, startup: Startup[Any], model_
         await wait_turn(*params.queue_rank)  # the service's queue, where it has one
         stream = await runtime.generate(prepared)  # one engine request, seeded only when asked
         release_when_done([stream])  # its slot, once the engine is done with it
-        first = await first_text(stream, metrics)
     except APIError as exc:
         metrics.done(exc.status)
         return error_response(exc)
-    return PushBody(stream, TextFraming(stream, first, metrics, prepared.prompt_tokens), MEDIA_TYPE)
+    # returned at once: the response reads the first text before it starts (an error until then is
+    # its JSON answer), while the way back to the server runs during the engine's work
+    return PushBody(stream, TextFraming(stream, metrics, prepared.prompt_tokens), MEDIA_TYPE)
 
 
 class TextFraming:
     """The body of `/generate`: the generated text, UTF-8, as it comes; a failure after the start
     aborts the connection (plain text has no way to report it)."""
 
-    __slots__ = ("first", "metrics", "prompt_tokens", "stream")
+    __slots__ = ("metrics", "prompt_tokens", "stream", "text", "waiting")
 
-    def __init__(self, stream: EngineStream, first: str, metrics: RequestMetrics, prompt_tokens: int) -> None:
+    def __init__(self, stream: EngineStream, metrics: RequestMetrics, prompt_tokens: int) -> None:
         self.stream = stream
-        self.first = first
         self.metrics = metrics
         self.prompt_tokens = prompt_tokens
+        self.text = ""
+        self.waiting = True
+
+    def first(self, text: str) -> None:
+        self.text, self.waiting = text, False
+        self.metrics.first_token()
 
     def opening(self) -> bytes:
-        return self.first.encode()
+        return self.text.encode()
 
     def frame(self, text: str) -> bytes:
         return text.encode()
@@ -85,14 +92,3 @@ class TextFraming:
         stream = self.stream
         stream.close()
         self.metrics.done(status, stream.finish_reason, self.prompt_tokens, stream.completion_tokens)
-
-
-async def first_text(stream: EngineStream, metrics: RequestMetrics) -> str:
-    """Waits for the first text (or the end) of a stream, so that errors come before the response."""
-    try:
-        text = await stream.read()
-    except BaseException:
-        stream.close()
-        raise
-    metrics.first_token()
-    return text

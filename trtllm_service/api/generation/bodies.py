@@ -15,8 +15,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from trtllm_service.api.generation.protocol import parse_request
-from trtllm_service.api.generation.serving import GenerationServing, error_response
+from trtllm_service.api.generation.serving import GenerationServing
 from trtllm_service.api.server.early import STARTING_RETRY_S
+from trtllm_service.api.server.error_shape import error_response
 from trtllm_service.api.server.metrics import count_rejected
 from trtllm_service.api.server.openapi30 import inline_schema
 from trtllm_service.errors import STARTING, APIError

@@ -40,12 +40,14 @@ _UINT64_MASK = (1 << 64) - 1
 
 @dataclass(slots=True)
 class Choice:
-    """One engine request of a response, once it has produced its first text."""
+    """One engine request of a response, once it has produced its first text (or, streamed alone,
+    once it is sent: `waiting`)."""
 
     index: int
     stream: EngineStream | Beam
     first: str
     echo: str = ""  # completions with echo: the prompt, sent before the generated text
+    waiting: bool = False  # its first text is still to be read (by its streamed response: `first`)
 
 
 @dataclass(slots=True)
@@ -69,11 +71,18 @@ def _seeded(prepared: GenerationRequest, params: SamplingParams, i: int) -> Gene
 
 
 async def start_choices(
-    runtime: Runtime, prepared: Sequence[GenerationRequest], params: SamplingParams, n: int
+    runtime: Runtime,
+    prepared: Sequence[GenerationRequest],
+    params: SamplingParams,
+    n: int,
+    *,
+    read_first: bool = True,
 ) -> list[Choice]:
     """Waits for the request's turn in the service's queue (as many slots as engine requests, held
     until the engine is done with them), starts every engine request and waits for each first text;
-    on any failure closes them all."""
+    on any failure closes them all. `read_first` False: one streamed choice is returned as soon as its
+    engine request is sent, `waiting` for its first text, which its response reads before it starts
+    (`sse_frames.SSEFraming`)."""
     # one beam of a beam-packed model reads as an ordinary (one-chunk) stream
     beams = any(request.beam_width for request in prepared) and not (n == 1 and runtime.flavor.beam_packed)
     count = len(prepared) if beams else len(prepared) * n
@@ -88,6 +97,8 @@ async def start_choices(
                 engine = replace(_seeded(request, params, i), request_id=engine_request_id(p * n + i, count))
                 streams.append((p * n + i, await runtime.generate(engine)))
         release_when_done([stream for _, stream in streams])
+        if not read_first and len(streams) == 1:
+            return [Choice(streams[0][0], streams[0][1], "", waiting=True)]
         firsts = await asyncio.gather(*(stream.read() for _, stream in streams))
     except BaseException as exc:
         for _, stream in streams:

@@ -25,6 +25,7 @@ from trtllm_service.api.generation.choices import (
     start_choices,
 )
 from trtllm_service.api.generation.sse_frames import SSE_HEADERS, plainly_text, sse_body, whole_frames
+from trtllm_service.api.server.error_shape import error_response
 from trtllm_service.api.server.metrics import RequestMetrics
 from trtllm_service.api.server.streaming import StreamBody
 from trtllm_service.chat import reasoning
@@ -108,11 +109,6 @@ class Answer(Protocol):
         ...
 
 
-def error_response(error: APIError) -> JSONResponse:
-    """The JSON answer of an error, with its status and headers."""
-    return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
-
-
 def error_docs(body: type[BaseModel], reasons: dict[int, str]) -> dict[int | str, dict[str, Any]]:
     """The documented error responses of an API's routes: each status with its reason, all in the
     API's error `body`."""
@@ -177,11 +173,19 @@ class GenerationServing:
             prepared = await self.runtime.prepare_chat(
                 request.chat_messages(), params, tools=tools, reasoning_effort=effort
             )
-            choices = await start_choices(self.runtime, [prepared], params, request.samples_per_prompt)
+            choices = await start_choices(
+                self.runtime,
+                [prepared],
+                params,
+                request.samples_per_prompt,
+                # a streamed text answer's response reads its first text (SSEFraming)
+                read_first=not request.stream or bool(request.tool_mode),
+            )
         except APIError as exc:
             metrics.done(exc.status)
             return error_response(exc)
-        metrics.first_token()
+        if not choices[0].waiting:
+            metrics.first_token()
         written = answer(request, served, choices, prepared.prompt_tokens, self)
         if (
             request.stream

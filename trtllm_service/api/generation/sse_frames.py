@@ -80,6 +80,14 @@ class SSEFraming:
         self.metrics = metrics
         self.prompt_tokens = prompt_tokens
 
+    @property
+    def waiting(self) -> bool:
+        return self.choice.waiting
+
+    def first(self, text: str) -> None:
+        self.choice.first, self.choice.waiting = text, False
+        self.metrics.first_token()
+
     def opening(self) -> bytes:
         text, head = self.choice.first, self.frames.head
         if not text:

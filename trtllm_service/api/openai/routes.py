@@ -23,7 +23,7 @@ from trtllm_service.api.generation.bodies import (
     event_stream_ok,
 )
 from trtllm_service.api.generation.protocol import parse_request
-from trtllm_service.api.generation.serving import error_docs, error_response
+from trtllm_service.api.generation.serving import error_docs
 from trtllm_service.api.openai.chat.protocol import (
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -47,7 +47,7 @@ from trtllm_service.api.openai.protocol import (
 )
 from trtllm_service.api.openai.responses.protocol import RESPONSES_ROUTE, ResponsesRequest
 from trtllm_service.api.openai.serving import OpenAIServing
-from trtllm_service.api.server.error_shape import ErrorBody
+from trtllm_service.api.server.error_shape import ErrorBody, error_response
 from trtllm_service.api.server.openapi30 import inline_schema
 from trtllm_service.errors import APIError
 

@@ -24,6 +24,7 @@ from http import HTTPStatus
 from typing import Any
 
 from pydantic import BaseModel
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from trtllm_service.api.server.request_errors import from_validation_error
@@ -41,6 +42,12 @@ _CODES = {
     503: "service_unavailable",
     504: "timeout",
 }
+
+
+def error_response(error: APIError) -> JSONResponse:
+    """The JSON answer of an error, with its status and headers (an API's dialect, if it has one,
+    is applied by `ErrorShapeMiddleware` on its way out)."""
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers())
 
 
 class ErrorDetail(BaseModel):

@@ -28,9 +28,12 @@ from typing import Any, Protocol
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from trtllm_service.api.server.error_shape import error_response
 from trtllm_service.errors import APIError
 from trtllm_service.relay.client import EngineStream
 from trtllm_service.relay.pace import PACE, STARTING, Pace
+
+logger = logging.getLogger("trtllm_service.api")
 
 SERVER_SEND = "trtllm.server_send"
 """Scope key of the server's own `send` (set by `ServerSendApp`)."""
@@ -136,6 +139,14 @@ class StreamBody(Response):
 class Framing(Protocol):
     """What a pushed response writes, around one engine stream's texts."""
 
+    @property
+    def waiting(self) -> bool:
+        """Whether the stream's first text is still to be read: the response reads it before it
+        starts (an error meanwhile is answered as JSON with its status instead)."""
+
+    def first(self, text: str) -> None:
+        """The first text has come (`waiting`), before the response starts."""
+
     def opening(self) -> bytes:
         """The first chunk (the text read before the response started, its framing)."""
 
@@ -163,6 +174,12 @@ class PushBody(Response):
     together. The start and the end of the response still go through the middlewares, from the
     request's task, as does `Framing.done`; the callbacks run in the request's context (its request
     id, its span). An error after the start is the framing's failure chunk, or an aborted connection.
+
+    A framing still `waiting` for its stream's first text has it read here, before the start: the
+    handler returns as soon as the engine request is sent, and the way back through the framework
+    and the middlewares runs while the engine computes, not between the first token and the
+    client. An error before the first text is answered as JSON with its status, as a handler would;
+    a client that leaves meanwhile ends the engine request at once.
     """
 
     def __init__(
@@ -195,6 +212,14 @@ class PushBody(Response):
         status, error = 499, None  # the client went away, unless the stream ends or fails
         watcher = asyncio.ensure_future(_until_disconnect(receive))
         try:
+            if self.framing.waiting:
+                refused = await self._first_text(watcher)
+                if refused is not None:  # before the first text: the error's JSON answer instead
+                    status = refused.status
+                    await error_response(refused)(scope, receive, send)
+                    return
+                if watcher.done():
+                    return
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             self._context.run(self._start)
             if not ended.done():
@@ -216,6 +241,31 @@ class PushBody(Response):
             self.framing.done(status)
         if error is not None:
             raise error
+
+    async def _first_text(self, watcher: asyncio.Future[None]) -> APIError | None:
+        """Waits for the stream's first text, or for the client to leave (`watcher`), before the
+        response starts: the handler returned this response as soon as the engine request was sent,
+        so that everything up to here ran while the engine computed. Returns the error that ended the
+        request first, if one did."""
+        stream = self.stream
+        interrupt = stream.interrupt
+        watcher.add_done_callback(lambda _: interrupt())
+        while not watcher.done():
+            try:
+                text = stream.poll()
+            except APIError as exc:
+                return exc
+            except Exception:  # not the engine's answer: ours
+                logger.exception("generation request failed")
+                return APIError.internal()
+            if text is not None:
+                self.framing.first(text)
+                return None
+            if stream.hold:
+                await asyncio.sleep(stream.hold)
+            else:
+                await stream.next_wake()
+        return None
 
     def _start(self) -> None:
         self.stream.on_wake = self._wake

@@ -45,8 +45,11 @@ class Recorded:
 
 
 class RecordingFraming(TextFraming):
-    def __init__(self, stream: EngineStream, recorded: Recorded) -> None:
-        super().__init__(stream, "", RequestMetrics("test", "/generate"), 1)
+    """/generate's framing; unless `waiting`, as if its first text ("") was read before the start."""
+
+    def __init__(self, stream: EngineStream, recorded: Recorded, *, waiting: bool = False) -> None:
+        super().__init__(stream, RequestMetrics("test", "/generate"), 1)
+        self.waiting = waiting
         self.recorded = recorded
 
     def done(self, status: int) -> None:
@@ -64,9 +67,16 @@ def _stream(recorded: Recorded, interval_s: float = 0.0, reading: Any = None) ->
     return stream
 
 
-def _serve(recorded: Recorded, stream: EngineStream, server_send: Any = None, *, receive: Any = None) -> Any:
+def _serve(
+    recorded: Recorded,
+    stream: EngineStream,
+    server_send: Any = None,
+    *,
+    receive: Any = None,
+    waiting: bool = False,
+) -> Any:
     """A PushBody of `stream` being served (a task), its writes to `server_send` (else recorded)."""
-    body = PushBody(stream, RecordingFraming(stream, recorded), "text/plain")
+    body = PushBody(stream, RecordingFraming(stream, recorded, waiting=waiting), "text/plain")
     scope = {"type": "http", SERVER_SEND: server_send or recorded.server_send}
     return asyncio.ensure_future(body(scope, receive or _never, recorded.chain))
 
@@ -91,6 +101,74 @@ def test_each_response_is_written_before_the_event_loop_turns() -> None:
     assert recorded.chain_sent[-1]["more_body"] is False
     assert recorded.status == 200
     assert recorded.cancelled == [], "a finished request is not cancelled"
+
+
+def test_a_waiting_response_starts_with_its_first_text() -> None:
+    """Returned as soon as the engine request is sent, the response reads the first text itself:
+    nothing is sent before it, then the start and the first text at once."""
+    recorded = Recorded()
+
+    async def scenario() -> None:
+        stream = _stream(recorded)
+        serving = _serve(recorded, stream, waiting=True)
+        await asyncio.sleep(0.01)
+        assert recorded.chain_sent == [] and recorded.written == [], "nothing before the first text"
+        stream.on_message(engine_response([0]))
+        await asyncio.sleep(0.01)
+        assert [m["type"] for m in recorded.chain_sent] == ["http.response.start"]
+        assert recorded.written == [b" w0"]
+        stream.on_message(engine_response([1]))
+        assert recorded.written[-1] == b" w1", "after the first, written without a turn of the loop"
+        stream.on_message(engine_response([], final=True))
+        await serving
+
+    asyncio.run(scenario())
+    assert recorded.chain_sent[0]["status"] == 200
+    assert recorded.written == [b" w0", b" w1"]
+    assert recorded.status == 200
+
+
+def test_an_error_before_the_first_text_is_a_json_answer_with_its_status() -> None:
+    """The engine refuses the request before any text: no 200 stream, the error's JSON answer (as a
+    handler that waited would have sent), counted with its status."""
+    recorded = Recorded()
+
+    async def scenario() -> None:
+        stream = _stream(recorded)
+        serving = _serve(recorded, stream, waiting=True)
+        await asyncio.sleep(0.01)
+        stream.end(APIError.bad_request("too long", param="prompt"))
+        await serving
+
+    asyncio.run(scenario())
+    start, body = recorded.chain_sent
+    assert start["type"] == "http.response.start" and start["status"] == 400
+    assert b'"too long"' in body["body"] and b'"param":"prompt"' in body["body"].replace(b" ", b"")
+    assert recorded.written == []
+    assert recorded.status == 400
+
+
+def test_a_client_that_leaves_before_the_first_text_cancels_the_engine_request() -> None:
+    """A long prompt's prefill is not run to its end for nobody: the request is cancelled as soon as
+    the client goes, and nothing is sent."""
+    recorded = Recorded()
+    gone = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def scenario() -> None:
+        stream = _stream(recorded)
+        serving = _serve(recorded, stream, receive=receive, waiting=True)
+        await asyncio.sleep(0.01)
+        gone.set()
+        await asyncio.wait_for(serving, 1)
+
+    asyncio.run(scenario())
+    assert recorded.chain_sent == [] and recorded.written == []
+    assert recorded.cancelled == [7]
+    assert recorded.status == 499
 
 
 class Bracketed(RecordingFraming):

@@ -9,7 +9,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from trtllm_service.api.generation.choices import Choice, Result, start_choices
-from trtllm_service.api.generation.serving import error_response
 from trtllm_service.api.generation.sse_frames import sse_body
 from trtllm_service.api.openai.completions.protocol import (
     CompletionChoice,
@@ -19,6 +18,7 @@ from trtllm_service.api.openai.completions.protocol import (
 from trtllm_service.api.openai.protocol import new_id
 from trtllm_service.api.openai.sse import SSE_DONE, CompletionChunkEncoder, error_frame
 from trtllm_service.api.openai.usage import usage_frame, usage_info
+from trtllm_service.api.server.error_shape import error_response
 from trtllm_service.errors import APIError
 from trtllm_service.relay.logprobs import TokenLogprob, completion_logprobs
 
