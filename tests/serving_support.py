@@ -46,16 +46,17 @@ class WordTokenizer:
     """A tokenizer whose tokens are words, and whose chat template tags each role."""
 
     bos_token = "<s>"
-    chat_template = None
+    # "<user> hi there <assistant>": each turn's role tag and text, words apart
+    chat_template = (
+        "{% for m in messages %}{% if not loop.first %} {% endif %}<{{ m['role'] }}> {{ m['content'] }}"
+        "{% endfor %}{% if add_generation_prompt %} <assistant>{% endif %}"
+    )
 
     def __init__(self) -> None:
         self.encoded: list[str] = []
 
-    def apply_chat_template(
-        self, messages: list[dict[str, str]], add_generation_prompt: bool = True, **_: Any
-    ) -> str:
-        turns = " ".join(f"<{m['role']}> {m['content']}" for m in messages)
-        return turns + " <assistant>" if add_generation_prompt else turns
+    def get_chat_template(self) -> str:
+        return self.chat_template
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         self.encoded.append(text)

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from transformers.utils.chat_template_utils import render_jinja_template
 
 from trtllm_service.chat import tool_calls
 
@@ -77,6 +78,8 @@ class PromptFormatter:
         except jinja2.TemplateSyntaxError as exc:
             raise ValueError(f"Invalid chat template (line {exc.lineno}): {exc.message}") from exc
         self.chat_template: str = template
+        # what apply_chat_template gives every template, read once (a property that looks each one up)
+        self._template_kwargs: dict[str, Any] = dict(getattr(tokenizer, "special_tokens_map", None) or {})
         self._bos: str | None = getattr(tokenizer, "bos_token", None) or None
         self.bos_token = self._bos
         self._rust = getattr(tokenizer, "backend_tokenizer", None)
@@ -125,25 +128,31 @@ class PromptFormatter:
         """
         if not messages:
             raise ValueError("At least one message is required")
-        extra: dict[str, Any] = {} if reasoning_effort is None else {"reasoning_effort": reasoning_effort}
+        extra = self._template_kwargs
+        if reasoning_effort is not None:
+            extra = {**extra, "reasoning_effort": reasoning_effort}
+        shown: list[dict[str, Any]] | None = None
         if any(m.get("tool_calls") or m["role"] == "tool" for m in messages) or tools:
             if self.renders_tools:
                 messages = tool_calls.template_messages(messages)
                 if tools:
-                    extra["tools"] = [{"type": "function", "function": f} for f in tools]
+                    shown = [{"type": "function", "function": f} for f in tools]
             else:
                 messages = tool_calls.fallback_messages(messages, tools or [])
         try:
-            text = self._tokenizer.apply_chat_template(
-                messages,
+            # transformers' renderer, as `apply_chat_template(tokenize=False)` calls it (the
+            # tokenizer's special tokens as variables), without its per-call lookups
+            rendered, _ = render_jinja_template(
+                conversations=[messages],
+                tools=shown,
                 chat_template=self.chat_template,
                 add_generation_prompt=add_generation_prompt,
-                tokenize=False,
                 **extra,
             )
         except jinja2.TemplateError as exc:
             raise ValueError(f"The chat template could not format these messages: {exc}") from exc
-        if not isinstance(text, str):  # defensive: tokenize=False must give text
+        text = rendered[0]
+        if not isinstance(text, str):  # defensive: the renderer gives text
             raise ValueError(f"The chat template produced {type(text).__name__}, expected text")
         return text
 

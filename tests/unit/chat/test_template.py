@@ -130,3 +130,55 @@ def test_encode_without_bos_token() -> None:
 def test_name_is_passed_to_template(word_tokenizer: PreTrainedTokenizerFast) -> None:
     formatter = PromptFormatter(word_tokenizer, chat_template="{{ messages[0]['name'] }}")
     assert formatter.render([{"role": "user", "content": "x", "name": "ann"}]) == "ann"
+
+
+# A template that reads what apply_chat_template gives it: the tokenizer's special tokens as
+# variables, `tools`, `add_generation_prompt` and any other keyword (reasoning_effort).
+READS_EVERYTHING = (
+    "{{ bos_token }}[{{ eos_token }}|{{ unk_token }}]"
+    "{% if tools %}tools:{{ tools | tojson }};{% endif %}"
+    "{% if reasoning_effort is defined %}effort={{ reasoning_effort }};{% endif %}"
+    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% if m.tool_calls %}"
+    "{{ m.tool_calls | tojson }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}<assistant>{% endif %}"
+)
+
+
+@pytest.mark.parametrize("template", [READS_EVERYTHING, LLAMA3_CHAT_TEMPLATE])
+@pytest.mark.parametrize(
+    "case",
+    [
+        {"messages": [{"role": "user", "content": "hi"}]},
+        {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]},
+        {"messages": [{"role": "user", "content": "hi"}], "add_generation_prompt": False},
+        {"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "low"},
+        {
+            "messages": [{"role": "user", "content": "weather?"}],
+            "tools": [{"name": "get_weather", "parameters": {"type": "object", "properties": {}}}],
+        },
+    ],
+)
+def test_render_is_what_apply_chat_template_renders(
+    word_tokenizer: PreTrainedTokenizerFast, template: str, case: dict
+) -> None:
+    """render() calls transformers' renderer itself (not apply_chat_template, which looks up the
+    special tokens on every call): the text must be exactly apply_chat_template's."""
+    formatter = PromptFormatter(word_tokenizer, chat_template=template)
+    generation = case.get("add_generation_prompt", True)
+    tools = case.get("tools")
+    extra = {"reasoning_effort": case["reasoning_effort"]} if "reasoning_effort" in case else {}
+    expected = word_tokenizer.apply_chat_template(
+        case["messages"],
+        chat_template=template,
+        add_generation_prompt=generation,
+        tokenize=False,
+        tools=[{"type": "function", "function": f} for f in tools] if tools else None,
+        **extra,
+    )
+    text = formatter.render(case["messages"], add_generation_prompt=generation, tools=tools, **extra)
+    if tools and not formatter.renders_tools:  # this template shows no tools: they go in a message
+        assert "get_weather" in text
+        return
+    assert text == expected
+    if template is READS_EVERYTHING:
+        assert text.startswith(f"{BOS}[<|eot_id|>|[UNK]]"), "the special tokens reach the template"
