@@ -61,13 +61,14 @@ class Result:
     stop_string: str | None = None  # the stop string that ended it, if one did
 
 
-def _seeded(prepared: GenerationRequest, params: SamplingParams, i: int) -> GenerationRequest:
-    """Choice ``i``'s engine request (see the module docstring on seeds)."""
+def _engine_request(
+    prepared: GenerationRequest, params: SamplingParams, i: int, request_id: str | None
+) -> GenerationRequest:
+    """Choice ``i``'s engine request (see the module docstring on seeds), with Triton's id: one copy."""
     if params.temperature == 0:
-        return prepared
-    if params.seed is not None:
-        return replace(prepared, seed=(params.seed + i) & _UINT64_MASK)
-    return replace(prepared, seed=secrets.randbits(63))
+        return replace(prepared, request_id=request_id)
+    seed = secrets.randbits(63) if params.seed is None else (params.seed + i) & _UINT64_MASK
+    return replace(prepared, seed=seed, request_id=request_id)
 
 
 async def start_choices(
@@ -94,7 +95,7 @@ async def start_choices(
         for p, request in enumerate(prepared):
             for i in range(n):
                 # Triton's ids: the request's X-Request-Id, "<id>-<index>" for several
-                engine = replace(_seeded(request, params, i), request_id=engine_request_id(p * n + i, count))
+                engine = _engine_request(request, params, i, engine_request_id(p * n + i, count))
                 streams.append((p * n + i, await runtime.generate(engine)))
         release_when_done([stream for _, stream in streams])
         if not read_first and len(streams) == 1:

@@ -217,7 +217,10 @@ class GenerationServing:
         otherwise (`guide_param`: the one a guide refused with beam search names)."""
         flavor = self.runtime.flavor
         # a beam-packed model: every request searches beams
-        params = flavor.fill_beam_search(replace(request.sampling_params(), lora=adapter))
+        params = request.sampling_params()
+        if adapter is not None:
+            params = replace(params, lora=adapter)
+        params = flavor.fill_beam_search(params)
         flavor.check_logprobs(params, logprobs_param)
         flavor.check_engine_features(
             params,
