@@ -268,3 +268,39 @@ def test_a_request_of_two_choices_takes_two_slots(paired: BentoService) -> None:
     assert [(name, status) for name, status, _ in done] == [("pair", 200), ("single", 200)]
     assert len(json.loads(done[0][2])["choices"]) == 2
     waiting(paired, 0)
+
+
+def test_a_client_that_leaves_before_its_first_token_frees_its_engine_request(paired: BentoService) -> None:
+    """A streamed request sent to the engine, which has not started it (its one batch slot is held),
+    whose client leaves: the service ends it at once (499, its engine request cancelled, its slot
+    free for the next request), not when a first token it would never send comes."""
+    held = Held(paired)  # the engine's one batch slot, and the first of the service's two
+    try:
+        gone_before = metric(paired, "trtllm:requests_total", route="/generate", status="499")
+        started_before = metric(paired, "trtllm:request_queue_time_seconds_count")
+        leaving = http.client.HTTPConnection("127.0.0.1", paired.port, timeout=30)
+        leaving.request(
+            "POST", "/generate", json.dumps({"prompt": "hi"}), {"Content-Type": "application/json"}
+        )
+        until(  # the second slot: it is in the engine, behind the held request
+            lambda: metric(paired, "trtllm:request_queue_time_seconds_count") == started_before + 1,
+            "the leaving request was sent to the engine",
+        )
+        leaving.close()
+        until(
+            lambda: (
+                metric(paired, "trtllm:requests_total", route="/generate", status="499") == gone_before + 1
+            ),
+            "the request whose client left was ended while the held one still runs",
+        )
+        done: list[Any] = []
+        sent = send(paired, "next", "/generate", {"prompt": "hi", "max_tokens": 2}, done)
+        until(  # its slot was given back: the next request goes to the engine, no wait in the service
+            lambda: metric(paired, "trtllm:request_queue_time_seconds_count") == started_before + 2,
+            "the next request was sent to the engine",
+        )
+        assert metric(paired, "trtllm:num_requests_waiting") == 0
+    finally:
+        held.release()
+    sent.join(WAIT_S)
+    assert [(name, status) for name, status, _ in done] == [("next", 200)]

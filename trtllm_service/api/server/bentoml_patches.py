@@ -29,8 +29,10 @@ logger = logging.getLogger("trtllm_service")
 
 
 def cancel_request_timers() -> None:
-    """Replaces `TimeoutMiddleware.__call__` with one that cancels its timer; same behaviour else,
-    but its 504 in the service's error shape."""
+    """Replaces `TimeoutMiddleware.__call__` with one that cancels its timer, and that stops
+    waiting when the app returns without sending anything (BentoML's waits for a first message until
+    its timer fires: a request task left behind for the whole timeout, which also holds up a graceful
+    shutdown); same behaviour else, but its 504 in the service's error shape."""
     from bentoml._internal.server.http import traffic
     from starlette.responses import JSONResponse
 
@@ -54,6 +56,7 @@ def cancel_request_timers() -> None:
             await send(message)
 
         task = asyncio.ensure_future(self.app(scope, receive, _send), loop=loop)
+        task.add_done_callback(lambda _: waiter.done() or waiter.set_result(None))
         try:
             try:
                 await waiter

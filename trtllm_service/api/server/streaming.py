@@ -218,7 +218,10 @@ class PushBody(Response):
                     status = refused.status
                     await error_response(refused)(scope, receive, send)
                     return
-                if watcher.done():
+                if watcher.done():  # the client left first: an answer nobody reads (the server drops
+                    # it), so that every middleware sees the request end: 499, "client closed request"
+                    await send({"type": "http.response.start", "status": 499, "headers": []})
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
                     return
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             self._context.run(self._start)

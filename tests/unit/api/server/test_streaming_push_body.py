@@ -150,7 +150,7 @@ def test_an_error_before_the_first_text_is_a_json_answer_with_its_status() -> No
 
 def test_a_client_that_leaves_before_the_first_text_cancels_the_engine_request() -> None:
     """A long prompt's prefill is not run to its end for nobody: the request is cancelled as soon as
-    the client goes, and nothing is sent."""
+    the client goes, and its end is a 499 with no body."""
     recorded = Recorded()
     gone = asyncio.Event()
 
@@ -166,8 +166,12 @@ def test_a_client_that_leaves_before_the_first_text_cancels_the_engine_request()
         await asyncio.wait_for(serving, 1)
 
     asyncio.run(scenario())
-    assert recorded.chain_sent == [] and recorded.written == []
-    assert recorded.cancelled == [7]
+    assert recorded.written == [] and recorded.cancelled == [7]
+    # the request's end, for the middlewares (the server writes nothing to a client that left)
+    assert [(m["type"], m.get("status")) for m in recorded.chain_sent] == [
+        ("http.response.start", 499),
+        ("http.response.body", None),
+    ]
     assert recorded.status == 499
 
 
