@@ -1,4 +1,4 @@
-"""BentoML's TimeoutMiddleware as the service patches it (`bentoml_patches.cancel_request_timers`):
+"""bentoml_patches: BentoML's TimeoutMiddleware as the service patches it (`cancel_request_timers`):
 its timer is cancelled with the request, and an app that returns without answering (a request whose
 client left before its first token) does not leave the request waiting for the timer."""
 
