@@ -131,7 +131,7 @@ class PromptFormatter:
         extra = self._template_kwargs
         if reasoning_effort is not None:
             extra = {**extra, "reasoning_effort": reasoning_effort}
-        shown: list[dict[str, Any]] | None = None
+        shown: list[Any] | None = None  # the functions, as tool definitions
         if any(m.get("tool_calls") or m["role"] == "tool" for m in messages) or tools:
             if self.renders_tools:
                 messages = tool_calls.template_messages(messages)
@@ -142,7 +142,7 @@ class PromptFormatter:
         try:
             # transformers' renderer, as `apply_chat_template(tokenize=False)` calls it (the
             # tokenizer's special tokens as variables), without its per-call lookups
-            rendered, _ = render_jinja_template(
+            rendered: Any = render_jinja_template(  # (texts, generation indices); typed as str
                 conversations=[messages],
                 tools=shown,
                 chat_template=self.chat_template,
@@ -151,7 +151,7 @@ class PromptFormatter:
             )
         except jinja2.TemplateError as exc:
             raise ValueError(f"The chat template could not format these messages: {exc}") from exc
-        text = rendered[0]
+        text = rendered[0][0]
         if not isinstance(text, str):  # defensive: the renderer gives text
             raise ValueError(f"The chat template produced {type(text).__name__}, expected text")
         return text

@@ -56,7 +56,12 @@ def cancel_request_timers() -> None:
             await send(message)
 
         task = asyncio.ensure_future(self.app(scope, receive, _send), loop=loop)
-        task.add_done_callback(lambda _: waiter.done() or waiter.set_result(None))
+
+        def app_returned(_: object) -> None:  # without a first message: nothing left to wait for
+            if not waiter.done():
+                waiter.set_result(None)
+
+        task.add_done_callback(app_returned)
         try:
             try:
                 await waiter
