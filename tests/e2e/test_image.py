@@ -27,6 +27,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import psutil
 import pytest
 import yaml
 
@@ -40,7 +41,11 @@ FLAVORS = ("llmapi",)  # the tests pack their own models; flavours are not the c
 BUILT = re.compile(r'Successfully built Bento\(tag="([^"]+)"\)')
 
 
-TEST_IMAGES = ("localhost/trtllm-test-llmapi:latest", "localhost/trtllm-test-ensemble:latest")
+RUN_TAG = f"{os.getpid()}-{os.urandom(4).hex()}"
+"""In the bento images' names: test runs that share the double's podman store (two checkouts, or CI
+and a developer on one machine) build and remove only their own images. With one name for all, a
+run's `rmi -f` at its end removed the image another run was serving from, stopping its container."""
+TEST_IMAGES = (f"localhost/trtllm-test-llmapi:{RUN_TAG}", f"localhost/trtllm-test-ensemble:{RUN_TAG}")
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +53,7 @@ def podman() -> Iterator[dict[str, str]]:
     """The environment podman runs in, with the double tagged as the pinned image. The bento images
     go again afterwards (the double and its layers stay cached for the next run)."""
     _, env = double.ensure_double()
+    remove_images_of_ended_runs(env)
     yield env
     for image in TEST_IMAGES:  # --no-prune: their build layers stay, the cache of the next run
         subprocess.run(
@@ -57,6 +63,29 @@ def podman() -> Iterator[dict[str, str]]:
             timeout=120,
             check=False,
         )
+
+
+def remove_images_of_ended_runs(env: dict[str, str]) -> None:
+    """The bento images a run left behind when it was killed before its teardown (their tags name
+    a test process that is gone), so that the store does not grow run after run."""
+    listed = subprocess.run(
+        ["podman", "images", "--format", "{{.Repository}}:{{.Tag}}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    for image in listed.stdout.split():
+        found = re.fullmatch(r"localhost/trtllm-test-\w+:(\d+)-[0-9a-f]+", image)
+        if found and not psutil.pid_exists(int(found.group(1))):
+            subprocess.run(
+                ["podman", "rmi", "-f", "--no-prune", image],
+                env=env,
+                capture_output=True,
+                timeout=120,
+                check=False,
+            )
 
 
 def build_bento(home: Path, *options: str) -> str:
@@ -242,7 +271,7 @@ def test_image_build_fails_loudly_without_tensorrt_llm(
     bentofile.write_text(yaml.safe_dump(build))
     bento = build_bento(home, "--bentofile", str(bentofile))
     done = double.containerize(
-        bento, "localhost/trtllm-test-plain:latest", {**podman, "BENTOML_HOME": str(home)}
+        bento, f"localhost/trtllm-test-plain:{RUN_TAG}", {**podman, "BENTOML_HOME": str(home)}
     )
     assert done.returncode != 0
     assert "cannot see tensorrt_llm" in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]

@@ -271,6 +271,44 @@ def test_a_dead_python_stub_is_noticed_and_triton_restarted(
     assert "stub of model instance 'tensorrt_llm_0_0'" in caplog.text, caplog.text
 
 
+def test_a_server_killed_under_trtllm_llmapi_launch_is_blamed_not_its_stubs(
+    llmapi_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A killed tritonserver takes its stubs with it, and the launcher above trtllm-llmapi-launch
+    sees the server gone only at its next poll. The launcher is held (SIGSTOP) until the supervisor,
+    probing every 0.1 s, has seen the dead stub: the restart's cause is still the server's exit."""
+    double = Path(__file__).resolve().parents[1] / "image_double"
+    monkeypatch.setenv("PATH", f"{double / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYTHONPATH", str(double / "dists" / "tensorrt_llm"))
+
+    async def scenario() -> None:
+        supervisor = _supervisor(
+            llmapi_repo, tmp_path, llmapi=True, restart_backoff_s=0.2, probe_interval_s=0.1
+        )
+        await supervisor.start()
+        try:
+            assert supervisor.triton is not None and supervisor.triton.process is not None
+            launcher = supervisor.triton.process.pid
+            [server] = [p for p in _tree(launcher) if p.name() == "tritonserver"]
+            [engine] = [stub for stub in supervisor.stubs if stub.instance == "tensorrt_llm_0_0"]
+            os.kill(launcher, signal.SIGSTOP)
+            try:
+                server.kill()
+                assert await _until(lambda: not engine.alive(), 10), "the stub outlived its server"
+                await asyncio.sleep(0.5)  # five probes of the supervisor's
+            finally:
+                os.kill(launcher, signal.SIGCONT)
+            assert await _until(lambda: supervisor.restarts == 1, 30), supervisor.log_tail()
+            assert await _until(lambda: supervisor.ready, 120), supervisor.log_tail()
+        finally:
+            await supervisor.stop()
+
+    with caplog.at_level("ERROR", logger="trtllm_service.triton"):
+        asyncio.run(scenario())
+    [cause] = [record.getMessage() for record in caplog.records if "restart 1/" in record.getMessage()]
+    assert cause.startswith("tritonserver exited (code 1)"), cause
+
+
 def test_restarts_in_a_row_are_limited_and_a_stable_run_resets_the_count(
     llmapi_repo: Path, tmp_path: Path
 ) -> None:

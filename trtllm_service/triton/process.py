@@ -141,6 +141,10 @@ STABLE_RUN_S = 600.0
 """A Triton that stayed up this long (seconds) starts the count of restarts in a row again."""
 UNREADY_AFTER_MISSES = 2
 """Health probes in a row that must go unanswered before Triton counts as not ready."""
+SERVER_EXIT_GRACE_S = 2.0
+"""How long a dead stub waits for its server's own exit to show before the stub is blamed: a killed
+tritonserver takes its stubs with it, and the launcher over trtllm-llmapi-launch notices the server
+only at its next poll (0.5 s), then kills and reaps the script's tree."""
 
 
 PYTHON_STUB = "triton_python_backend_stub"
@@ -755,6 +759,10 @@ class TritonSupervisor:
                     return f"tritonserver exited (code {exited.result()})"
                 dead = next((stub for stub in self.stubs if not stub.alive()), None)
                 if dead is not None:
+                    self._set_ready(False)  # that model fails every request from now on
+                    done, _ = await asyncio.wait([exited], timeout=SERVER_EXIT_GRACE_S)
+                    if done:
+                        return f"tritonserver exited (code {exited.result()})"
                     return (
                         f"the Python-backend stub of model instance {dead.instance!r} (pid {dead.pid}) "
                         "died; Triton fails that model's requests until it restarts"
