@@ -68,7 +68,7 @@ def bounded(slow_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 @pytest.fixture(scope="module")
 def paired(slow_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BentoService]:
-    """Two slots in the service's queue (the engine's one batch slot runs their requests in turn)."""
+    """Two slots in the service's queue (the synthetic engine runs at once every request it is sent)."""
     yield from serve(slow_home, tmp_path_factory, "paired", {"TRTLLM_ENGINE_SLOTS": "2"})
 
 
@@ -94,7 +94,7 @@ def model_of(server: BentoService) -> str:
 
 
 class Held:
-    """A streamed chat request that holds the engine's slot until `release` (its client leaves)."""
+    """A streamed chat request that holds a slot of the service's until `release` (its client leaves)."""
 
     def __init__(self, server: BentoService) -> None:
         self.connection = http.client.HTTPConnection("127.0.0.1", server.port, timeout=120)
@@ -270,29 +270,48 @@ def test_a_request_of_two_choices_takes_two_slots(paired: BentoService) -> None:
     waiting(paired, 0)
 
 
-def test_a_client_that_leaves_before_its_first_token_frees_its_engine_request(paired: BentoService) -> None:
-    """A streamed request sent to the engine, which has not started it (its one batch slot is held),
-    whose client leaves: the service ends it at once (499, its engine request cancelled, its slot
-    free for the next request), not when a first token it would never send comes."""
-    held = Held(paired)  # the engine's one batch slot, and the first of the service's two
+LEAVING = {
+    "stream": ("/generate", {"prompt": "hi"}),
+    # read in the handler, not by the response: an answer that is not streamed, and a streamed one
+    # with tools in play (whether it is calls is known only from its text)
+    "whole": ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    "tools": (
+        "/v1/chat/completions",
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": True,
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("leaving_kind", LEAVING)
+def test_a_client_that_leaves_early_frees_its_engine_request(paired: BentoService, leaving_kind: str) -> None:
+    """A request sent to the engine whose client leaves at once, while another request holds the
+    other of the service's two slots: it ends as a 499 before that one does, and its slot goes to
+    the next request. (The synthetic engine runs every request at once, so its first token may come
+    before the client leaves; tests/unit/api/generation/test_choices.py holds the first token back.)"""
+    route, body = LEAVING[leaving_kind]
+    held = Held(paired)  # the first of the service's two slots
     try:
-        gone_before = metric(paired, "trtllm:requests_total", route="/generate", status="499")
+        gone_before = metric(paired, "trtllm:requests_total", route=route, status="499")
+        held_done = metric(paired, "trtllm:requests_total", route="/v1/chat/completions", status="200")
         started_before = metric(paired, "trtllm:request_queue_time_seconds_count")
         leaving = http.client.HTTPConnection("127.0.0.1", paired.port, timeout=30)
-        leaving.request(
-            "POST", "/generate", json.dumps({"prompt": "hi"}), {"Content-Type": "application/json"}
-        )
+        leaving.request("POST", route, json.dumps(body), {"Content-Type": "application/json"})
         until(  # the second slot: it is in the engine, behind the held request
             lambda: metric(paired, "trtllm:request_queue_time_seconds_count") == started_before + 1,
             "the leaving request was sent to the engine",
         )
         leaving.close()
         until(
-            lambda: (
-                metric(paired, "trtllm:requests_total", route="/generate", status="499") == gone_before + 1
-            ),
-            "the request whose client left was ended while the held one still runs",
+            lambda: metric(paired, "trtllm:requests_total", route=route, status="499") == gone_before + 1,
+            "the request whose client left was ended",
         )
+        assert (
+            metric(paired, "trtllm:requests_total", route="/v1/chat/completions", status="200") == held_done
+        ), "the request whose client left was ended only after the held one: at its first token"
         done: list[Any] = []
         sent = send(paired, "next", "/generate", {"prompt": "hi", "max_tokens": 2}, done)
         until(  # its slot was given back: the next request goes to the engine, no wait in the service

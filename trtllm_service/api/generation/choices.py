@@ -17,13 +17,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from starlette.requests import Request
 
-from trtllm_service.api.server.admission import release_when_done, wait_turn
+from trtllm_service.api.server.admission import client_gone, release_when_done, wait_turn
 from trtllm_service.errors import APIError
 from trtllm_service.relay.client import EngineStream
 from trtllm_service.relay.logprobs import TokenLogprob
@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("trtllm_service.api")
 
 _UINT64_MASK = (1 << 64) - 1
+_T = TypeVar("_T")
 
 
 @dataclass(slots=True)
@@ -78,18 +79,20 @@ async def start_choices(
     n: int,
     *,
     read_first: bool = True,
+    http_request: Request | None = None,
 ) -> list[Choice]:
     """Waits for the request's turn in the service's queue (as many slots as engine requests, held
     until the engine is done with them), starts every engine request and waits for each first text;
     on any failure closes them all. `read_first` False: one streamed choice is returned as soon as its
     engine request is sent, `waiting` for its first text, which its response reads before it starts
-    (`sse_frames.SSEFraming`)."""
+    (`sse_frames.SSEFraming`). `http_request`: a client that leaves before the first texts (or the
+    beams) ends them at once, a 499 (`client_gone`), rather than when they come."""
     # one beam of a beam-packed model reads as an ordinary (one-chunk) stream
     beams = any(request.beam_width for request in prepared) and not (n == 1 and runtime.flavor.beam_packed)
     count = len(prepared) if beams else len(prepared) * n
     await wait_turn(*params.queue_rank, count)  # the service's queue, where it has one
     if beams:
-        return await _start_beams(runtime, prepared, n)
+        return await _start_beams(runtime, prepared, n, http_request)
     streams: list[tuple[int, EngineStream]] = []
     try:
         for p, request in enumerate(prepared):
@@ -100,7 +103,7 @@ async def start_choices(
         release_when_done([stream for _, stream in streams])
         if not read_first and len(streams) == 1:
             return [Choice(streams[0][0], streams[0][1], "", waiting=True)]
-        firsts = await asyncio.gather(*(stream.read() for _, stream in streams))
+        firsts = await _unless_gone(asyncio.gather(*(stream.read() for _, stream in streams)), http_request)
     except BaseException as exc:
         for _, stream in streams:
             stream.close()
@@ -110,7 +113,27 @@ async def start_choices(
     return [Choice(index, stream, first) for (index, stream), first in zip(streams, firsts, strict=True)]
 
 
-async def _start_beams(runtime: Runtime, prepared: Sequence[GenerationRequest], n: int) -> list[Choice]:
+async def _unless_gone(work: Awaitable[_T], http_request: Request | None) -> _T:
+    """`work`'s result; `client_gone` (work cancelled) as soon as the client leaves before it is done."""
+    if http_request is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(http_request))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        raise client_gone()
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+async def _start_beams(
+    runtime: Runtime, prepared: Sequence[GenerationRequest], n: int, http_request: Request | None
+) -> list[Choice]:
     """Beam search: one engine request per prompt returns its `n` best beams, which become that
     prompt's choices (best first). Never streamed: the engine sends every beam at once."""
     streams: list[EngineStream] = []
@@ -119,7 +142,7 @@ async def _start_beams(runtime: Runtime, prepared: Sequence[GenerationRequest], 
             engine = replace(request, num_return=n, request_id=engine_request_id(p, len(prepared)))
             streams.append(await runtime.generate(engine))
         release_when_done(streams)
-        found = await asyncio.gather(*(stream.beams() for stream in streams))
+        found = await _unless_gone(asyncio.gather(*(stream.beams() for stream in streams)), http_request)
     except BaseException as exc:
         for stream in streams:
             stream.close()

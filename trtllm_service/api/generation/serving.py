@@ -180,6 +180,7 @@ class GenerationServing:
                 request.samples_per_prompt,
                 # a streamed text answer's response reads its first text (SSEFraming)
                 read_first=not request.stream or bool(request.tool_mode),
+                http_request=http_request,
             )
         except APIError as exc:
             metrics.done(exc.status)

@@ -40,7 +40,9 @@ async def serve_completions(
         params = await serving.params(request, adapter, "logprobs")
         prompts = request.prompts()
         prepared = await serving.runtime.prepare_prompts(prompts, params)
-        choices = await start_choices(serving.runtime, prepared, params, request.samples_per_prompt)
+        choices = await start_choices(
+            serving.runtime, prepared, params, request.samples_per_prompt, http_request=http_request
+        )
     except APIError as exc:
         metrics.done(exc.status)
         return error_response(exc)
