@@ -22,7 +22,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
@@ -55,7 +55,12 @@ def podman() -> Iterator[dict[str, str]]:
     _, env = double.ensure_double()
     remove_images_of_ended_runs(env)
     yield env
-    for image in TEST_IMAGES:  # --no-prune: their build layers stay, the cache of the next run
+    remove_images(TEST_IMAGES, env)
+
+
+def remove_images(images: Sequence[str], env: dict[str, str]) -> None:
+    """`podman rmi` of bento images, --no-prune: their build layers stay, the cache of the next run."""
+    for image in images:
         subprocess.run(
             ["podman", "rmi", "-f", "--no-prune", image],
             env=env,
@@ -76,16 +81,12 @@ def remove_images_of_ended_runs(env: dict[str, str]) -> None:
         timeout=60,
         check=False,
     )
+    ended = []
     for image in listed.stdout.split():
         found = re.fullmatch(r"localhost/trtllm-test-\w+:(\d+)-[0-9a-f]+", image)
         if found and not psutil.pid_exists(int(found.group(1))):
-            subprocess.run(
-                ["podman", "rmi", "-f", "--no-prune", image],
-                env=env,
-                capture_output=True,
-                timeout=120,
-                check=False,
-            )
+            ended.append(image)
+    remove_images(ended, env)
 
 
 def build_bento(home: Path, *options: str) -> str:
