@@ -19,11 +19,17 @@ import logging
 import secrets
 from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from starlette.requests import Request
 
-from trtllm_service.api.server.admission import client_gone, release_when_done, wait_turn
+from trtllm_service.api.server.admission import (
+    CLIENT_GONE,
+    client_gone,
+    release_when_done,
+    until_disconnect,
+    wait_turn,
+)
 from trtllm_service.errors import APIError
 from trtllm_service.relay.client import EngineStream
 from trtllm_service.relay.logprobs import TokenLogprob
@@ -118,7 +124,7 @@ async def _unless_gone(work: Awaitable[_T], http_request: Request | None) -> _T:
     if http_request is None:
         return await work
     task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(http_request))
+    watcher = asyncio.ensure_future(until_disconnect(http_request.receive))
     try:
         await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
         if task.done():
@@ -218,14 +224,6 @@ def api_error(exc: BaseException) -> APIError:
     return APIError.internal()
 
 
-async def _disconnected(request: Request) -> None:
-    """Returns when the client has gone away (the request body has been read already)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
 async def _collect(choice: Choice) -> Result:
     """Reads one choice to its end."""
     stream = choice.stream
@@ -246,24 +244,15 @@ async def _collect(choice: Choice) -> Result:
 async def collect_all(choices: list[Choice], http_request: Request | None) -> list[Result] | None:
     """Reads every choice to its end (None: the client went away). Closes every stream however it ends."""
     tasks = [asyncio.ensure_future(_collect(c)) for c in choices]
-    watcher = asyncio.ensure_future(_disconnected(http_request)) if http_request is not None else None
-    pending: set[asyncio.Future[Any]] = set(tasks)
-    if watcher is not None:
-        pending.add(watcher)
     try:
-        while True:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in tasks:
-                failure = task.exception() if task in done else None
-                if failure is not None:
-                    raise api_error(failure)
-            if all(task.done() for task in tasks):
-                return [task.result() for task in tasks]
-            if watcher is not None and watcher in done and watcher.exception() is None:
-                return None
+        return await _unless_gone(asyncio.gather(*tasks), http_request)  # the first failure raises
+    except APIError as exc:
+        if exc.status == CLIENT_GONE:
+            return None
+        raise
+    except Exception as exc:
+        raise api_error(exc) from None
     finally:
-        if watcher is not None:
-            watcher.cancel()
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

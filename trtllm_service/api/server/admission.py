@@ -79,6 +79,16 @@ QUEUE_CODES = frozenset({"queue_full", "queue_timeout"})
 """The codes of the queue's refusals (Anthropic's routes answer them as 529 overloaded_error)."""
 
 
+async def until_disconnect(receive: Receive) -> None:
+    """Returns when the client disconnects; for a request whose body has been read, when nothing
+    else can arrive."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        await asyncio.sleep(0.05)  # a server that answers "no more body" again and again
+
+
 def client_gone() -> APIError:
     return APIError(
         CLIENT_GONE, "The client closed the request while it waited.", code="client_closed_request"
@@ -207,12 +217,7 @@ class Turn:
             self.held = await self.admission.wait(tier, priority, self._gone, weight)
 
     async def _gone(self) -> None:
-        """Returns when the client disconnects (its body has been read: nothing else arrives)."""
-        while True:
-            message = await self.receive()
-            if message["type"] == "http.disconnect":
-                return
-            await asyncio.sleep(0.05)  # a server that answers "no more body" again and again
+        await until_disconnect(self.receive)
 
     def release(self) -> None:
         if self.held:

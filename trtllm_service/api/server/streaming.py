@@ -26,8 +26,9 @@ from collections.abc import AsyncGenerator, Mapping
 from typing import Any, Protocol
 
 from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from trtllm_service.api.server.admission import until_disconnect
 from trtllm_service.api.server.error_shape import error_response
 from trtllm_service.errors import APIError
 from trtllm_service.relay.client import EngineStream
@@ -89,13 +90,6 @@ def quiet_cut_streams() -> None:
         uvicorn_log.addFilter(CutStreamLogFilter())
 
 
-async def _until_disconnect(receive: Receive) -> None:
-    while True:
-        message: Message = await receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
 class StreamBody(Response):
     """An ASGI response that streams `chunks` with status 200 (a Starlette Response, so that BentoML
     and FastAPI pass it through as it is)."""
@@ -114,7 +108,7 @@ class StreamBody(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         writer = asyncio.ensure_future(self._write(send, scope.get(SERVER_SEND, send)))
-        watcher = asyncio.ensure_future(_until_disconnect(receive))
+        watcher = asyncio.ensure_future(until_disconnect(receive))
         try:
             await asyncio.wait((writer, watcher), return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -210,7 +204,7 @@ class PushBody(Response):
         self._ended = ended = loop.create_future()
         self._context = contextvars.copy_context()
         status, error = 499, None  # the client went away, unless the stream ends or fails
-        watcher = asyncio.ensure_future(_until_disconnect(receive))
+        watcher = asyncio.ensure_future(until_disconnect(receive))
         try:
             if self.framing.waiting:
                 refused = await self._first_text(watcher)

@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import pytest
 
-from trtllm_service.api.generation.choices import start_choices
+from trtllm_service.api.generation.choices import collect_all, start_choices
 from trtllm_service.errors import APIError
 from trtllm_service.relay.request import GenerationRequest, SamplingParams
 
@@ -26,6 +26,9 @@ class SilentStream:
     closed: bool = False
     read_cancelled: bool = False
     first: asyncio.Event = field(default_factory=asyncio.Event)
+    failure: Exception | None = None  # what its next read raises, once `first` is set again
+    finish_reason: str | None = None
+    completion_tokens: int = 0
 
     async def read(self) -> str:
         try:
@@ -33,7 +36,13 @@ class SilentStream:
         except asyncio.CancelledError:
             self.read_cancelled = True
             raise
+        self.first.clear()  # the next text is held back until `first` is set again
+        if self.failure is not None:
+            raise self.failure
         return "first"
+
+    def take_logprobs(self) -> list[Any]:
+        return []
 
     def close(self) -> None:
         self.closed = True
@@ -100,5 +109,48 @@ def test_first_texts_that_come_are_the_choices_and_the_watch_ends() -> None:
         assert not any(s.closed for s in runtime.streams)
         pending = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
         assert not pending, pending  # the disconnect watch was cancelled, not left behind
+
+    asyncio.run(scenario())
+
+
+def _started(runtime: Runtime, client: Client) -> Any:
+    """Two choices whose first texts came; their next texts are held back."""
+
+    async def start() -> Any:
+        started = asyncio.ensure_future(_start(runtime, client, 2))
+        await asyncio.sleep(0.05)
+        for stream in runtime.streams:
+            stream.first.set()
+        return await asyncio.wait_for(started, 1)
+
+    return start()
+
+
+def test_reading_the_answers_ends_when_the_client_leaves() -> None:
+    async def scenario() -> None:
+        runtime, client = Runtime(), Client()
+        choices = await _started(runtime, client)
+        reading = asyncio.ensure_future(collect_all(choices, cast(Any, client)))
+        await asyncio.sleep(0.05)
+        client.left.set()
+        assert await asyncio.wait_for(reading, 1) is None
+        assert all(s.closed and s.read_cancelled for s in runtime.streams)
+
+    asyncio.run(scenario())
+
+
+def test_reading_the_answers_raises_the_first_failure_and_closes_every_stream() -> None:
+    async def scenario() -> None:
+        runtime, client = Runtime(), Client()
+        choices = await _started(runtime, client)
+        reading = asyncio.ensure_future(collect_all(choices, cast(Any, client)))
+        await asyncio.sleep(0.05)
+        failing = runtime.streams[1]
+        failing.failure = RuntimeError("the engine failed")
+        failing.first.set()
+        with pytest.raises(APIError) as raised:
+            await asyncio.wait_for(reading, 1)
+        assert raised.value.status == 500
+        assert all(s.closed for s in runtime.streams) and runtime.streams[0].read_cancelled
 
     asyncio.run(scenario())
