@@ -408,6 +408,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="127.0.0.1",
         help="address that gRPC, HTTP and metrics listen on (default 127.0.0.1: Triton has no authentication)",
     )
+    p.add_argument(
+        "--server_id",
+        default=None,
+        help="tritonserver --id: the name GET /v2 answers with, so that a client can tell this server "
+        "from another one that answers on the same port (default: Triton's own, 'triton')",
+    )
     p.add_argument("--log", action="store_true", help="verbose Triton logging (rank 0)")
     p.add_argument("--log-file", "--log_file", dest="log_file", default=None, help="Triton log file (rank 0)")
     p.add_argument(
@@ -444,6 +450,8 @@ def _validate(args: argparse.Namespace) -> None:
             raise LauncherError(f"--{name} must be in 1..65535, got {port}")
     if args.exit_timeout_secs < 0:
         raise LauncherError(f"--exit_timeout_secs must be >= 0, got {args.exit_timeout_secs}")
+    if args.server_id is not None and (not args.server_id or any(c.isspace() for c in args.server_id)):
+        raise LauncherError(f"--server_id must be one word, got {args.server_id!r}")
     if not args.host:
         raise LauncherError("--host must not be empty")
 
@@ -471,6 +479,8 @@ def _rank_command(args: argparse.Namespace, install: TritonInstall, rank: int, u
         f"--backend-config=python,shm-region-prefix-name=prefix{rank}_{unique}_",
         f"--exit-timeout-secs={args.exit_timeout_secs}",
     ]
+    if args.server_id:
+        cmd.append(f"--id={args.server_id}")
     if install.backend_dir:
         cmd.append(f"--backend-directory={install.backend_dir}")
     if rank == 0:

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psutil
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
@@ -180,25 +182,57 @@ def new_stub_crashes(before: Sequence[str], pids: Sequence[int] | None = None) -
     ]
 
 
+PORT_RESERVATIONS = Path(tempfile.gettempdir()) / "trtllm-test-ports"
+"""One file per port handed out by `free_ports`, holding the pid of the test process it went to."""
+PORT_RANGE = (20000, 32768)
+"""Where test ports come from: below Linux's ephemeral range (32768-60999 by default), which the
+kernel hands out to every outgoing connection and every bind to port 0."""
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def free_ports(count: int) -> list[int]:
-    """`count` distinct free ports: all held open while chosen (one at a time, the kernel may hand
-    out the same port twice; a service and its Triton then collide)."""
-    sockets = []
-    try:
-        for _ in range(count):
-            sock = socket.socket()
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
+    """`count` distinct free ports, each handed out once to a live process on this machine.
+
+    A free port is let go before its server takes it, and another can take it first: this run's
+    other xdist worker or another test run on the machine (bind to port 0 handed two launches one
+    HTTP port in CI), or any outgoing connection. So the ports come from below the kernel's
+    ephemeral range, and each is reserved in PORT_RESERVATIONS, under a lock, for as long as the
+    process it went to lives."""
+    import fcntl
+    import random
+
+    PORT_RESERVATIONS.mkdir(exist_ok=True)
+    chosen: list[int] = []
+    with open(PORT_RESERVATIONS / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        while len(chosen) < count:
+            port = random.randrange(*PORT_RANGE)
+            if port not in chosen and _bindable(port) and _reserve(PORT_RESERVATIONS / str(port)):
+                chosen.append(port)
+    return chosen
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _reserve(path: Path) -> bool:
+    """Marks the port `path` names as this process's, unless a live process has it (the caller
+    holds the lock)."""
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        owner = int(path.read_text())
+        if owner == os.getpid() or psutil.pid_exists(owner):
+            return False
+    path.write_text(str(os.getpid()))
+    return True
 
 
 def asgi_request(app: Any, path: str, method: str = "GET", **headers: str) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -358,6 +359,63 @@ def test_a_server_that_answers_again_is_ready_again_without_restart(
             assert supervisor.restarts == 0 and supervisor.triton is not None and supervisor.triton.pid == pid
         finally:
             await supervisor.stop()
+
+    asyncio.run(scenario())
+
+
+def test_a_free_port_another_triton_took_first_is_given_up_for_another(
+    llmapi_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A free port is chosen, then let go for Triton to take; another server can take it first.
+    In CI two starts were handed one HTTP port: the later Triton exited ("already in use") and
+    its owner took the other Triton's answers for its own readiness. Here the race is made
+    certain, the one fake: the first choice of ports holds another real Triton's HTTP port. The
+    supervisor must not count the other server's readiness, and must start again on other ports;
+    a configured port in use is an error that names it."""
+
+    async def scenario() -> None:
+        other = _supervisor(llmapi_repo, tmp_path / "other")
+        await other.start()
+        try:
+            taken = other.ports.http
+            choose = TritonPorts.choose
+            choices: list[TritonPorts] = []
+
+            def first_one_taken(grpc: int, http: int, metrics: int, host: str) -> TritonPorts:
+                chosen = choose(grpc, http, metrics, host)
+                choices.append(dataclasses.replace(chosen, http=taken) if not choices else chosen)
+                return choices[-1]
+
+            monkeypatch.setattr(TritonPorts, "choose", staticmethod(first_one_taken))
+            supervisor = _supervisor(llmapi_repo, tmp_path / "this")
+            try:
+                await supervisor.start()
+                assert [c.http for c in choices][:1] == [taken] and len(choices) == 2, choices
+                assert supervisor.ports.http != taken and supervisor.restarts == 0
+                assert await process.server_name("127.0.0.1", supervisor.ports.http) == supervisor.server_id
+                assert (
+                    await process.server_name("127.0.0.1", taken) == other.server_id != supervisor.server_id
+                )
+            finally:
+                await supervisor.stop()
+
+            monkeypatch.setattr(TritonPorts, "choose", choose)
+            configured = TritonSupervisor(
+                llmapi_repo,
+                models=("tensorrt_llm",),
+                run_dir=tmp_path / "configured",
+                ports=TritonPorts(0, taken, 0),
+                startup_timeout_s=120,
+            )
+            with pytest.raises(
+                TritonStartupError,
+                match=f"HTTP port {taken} is configured, and another process has it",
+            ):
+                await configured.start()
+            await configured.stop()
+            assert other.ready, "the other Triton serves on"
+        finally:
+            await other.stop()
 
     asyncio.run(scenario())
 

@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -36,7 +37,7 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +142,10 @@ STABLE_RUN_S = 600.0
 """A Triton that stayed up this long (seconds) starts the count of restarts in a row again."""
 UNREADY_AFTER_MISSES = 2
 """Health probes in a row that must go unanswered before Triton counts as not ready."""
+PORT_RETRIES = 3
+"""Starts again on other free ports, in one start, when another process took a free port first."""
+PORT_IN_USE_STOP_S = 2.0
+"""How long a Triton that could not take its port gets to exit before it is killed."""
 SERVER_EXIT_GRACE_S = 2.0
 """How long a dead stub waits for its server's own exit to show before the stub is blamed: a killed
 tritonserver takes its stubs with it, and the launcher over trtllm-llmapi-launch notices the server
@@ -215,6 +220,16 @@ class TritonStartupError(RuntimeError):
     """tritonserver exited or was not ready in time; the message carries its log tail."""
 
 
+class TritonPortInUse(TritonStartupError):
+    """tritonserver could not listen on one of its ports: another process has it."""
+
+    def __init__(self, service: str, port: int, details: str) -> None:
+        super().__init__(f"Triton's {service} port {port} is in use by another process. {details}")
+        self.service = service
+        self.port = port
+        self.details = details
+
+
 @dataclass(frozen=True)
 class TritonPorts:
     grpc: int
@@ -254,8 +269,11 @@ def triton_command(
     verbose: bool = False,
     exit_timeout_s: float = EXIT_TIMEOUT_S,
     llmapi: bool = False,
+    server_id: str | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The argv and environment that start Triton on `repository` (the launcher's one builder).
+
+    `server_id`: the name that Triton's GET /v2 answers with (tritonserver --id).
 
     The tritonserver binary is found as the launcher finds it ($TRITONSERVER, PATH, /opt/tritonserver,
     nvidia-pytriton); a pytriton build gets its Python backend staged under `workdir`.
@@ -286,6 +304,7 @@ def triton_command(
         "--exit_timeout_secs",
         str(max(1, round(exit_timeout_s))),
         *(["--log"] if verbose else []),
+        *(["--server_id", server_id] if server_id else []),
     ]
     llmapi_launch = launch_script(llmapi)
     if llmapi_launch:
@@ -498,6 +517,51 @@ async def http_ok(host: str, port: int, path: str, timeout_s: float = 2.0) -> bo
             writer.close()
 
 
+async def server_name(host: str, port: int, timeout_s: float = 2.0) -> str | None:
+    """The name that the server on `port` gives in GET /v2 (Triton's --id), or None: no answer, or
+    not Triton's."""
+    writer = None
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+        writer.write(f"GET /v2 HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        answer = await asyncio.wait_for(_read_to_end(reader, SERVER_METADATA_BYTES), timeout_s)
+        head, _, body = answer.partition(b"\r\n\r\n")
+        if head.split(b" ", 2)[1:2] != [b"200"]:
+            return None
+        name = json.loads(body).get("name")
+        return name if isinstance(name, str) else None
+    except (OSError, asyncio.TimeoutError, ValueError, AttributeError):
+        return None
+    finally:
+        if writer is not None:
+            writer.close()
+
+
+SERVER_METADATA_BYTES = 64 * 1024
+"""The most of GET /v2's answer read (Triton's is about 400 bytes)."""
+
+
+async def _read_to_end(reader: asyncio.StreamReader, limit: int) -> bytes:
+    """What the peer sends until it closes (Connection: close), at most `limit` bytes."""
+    data = bytearray()
+    while len(data) < limit and (chunk := await reader.read(limit - len(data))):
+        data += chunk
+    return bytes(data)
+
+
+_BUSY_PORT = re.compile(r"failed to start (\w+) service: .*Socket '(.*):(\d+)' already in use")
+
+
+def busy_port(errors: Sequence[str]) -> tuple[str, int] | None:
+    """Which of its services (GRPC, HTTP, Metrics) Triton could not start for a port in use, and
+    the port, from its error lines ("failed to start HTTP service: Unavailable - Socket
+    '127.0.0.1:8000' already in use"); or None."""
+    for line in errors:
+        if found := _BUSY_PORT.search(line):
+            return found.group(1), int(found.group(3))
+    return None
+
+
 @dataclass(frozen=True)
 class ModelProbe:
     """A request a model answers through its own threads without its engine: sent to `model` with
@@ -610,6 +674,7 @@ class TritonSupervisor:
         self.on_restart = on_restart
         self.log_path = run_dir / "triton.log"
         self.ports = ports
+        self.server_id = ""  # this run's tritonserver --id (each start draws a new one)
         self.triton: TritonProcess | None = None
         self.restarts = 0
         self.generation = 0
@@ -647,9 +712,44 @@ class TritonSupervisor:
         self._watch = asyncio.create_task(self._supervise(), name="triton-supervisor")
 
     async def _spawn_and_wait(self) -> None:
+        """Starts Triton on free ports (those not configured) and waits until it is ready.
+
+        A free port is chosen, then let go for Triton to take: another process can take it first
+        (another server starting on this host, a client's outgoing connection). Triton then exits
+        with that port "already in use", and this starts it again on ports chosen anew, up to
+        PORT_RETRIES times. Readiness counts only from the server this started: its GET /v2 answers
+        with this run's `server_id`, not another Triton that answers on the port it could not take."""
+        for attempt in range(PORT_RETRIES + 1):
+            try:
+                await self._spawn_once()
+                return
+            except TritonPortInUse as exc:
+                if exc.port not in self._chosen_ports():
+                    raise TritonStartupError(
+                        f"Triton's {exc.service} port {exc.port} is configured, and another process has "
+                        f"it: free it or configure another. {exc.details}"
+                    ) from None
+                if attempt == PORT_RETRIES:
+                    raise
+                logger.warning(
+                    "Triton's %s port %d, chosen free, was taken before Triton listened on it; starting "
+                    "Triton on other ports (%d/%d)",
+                    exc.service,
+                    exc.port,
+                    attempt + 1,
+                    PORT_RETRIES,
+                )
+
+    def _chosen_ports(self) -> set[int]:
+        """The ports of this run that were chosen free, not configured."""
+        pairs = zip(astuple(self.ports), astuple(self.configured_ports), strict=True)
+        return {port for port, configured in pairs if not configured}
+
+    async def _spawn_once(self) -> None:
         self.ports = TritonPorts.choose(
             self.configured_ports.grpc, self.configured_ports.http, self.configured_ports.metrics, self.host
         )
+        self.server_id = f"trtllm-service-{os.getpid()}-{secrets.token_hex(4)}"
         command, env = triton_command(
             self.repository,
             self.ports,
@@ -659,6 +759,7 @@ class TritonSupervisor:
             verbose=self.verbose,
             exit_timeout_s=self.exit_timeout_s,
             llmapi=self.llmapi,
+            server_id=self.server_id,
         )
         self.triton = TritonProcess(command, env, self.log_path, ranks=self.world_size > 1)
         self._ready_since = None
@@ -667,6 +768,11 @@ class TritonSupervisor:
         logger.info("Triton starting (pid %s, gRPC %s:%d)", self.triton.pid, self.host, self.ports.grpc)
         try:
             await self._wait_ready(self.triton)
+        except TritonPortInUse:
+            # It can hang after that error (2.51 here: heap corruption, SIGABRT, no exit), and it
+            # has no request to finish: no exit timeout's wait.
+            await self.triton.stop(timeout_s=PORT_IN_USE_STOP_S)
+            raise
         except BaseException:
             await self.triton.stop()
             raise
@@ -680,8 +786,12 @@ class TritonSupervisor:
     async def _wait_ready(self, triton: TritonProcess) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
-            if not triton.running:
+            exited = not triton.running
+            if exited:
                 await triton.output_done()
+            if (busy := busy_port(triton.errors)) is not None:
+                raise TritonPortInUse(*busy, self.failure_details())
+            if exited:
                 raise TritonStartupError(
                     f"tritonserver exited with code {triton.process.returncode if triton.process else '?'} "
                     f"during start-up. {self.failure_details()}"
@@ -694,6 +804,8 @@ class TritonSupervisor:
         )
 
     async def _models_ready(self) -> bool:
+        if await server_name(self.host, self.ports.http) != self.server_id:
+            return False  # not up yet, or another server on the port this one could not take
         if not await http_ok(self.host, self.ports.http, "/v2/health/ready"):
             return False
         for model in self.models:
@@ -757,6 +869,9 @@ class TritonSupervisor:
                 done, _ = await asyncio.wait([exited], timeout=self.probe_interval_s)
                 if done:
                     return f"tritonserver exited (code {exited.result()})"
+                if (busy := busy_port(triton.errors)) is not None:
+                    # it said so just after it looked ready: it can hang rather than exit then
+                    return f"Triton could not keep its {busy[0]} port {busy[1]}: another process has it"
                 dead = next((stub for stub in self.stubs if not stub.alive()), None)
                 if dead is not None:
                     self._set_ready(False)  # that model fails every request from now on

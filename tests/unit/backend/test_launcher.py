@@ -99,6 +99,13 @@ def test_ports_host_exit_timeout():
     assert flag_values(cmd, "--exit-timeout-secs") == ["3"]
 
 
+def test_server_id_is_triton_id_and_absent_by_default():
+    assert flag_values(build_command(parse("--server_id", "svc-12-ab"), PLAIN, unique=1), "--id") == [
+        "svc-12-ab"
+    ]
+    assert not any(a.startswith("--id") for a in build_command(parse(), PLAIN, unique=1))
+
+
 def test_model_repo_made_absolute(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
     monkeypatch.chdir(tmp_path)
     args = build_parser().parse_args(["--model_repo", "repo"])
@@ -126,7 +133,14 @@ def test_backend_directory_passed():
 
 @pytest.mark.parametrize(
     "argv",
-    [["--world_size", "0"], ["--grpc_port", "0"], ["--http_port", "70000"], ["--exit_timeout_secs", "-1"]],
+    [
+        ["--world_size", "0"],
+        ["--grpc_port", "0"],
+        ["--http_port", "70000"],
+        ["--exit_timeout_secs", "-1"],
+        ["--server_id", ""],
+        ["--server_id", "two words"],
+    ],
 )
 def test_invalid_values(argv: list[str]):
     with pytest.raises(LauncherError):
