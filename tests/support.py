@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import json
 import os
 import queue
+import random
 import re
 import signal
 import socket
@@ -201,9 +203,6 @@ def free_ports(count: int) -> list[int]:
     HTTP port in CI), or any outgoing connection. So the ports come from below the kernel's
     ephemeral range, and each is reserved in PORT_RESERVATIONS, under a lock, for as long as the
     process it went to lives."""
-    import fcntl
-    import random
-
     PORT_RESERVATIONS.mkdir(exist_ok=True)
     chosen: list[int] = []
     with open(PORT_RESERVATIONS / ".lock", "w") as lock:
