@@ -520,33 +520,13 @@ async def http_ok(host: str, port: int, path: str, timeout_s: float = 2.0) -> bo
 async def server_name(host: str, port: int, timeout_s: float = 2.0) -> str | None:
     """The name that the server on `port` gives in GET /v2 (Triton's --id), or None: no answer, or
     not Triton's."""
-    writer = None
     try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
-        writer.write(f"GET /v2 HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
-        answer = await asyncio.wait_for(_read_to_end(reader, SERVER_METADATA_BYTES), timeout_s)
-        head, _, body = answer.partition(b"\r\n\r\n")
-        if head.split(b" ", 2)[1:2] != [b"200"]:
-            return None
-        name = json.loads(body).get("name")
-        return name if isinstance(name, str) else None
-    except (OSError, asyncio.TimeoutError, ValueError, AttributeError):
+        async with loopback_client(timeout_s) as client:
+            answer = await client.get(f"http://{host}:{port}/v2")
+        name = answer.json().get("name") if answer.status_code == 200 else None
+    except (httpx.HTTPError, OSError, ValueError, AttributeError):
         return None
-    finally:
-        if writer is not None:
-            writer.close()
-
-
-SERVER_METADATA_BYTES = 64 * 1024
-"""The most of GET /v2's answer read (Triton's is about 400 bytes)."""
-
-
-async def _read_to_end(reader: asyncio.StreamReader, limit: int) -> bytes:
-    """What the peer sends until it closes (Connection: close), at most `limit` bytes."""
-    data = bytearray()
-    while len(data) < limit and (chunk := await reader.read(limit - len(data))):
-        data += chunk
-    return bytes(data)
+    return name if isinstance(name, str) else None
 
 
 _BUSY_PORT = re.compile(r"failed to start (\w+) service: .*Socket '(.*):(\d+)' already in use")

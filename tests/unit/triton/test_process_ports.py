@@ -52,7 +52,7 @@ class _Answers(BaseHTTPRequestHandler):
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        # headers and body in two writes, as a server may: the reader must wait for both
+        # headers and body in two writes, as a server may: the whole body is read
         self.wfile.flush()
         self.wfile.write(body)
 
