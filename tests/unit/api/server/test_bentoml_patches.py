@@ -1,6 +1,8 @@
 """bentoml_patches: BentoML's TimeoutMiddleware as the service patches it (`cancel_request_timers`):
 its timer is cancelled with the request, and an app that returns without answering (a request whose
-client left before its first token) does not leave the request waiting for the timer."""
+client left before its first token) does not leave the request waiting for the timer. BentoML's log
+filter as the service replaces it (`read_span_once_in_log_lines`): the same fields as BentoML's own.
+BentoML's traffic metrics as the service wraps them (`_Relabelled`): each series looked up once."""
 
 from __future__ import annotations
 
@@ -8,11 +10,25 @@ import asyncio
 import time
 from typing import Any
 
-from bentoml._internal.server.http.traffic import TimeoutMiddleware
+import logging
 
-from trtllm_service.api.server.bentoml_patches import cancel_request_timers
+import pytest
+from bentoml._internal.log import TraceRecordFilter
+from bentoml._internal.server.http.traffic import TimeoutMiddleware
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from trtllm_service.api.server.bentoml_patches import (
+    _Relabelled,
+    cancel_request_timers,
+    read_span_once_in_log_lines,
+)
+from trtllm_service.api.server.metrics import OTHER, EndpointLabels
 
 cancel_request_timers()
+read_span_once_in_log_lines()
+BENTOML_FILTER = TraceRecordFilter.filter.__wrapped__  # BentoML's own, unpatched
 
 
 async def _receive() -> dict[str, Any]:
@@ -49,3 +65,71 @@ def test_an_app_that_answers_too_late_gets_the_504() -> None:
 
     sent, _ = serve(slow, timeout=0.05)
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 504
+
+
+def filtered(filter_fn: Any, name: str = "bentoml.access") -> tuple[Any, dict[str, Any]]:
+    """What `filter_fn` returns for a fresh record, and the fields it set on it."""
+    record = logging.LogRecord(name, logging.INFO, __file__, 1, "%s", ("line",), None)
+    before = set(vars(record))
+    kept = filter_fn(TraceRecordFilter(), record)
+    return kept, {key: value for key, value in vars(record).items() if key not in before}
+
+
+@pytest.mark.parametrize("sampled", [True, False, None], ids=["sampled", "not-sampled", "no-span"])
+@pytest.mark.parametrize("name", ["bentoml.access", "trtllm_service", "bentoml_monitor_data"])
+def test_log_lines_get_bentoml_s_own_fields(sampled: bool | None, name: str) -> None:
+    span = (
+        trace.INVALID_SPAN
+        if sampled is None
+        else NonRecordingSpan(
+            SpanContext(
+                trace_id=0x4BF92F3577B34DA6A3CE929D0E0E4736,
+                span_id=0x00F067AA0BA902B7,
+                is_remote=False,
+                trace_flags=TraceFlags(TraceFlags.SAMPLED if sampled else TraceFlags.DEFAULT),
+            )
+        )
+    )
+    with trace.use_span(span):
+        ours, bentoml_s = filtered(TraceRecordFilter.filter, name), filtered(BENTOML_FILTER, name)
+    assert ours == bentoml_s
+    if name != "bentoml_monitor_data":
+        assert ours[1]["levelname_bracketed"] == "[INFO]"
+        trace_msg = ours[1]["trace_msg"]
+        if sampled is None:
+            assert trace_msg == ""
+        else:
+            assert "trace=4bf92f3577b34da6a3ce929d0e0e4736,span=00f067aa0ba902b7" in trace_msg
+            assert f"sampled={int(sampled)}" in trace_msg
+
+
+def test_traffic_metrics_are_labelled_by_route_and_looked_up_once() -> None:
+    registry = CollectorRegistry()
+    total = Counter("requests", "d", ["endpoint", "http_response_code", "service_name"], registry=registry)
+    stamp = Gauge("last", "d", ["service_name"], registry=registry)
+    labels = EndpointLabels()
+    labels.learn(type("App", (), {"routes": []})())
+    lookups: list[dict[str, Any]] = []
+
+    class Counted:  # the counter, its lookups counted
+        @staticmethod
+        def labels(**values: Any) -> Any:
+            lookups.append(values)
+            return total.labels(**values)
+
+    relabelled, plain = _Relabelled(Counted, labels), _Relabelled(stamp)
+
+    first = relabelled.labels(endpoint="/no/such/path", http_response_code=200, service_name="svc")
+    first.inc()
+    again = relabelled.labels(endpoint="/another/path", http_response_code=200, service_name="svc")
+    again.inc()
+    assert first is again is total.labels(endpoint=OTHER, http_response_code=200, service_name="svc")
+    assert relabelled.labels(endpoint="/x", http_response_code=500, service_name="svc") is not first
+    assert registry.get_sample_value(
+        "requests_total", {"endpoint": OTHER, "http_response_code": "200", "service_name": "svc"}
+    ) == 2
+    assert plain.labels(service_name="svc") is plain.labels(service_name="svc") is stamp.labels("svc")
+    assert lookups == [
+        {"endpoint": OTHER, "http_response_code": 200, "service_name": "svc"},
+        {"endpoint": OTHER, "http_response_code": 500, "service_name": "svc"},
+    ]
