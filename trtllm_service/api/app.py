@@ -34,6 +34,7 @@ from trtllm_service.api.server.bentoml_patches import (
     arrange_middlewares,
     bound_endpoint_labels,
     cancel_request_timers,
+    defer_access_lines,
     expose_server_send,
     own_prometheus_dir,
     read_span_once_in_log_lines,
@@ -160,6 +161,7 @@ def prepare(settings: Settings) -> None:
     expose_server_send()  # streamed chunks skip the middlewares' send wrappers (server/streaming.py)
     bound_endpoint_labels()  # BentoML's request metrics by route: unknown paths cannot grow /metrics
     read_span_once_in_log_lines()  # BentoML's log filter: the same fields, a third of its cost
+    defer_access_lines()  # BentoML's access line: written while the next request waits for the engine
     own_prometheus_dir()  # in `bentoml serve` itself: metrics of its own, whoever else shares BENTOML_HOME
     # Requests read within limits (header and body timeouts, header size): uvicorn has none of its own.
     install_connection_limits(

@@ -2,7 +2,9 @@
 its timer is cancelled with the request, and an app that returns without answering (a request whose
 client left before its first token) does not leave the request waiting for the timer. BentoML's log
 filter as the service replaces it (`read_span_once_in_log_lines`): the same fields as BentoML's own.
-BentoML's traffic metrics as the service wraps them (`_Relabelled`): each series looked up once."""
+BentoML's traffic metrics as the service wraps them (`_Relabelled`): each series looked up once.
+BentoML's access lines as the service defers them (`defer_access_lines`): written after the response,
+in its request's context, in order."""
 
 from __future__ import annotations
 
@@ -10,24 +12,29 @@ import asyncio
 import time
 from typing import Any
 
+import contextvars
 import logging
 
 import pytest
 from bentoml._internal.log import TraceRecordFilter
+from bentoml._internal.server.http.access import AccessLogMiddleware
 from bentoml._internal.server.http.traffic import TimeoutMiddleware
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from trtllm_service.api.server.bentoml_patches import (
+    ACCESS_LINE_DELAY_S,
     _Relabelled,
     cancel_request_timers,
+    defer_access_lines,
     read_span_once_in_log_lines,
 )
 from trtllm_service.api.server.metrics import OTHER, EndpointLabels
 
 cancel_request_timers()
 read_span_once_in_log_lines()
+defer_access_lines()
 BENTOML_FILTER = TraceRecordFilter.filter.__wrapped__  # BentoML's own, unpatched
 
 
@@ -133,3 +140,50 @@ def test_traffic_metrics_are_labelled_by_route_and_looked_up_once() -> None:
         {"endpoint": OTHER, "http_response_code": 200, "service_name": "svc"},
         {"endpoint": OTHER, "http_response_code": 500, "service_name": "svc"},
     ]
+
+
+def test_access_lines_are_written_after_the_response_in_its_request_s_context() -> None:
+    which: contextvars.ContextVar[str] = contextvars.ContextVar("which", default="none")
+    written: list[tuple[str, str, float]] = []
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            written.append((record.getMessage(), which.get(), time.monotonic()))
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok", "more_body": False})
+
+    async def sent(message: Any) -> None:
+        return None
+
+    middleware = AccessLogMiddleware(app)
+    scope = {"type": "http", "scheme": "http", "method": "POST", "path": "/generate", "headers": []}
+
+    async def one(name: str) -> float:
+        which.set(name)
+        await middleware({**scope, "client": ("127.0.0.1", len(written))}, _receive, sent)
+        return time.monotonic()
+
+    async def scenario() -> tuple[float, list[tuple[str, str, float]]]:
+        first_end = await asyncio.create_task(one("first"))
+        await asyncio.create_task(one("second"))
+        at_the_end = list(written)
+        await asyncio.sleep(ACCESS_LINE_DELAY_S * 10)
+        return first_end, at_the_end
+
+    access = logging.getLogger("bentoml.access")
+    handler, level = Capture(), access.level
+    access.addHandler(handler)
+    access.setLevel(logging.INFO)
+    try:
+        first_end, at_the_end = asyncio.run(scenario())
+    finally:
+        access.removeHandler(handler)
+        access.setLevel(level)
+    assert at_the_end == [], "nothing written at the responses' end"
+    assert [(context, "status=201" in line and "path=/generate" in line) for line, context, _ in written] == [
+        ("first", True),
+        ("second", True),
+    ]
+    assert written[0][2] - first_end >= ACCESS_LINE_DELAY_S * 0.9
