@@ -9,11 +9,10 @@ in its request's context, in order."""
 from __future__ import annotations
 
 import asyncio
-import time
-from typing import Any
-
 import contextvars
 import logging
+import time
+from typing import Any
 
 import pytest
 from bentoml._internal.log import TraceRecordFilter
@@ -132,9 +131,12 @@ def test_traffic_metrics_are_labelled_by_route_and_looked_up_once() -> None:
     again.inc()
     assert first is again is total.labels(endpoint=OTHER, http_response_code=200, service_name="svc")
     assert relabelled.labels(endpoint="/x", http_response_code=500, service_name="svc") is not first
-    assert registry.get_sample_value(
-        "requests_total", {"endpoint": OTHER, "http_response_code": "200", "service_name": "svc"}
-    ) == 2
+    assert (
+        registry.get_sample_value(
+            "requests_total", {"endpoint": OTHER, "http_response_code": "200", "service_name": "svc"}
+        )
+        == 2
+    )
     assert plain.labels(service_name="svc") is plain.labels(service_name="svc") is stamp.labels("svc")
     assert lookups == [
         {"endpoint": OTHER, "http_response_code": 200, "service_name": "svc"},
