@@ -7,6 +7,12 @@ context variable set where the request enters (ServerSendApp, the outermost ASGI
 response that carries the first token arrives outside the request's context; it is matched to the
 request through its stream. SIGRTMIN+7 appends, per label sequence, the median of each step to
 $BENCH_TIMELINE/<pid>.txt as JSON lines, and starts over.
+
+A request's end is timed too, from its response's last byte (the server's `send` of the body's end):
+each middleware's return, the response's own steps, and the next request's entry, which at one
+stream is what a client's next request waits for. SIGRTMIN+7 (or every $BENCH_TIMELINE_EVERY
+requests, for bench/relay.py, which sends no signal) appends their medians, in ms after the last
+byte, to $BENCH_TIMELINE/<pid>.end.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ from typing import Any
 _MARKS: contextvars.ContextVar[list[tuple[str, float]] | None] = contextvars.ContextVar("marks", default=None)
 _STREAMS: dict[int, list[tuple[str, float]]] = {}  # id(engine stream) -> its request's marks
 _DONE: list[list[tuple[str, float]]] = []
+_ENDS: contextvars.ContextVar[list[tuple[str, float]] | None] = contextvars.ContextVar("ends", default=None)
+_END_TIMES: dict[str, list[float]] = {}  # what happened after a request's last byte -> ms, per request
+_LAST_BYTE = [0.0]  # the last response's last byte, in this worker
 
 MIDDLEWARES = {  # module -> ASGI classes whose entry is marked (outermost first, as BentoML stacks them)
     "trtllm_service.request_ids": ["RequestIdMiddleware"],
@@ -53,11 +62,20 @@ def mark(label: str) -> None:
         marks.append((label, time.perf_counter()))
 
 
+def end_mark(label: str) -> None:
+    ends = _ENDS.get()
+    if ends is not None:
+        ends.append((label, time.perf_counter()))
+
+
 def _on_entry(fn: Any, label: str) -> Any:
     @functools.wraps(fn)
     async def wrapped(*args: Any, **kwargs: Any) -> Any:
         mark(label)
-        return await fn(*args, **kwargs)
+        try:
+            return await fn(*args, **kwargs)
+        finally:
+            end_mark(f"{label} returned")
 
     return wrapped
 
@@ -90,6 +108,8 @@ def _patch(module: Any) -> None:
             cls.__call__ = _on_entry(cls.__call__, cls_name)
     if name == "trtllm_service.api.server.streaming":
         _patch_streaming(module)
+    elif name == "trtllm_service.api.generation.sse_frames":
+        module.SSEFraming.done = _around(module.SSEFraming.done, "framing done")
     elif name == "trtllm_service.api.generation.bodies":
         module.serve_body = _on_entry(module.serve_body, "handler")
         module.parse_request = _on_exit(module.parse_request, "parsed")
@@ -97,6 +117,8 @@ def _patch(module: Any) -> None:
         if hasattr(module, "first_text"):  # before the response read the first text itself
             module.first_text = _on_exit(module.first_text, "first text")
         module.serve_generate = _on_entry(module.serve_generate, "handler")
+        if hasattr(module, "TextFraming"):
+            module.TextFraming.done = _around(module.TextFraming.done, "framing done")
     elif name == "_bentoml_impl.server.app":
         factory = module.ServiceAppFactory
         factory.api_endpoint_wrapper = _on_entry(factory.api_endpoint_wrapper, "endpoint")
@@ -113,16 +135,73 @@ def _patch(module: Any) -> None:
         _patch_client(module)
 
 
+def _around(fn: Any, label: str) -> Any:
+    """A plain method, its start and return marked after the last byte."""
+
+    @functools.wraps(fn)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        end_mark(f"{label} starts")
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            end_mark(f"{label} returned")
+
+    return wrapped
+
+
 def _patch_streaming(module: Any) -> None:
     outermost = module.ServerSendApp.__call__
 
     async def entered(self: Any, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope.get("method") == "POST":
-            _MARKS.set([("asgi", time.perf_counter())])
-        await outermost(self, scope, receive, send)
+        if scope["type"] != "http" or scope.get("method") != "POST":
+            await outermost(self, scope, receive, send)
+            return
+        now = time.perf_counter()
+        _MARKS.set([("asgi", now)])
+        if _LAST_BYTE[0]:
+            _END_TIMES.setdefault("next request entered", []).append((now - _LAST_BYTE[0]) * 1e3)
+        ends: list[tuple[str, float]] = []
+        _ENDS.set(ends)
+
+        async def server_send(message: Any) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                ends.append(("last byte", time.perf_counter()))
+
+        await outermost(self, scope, receive, server_send)
+        end_mark("request returned")
+        last = next((t for label, t in ends if label == "last byte"), None)
+        if last is None:
+            return
+        _LAST_BYTE[0] = last
+        for label, t in ends:
+            if t >= last and label != "last byte":
+                _END_TIMES.setdefault(label, []).append((t - last) * 1e3)
+        every = int(os.environ.get("BENCH_TIMELINE_EVERY", "0") or 0)
+        if every and len(_END_TIMES.get("request returned", ())) >= every:
+            _dump_ends()
 
     module.ServerSendApp.__call__ = entered
-    module.PushBody.__call__ = _on_entry(module.PushBody.__call__, "response")
+    until_disconnect = module.until_disconnect
+
+    async def watched(receive: Any) -> None:
+        try:
+            await until_disconnect(receive)
+        finally:
+            end_mark("disconnect watch ended")
+
+    module.until_disconnect = watched
+    response = _on_entry(module.PushBody.__call__, "response")
+
+    async def push_body(self: Any, scope: Any, receive: Any, send: Any) -> None:
+        async def sending(message: Any) -> None:
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                end_mark("last byte's send returned to the response")
+
+        await response(self, scope, receive, sending)
+
+    module.PushBody.__call__ = push_body
     if hasattr(module.PushBody, "_first_text"):  # the response reads the first text itself
         module.PushBody._first_text = _on_exit(module.PushBody._first_text, "first text")
     start = module.PushBody._start
@@ -188,6 +267,7 @@ _WANTED = frozenset(
         *MIDDLEWARES,
         "trtllm_service.api.server.streaming",
         "trtllm_service.api.generation.bodies",
+        "trtllm_service.api.generation.sse_frames",
         "trtllm_service.api.generate.serving",
         "trtllm_service.api.openai.serving",
         "trtllm_service.api.generation.serving",
@@ -223,7 +303,20 @@ class _Finder(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _dump_ends() -> None:
+    """The medians of what happened after the last byte, in ms, to $BENCH_TIMELINE/<pid>.end."""
+    if not _END_TIMES:
+        return
+    medians = {label: round(statistics.median(times), 3) for label, times in _END_TIMES.items()}
+    counted = len(_END_TIMES.get("request returned", ()))
+    _END_TIMES.clear()
+    ordered = dict(sorted(medians.items(), key=lambda item: item[1]))
+    with open(os.path.join(os.environ["BENCH_TIMELINE"], f"{os.getpid()}.end"), "a") as out:
+        out.write(json.dumps({"requests": counted, "ms after the last byte": ordered}) + "\n")
+
+
 def _dump(signum: int, frame: Any) -> None:
+    _dump_ends()
     done, _DONE[:] = _DONE[:], []
     groups: dict[tuple[str, ...], list[list[tuple[str, float]]]] = {}
     for marks in done:

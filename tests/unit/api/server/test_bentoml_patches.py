@@ -174,18 +174,32 @@ def test_access_lines_are_written_after_the_response_in_its_request_s_context() 
         await asyncio.sleep(ACCESS_LINE_DELAY_S * 10)
         return first_end, at_the_end
 
+    async def cut_short() -> None:  # a loop that ends before its timer fires
+        await asyncio.create_task(one("held"))
+
+    async def later() -> None:
+        await asyncio.create_task(one("later"))
+        await asyncio.sleep(ACCESS_LINE_DELAY_S * 10)
+
     access = logging.getLogger("bentoml.access")
     handler, level = Capture(), access.level
     access.addHandler(handler)
     access.setLevel(logging.INFO)
     try:
         first_end, at_the_end = asyncio.run(scenario())
+        asyncio.run(cut_short())
+        held = list(written)
+        asyncio.run(later())
     finally:
         access.removeHandler(handler)
         access.setLevel(level)
     assert at_the_end == [], "nothing written at the responses' end"
-    assert [(context, "status=201" in line and "path=/generate" in line) for line, context, _ in written] == [
+    assert [
+        (context, "status=201" in line and "path=/generate" in line) for line, context, _ in written[:2]
+    ] == [
         ("first", True),
         ("second", True),
     ]
     assert written[0][2] - first_end >= ACCESS_LINE_DELAY_S * 0.9
+    assert len(held) == 2, "the cut-short loop's line waits"
+    assert [context for _, context, _ in written[2:]] == ["held", "later"], "then goes out with the next"
