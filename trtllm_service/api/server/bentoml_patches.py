@@ -205,8 +205,9 @@ def read_span_once_in_log_lines() -> None:
 
 ACCESS_LINE_DELAY_S = 0.005
 """How long after its response's end BentoML's access line for it is written: longer than a client
-takes to send its next request on the connection (0.1-0.6 ms measured), shorter than an engine's
-first token (7 ms for the synthetic engine on the GPU box, tens of ms for a model)."""
+takes to send its next request on the connection (about 0.6 ms on 2 cores shared with the load
+generator, less on the GPU box), shorter than an engine's first token (7 ms for the synthetic
+engine on the box, tens of ms for a model)."""
 
 
 class _DeferredLines:
@@ -255,9 +256,10 @@ def defer_access_lines() -> None:
     BentoML's `AccessLogMiddleware` formats and writes the line right after the response's last
     chunk is sent, before the request's task lets the event loop go. A client that sends its next
     request on the connection as soon as it has the answer found the worker busy with the line:
-    on the 16-core box the next request was read 0.42-0.46 ms after the last byte, 0.3 ms of it the
-    line (bench/stacks' timeline). Deferred, the line is written while that request waits for the
-    engine. Its fields do not change: the latency is measured when the last chunk is sent, and the
+    on the 16-core box the next request was read 0.42-0.46 ms after the last byte; on 2 cores the
+    last byte's `send` came back to the response 0.30-0.35 ms after the byte with the line, 0.04-0.05
+    ms with it deferred (bench/stacks' timeline). Deferred, the line is written while that request
+    waits for the engine. Its fields do not change: the latency is measured when the last chunk is sent, and the
     line is written in the request's context. The logger's own filters (`StartupPolls`) see it when
     it is written: a 503 answered in the last 5 ms of start-up is logged.
     """
