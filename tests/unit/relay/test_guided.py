@@ -80,7 +80,7 @@ def test_a_large_grammar_is_checked_off_the_event_loop(checker: GuideChecker) ->
     the loop 4.8 s when the request's model compiled it)."""
     grammar = "root ::= " + " | ".join(f'"w{i}"' for i in range(50_000))
 
-    async def check_while_ticking() -> tuple[float, float]:
+    async def check_while_ticking() -> tuple[float, list[float]]:
         gaps: list[float] = []
 
         async def tick() -> None:
@@ -96,9 +96,14 @@ def test_a_large_grammar_is_checked_off_the_event_loop(checker: GuideChecker) ->
             await checker.check(("ebnf_grammar", grammar), "guided_grammar")
         took = time.monotonic() - started
         ticker.cancel()
-        return took, max(gaps)
+        return took, gaps
 
-    took, longest = asyncio.run(check_while_ticking())
-    print(f"checked in {took:.2f} s; the event loop's longest wait {longest:.3f} s")
+    took, gaps = asyncio.run(check_while_ticking())
+    longest = max(gaps)
+    print(f"checked in {took:.2f} s; {len(gaps)} ticks, the event loop's longest wait {longest:.3f} s")
     assert took > 0.5  # it was heavy work
-    assert longest < 1.0  # a collection of the garbage the grammar makes holds the GIL: ~0.3 s
+    # On the loop, the check would be one wait as long as the check itself. Off it, the loop ticks
+    # throughout; its longest wait is a collection of the grammar's garbage holding the GIL (~0.3 s
+    # here, 1.2 s once in CI on a busy machine, of a 7.4 s check), so the bound is relative.
+    assert longest < took / 3
+    assert len(gaps) >= 10
