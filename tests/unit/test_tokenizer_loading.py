@@ -1,5 +1,6 @@
 """The worker's tokenizer is read without PyTorch (and what transformers brings with it), the same
-tokenizer as transformers' with PyTorch, and os.environ is left as it was."""
+tokenizer as transformers' with PyTorch, and os.environ is left as it was; what the worker imports
+before it (the service's modules) does not bring PyTorch either."""
 
 from __future__ import annotations
 
@@ -16,14 +17,18 @@ PROBE = """
 import json, os, sys
 from pathlib import Path
 before = dict(os.environ)
+import trtllm_service.api.app  # what service.py imports, before the worker reads its tokenizer
+from trtllm_service.chat.template import PromptFormatter
 from trtllm_service.tokenizer_loading import load_tokenizer
 tokenizer = load_tokenizer(Path(sys.argv[1]))
 messages = [{"role": "user", "content": "Hello there, how are you?"}]
+rendered = PromptFormatter(tokenizer).render(messages)
 print(json.dumps({
     "heavy": sorted(m for m in ("torch", "sklearn", "pandas", "scipy") if m in sys.modules),
     "environ_unchanged": dict(os.environ) == before,
     "ids": tokenizer(["Hello there, how are you?"])["input_ids"][0],
     "prompt": tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+    "rendered": rendered,
 }))
 """
 
@@ -41,6 +46,8 @@ def test_the_tokenizer_comes_without_torch_and_is_the_same(demo_model_dir: Path,
     # The tests' own tokenizer was loaded with PyTorch imported (tests/support.py).
     messages = [{"role": "user", "content": "Hello there, how are you?"}]
     assert found["ids"] == tokenizer(["Hello there, how are you?"])["input_ids"][0]
-    assert found["prompt"] == tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True
+    assert (
+        found["prompt"]
+        == found["rendered"]
+        == tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     )

@@ -23,7 +23,6 @@ from typing import Any, Literal
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
-from transformers.utils.chat_template_utils import render_jinja_template
 
 from trtllm_service.chat import tool_calls
 
@@ -80,6 +79,13 @@ class PromptFormatter:
         self.chat_template: str = template
         # what apply_chat_template gives every template, read once (a property that looks each one up)
         self._template_kwargs: dict[str, Any] = dict(getattr(tokenizer, "special_tokens_map", None) or {})
+        # transformers' renderer, imported here and not with this module: the service's processes
+        # import this module (settings) before the worker reads its tokenizer, which imports
+        # transformers without PyTorch (tokenizer_loading.py); a transformers imported first would
+        # bring PyTorch, seconds of start and hundreds of MB into every process of the service.
+        from transformers.utils.chat_template_utils import render_jinja_template
+
+        self._render_jinja_template = render_jinja_template
         self._bos: str | None = getattr(tokenizer, "bos_token", None) or None
         self.bos_token = self._bos
         self._rust = getattr(tokenizer, "backend_tokenizer", None)
@@ -142,7 +148,7 @@ class PromptFormatter:
         try:
             # transformers' renderer, as `apply_chat_template(tokenize=False)` calls it (the
             # tokenizer's special tokens as variables), without its per-call lookups
-            rendered: Any = render_jinja_template(  # (texts, generation indices); typed as str
+            rendered: Any = self._render_jinja_template(  # (texts, generation indices); typed as str
                 conversations=[messages],
                 tools=shown,
                 chat_template=self.chat_template,
