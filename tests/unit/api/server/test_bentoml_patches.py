@@ -1,6 +1,7 @@
 """bentoml_patches: BentoML's TimeoutMiddleware as the service patches it (`cancel_request_timers`):
-its timer is cancelled with the request, and an app that returns without answering (a request whose
-client left before its first token) does not leave the request waiting for the timer. BentoML's log
+its timer is cancelled with the request, an app that returns without answering (a request whose
+client left before its first token) does not leave the request waiting for the timer, and the app
+runs in the request's own task (a cancel of that task reaches it). BentoML's log
 filter as the service replaces it (`read_span_once_in_log_lines`): the same fields as BentoML's own.
 BentoML's traffic metrics as the service wraps them (`_Relabelled`): each series looked up once.
 BentoML's access lines as the service defers them (`defer_access_lines`): written after the response,
@@ -71,6 +72,86 @@ def test_an_app_that_answers_too_late_gets_the_504() -> None:
 
     sent, _ = serve(slow, timeout=0.05)
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 504
+
+
+def test_the_app_runs_in_the_request_s_own_task() -> None:
+    tasks: list[Any] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        tasks.append(asyncio.current_task())
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+    async def scenario() -> None:
+        sent: list[Any] = []
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        await TimeoutMiddleware(app, timeout=30)({"type": "http"}, _receive, send)
+        tasks.append(asyncio.current_task())
+        assert [m["status"] for m in sent] == [200]
+
+    asyncio.run(scenario())
+    assert tasks[0] is tasks[1]
+
+
+def test_a_cancel_from_outside_reaches_the_app_and_is_not_a_504() -> None:
+    """uvicorn cancels a request's task past a graceful shutdown's time: the app stops with it."""
+    seen: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+
+    async def scenario() -> None:
+        sent: list[Any] = []
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        request = asyncio.create_task(TimeoutMiddleware(app, timeout=30)({"type": "http"}, _receive, send))
+        await asyncio.sleep(0.01)
+        request.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await request
+        assert seen == ["cancelled"]  # by the time the request's task ended, not left running
+        assert sent == []
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("answers", [True, False], ids=["answers-itself", "returns-silently"])
+def test_an_app_that_catches_the_timeout_s_cancel(answers: bool) -> None:
+    """Its own answer stands; without one the client gets the 504. The request's task is left not
+    cancelled either way, so what runs after the app in it is not cancelled at its next wait."""
+    cancelling: list[int] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            if answers:
+                await send({"type": "http.response.start", "status": 503, "headers": []})
+
+    async def scenario() -> list[Any]:
+        sent: list[Any] = []
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        await TimeoutMiddleware(app, timeout=0.05)({"type": "http"}, _receive, send)
+        task = asyncio.current_task()
+        assert task is not None
+        cancelling.append(task.cancelling())
+        await asyncio.sleep(0.01)  # not cancelled here
+        return sent
+
+    sent = asyncio.run(scenario())
+    assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [503 if answers else 504]
+    assert cancelling == [0]
 
 
 def filtered(filter_fn: Any, name: str = "bentoml.access") -> tuple[Any, dict[str, Any]]:
