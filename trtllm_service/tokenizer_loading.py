@@ -18,8 +18,13 @@ ENVIRON_LOCK = threading.Lock()
 """Held while os.environ may carry config_params.WITHOUT_TORCH: hold it to copy os.environ for a child."""
 
 
+def tokenizer_class() -> Any:
+    """transformers' AutoTokenizer, transformers imported without PyTorch (pack time reads the
+    tokenizer with it too: as the Triton models and the worker read it, and seconds sooner)."""
+    with ENVIRON_LOCK:
+        return auto_tokenizer()
+
+
 def load_tokenizer(path: Path) -> Any:
     """The tokenizer saved under `path` (transformers' AutoTokenizer)."""
-    with ENVIRON_LOCK:
-        tokenizer_class = auto_tokenizer()
-    return tokenizer_class.from_pretrained(str(path))
+    return tokenizer_class().from_pretrained(str(path))

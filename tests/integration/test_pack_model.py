@@ -61,10 +61,14 @@ class Store:
         )
         return env
 
-    def run(self, *args: Any, code: str | None = None) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *args: Any, code: str | None = None, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
         argv = [sys.executable, "-c", code] if code else [sys.executable, str(PACK_MODEL)]
         argv += [str(a) for a in args]
-        return subprocess.run(argv, cwd=REPO_ROOT, env=self.env, capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            argv, cwd=REPO_ROOT, env={**self.env, **(env or {})}, capture_output=True, text=True, timeout=300
+        )
 
     def models(self) -> list[bentoml.Model]:
         return bentoml.models.list(_model_store=ModelStore(self.home / "models"))
@@ -696,9 +700,12 @@ def test_packs_hf_model_without_clutter(store: Store, demo_model_dir: Path, tmp_
     (model_dir / "training_args.bin").write_bytes(b"args")
     (model_dir / "src").mkdir()
     (model_dir / "src" / "train.py").write_text("print('hi')\n")
-    result = store.run("--hf-model", model_dir)
+    result = store.run("--hf-model", model_dir, env={"PYTHONPROFILEIMPORTTIME": "1"})
     assert result.returncode == 0, result.stderr
     assert "flavor: llmapi" in result.stdout and LEGACY_WARNING not in result.stderr
+    # A checkpoint's tokenizer is read as the Triton models read it, without PyTorch (seconds).
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line}
+    assert "transformers" in imported and "torch" not in imported
     model = store.only_model()
     assert model.tag.name == "trtllm-my_model"
     assert model.info.labels["mode"] == "hf"

@@ -316,10 +316,10 @@ def tokenizer_files(tokenizer_dir: Path | str, *, option: str = "--tokenizer") -
 
 def load_tokenizer(directory: Path) -> Any:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from transformers import AutoTokenizer
+    from trtllm_service.tokenizer_loading import tokenizer_class
 
     try:
-        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+        return tokenizer_class().from_pretrained(str(directory), local_files_only=True)
     except Exception as exc:  # transformers raises many types for a broken tokenizer
         message = " ".join(str(exc).split()) or type(exc).__name__
         raise PackError(f"the tokenizer in {str(directory)!r} does not load: {message}") from exc
