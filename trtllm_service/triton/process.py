@@ -44,7 +44,7 @@ from typing import Any
 import httpx
 
 from tensorrtllm_backend import LAUNCHER, launcher
-from trtllm_service.tokenizer_loading import ENVIRON_LOCK
+from trtllm_service.tokenizer_loading import environ_for_children
 from trtllm_service.triton.loopback import loopback_client
 from trtllm_service.triton.shm import remove_regions
 from trtllm_service.versions import REQUIRE_TENSORRT_LLM, installed_tensorrt_llm
@@ -328,8 +328,7 @@ def triton_command(
         hold = [sys.executable, str(LAUNCHER), launcher.SUPERVISE_HOLDING_SIGTERM_MODE, grace, "--"]
     else:
         hold = [sys.executable, str(LAUNCHER), launcher.HOLD_SIGTERM_MODE, "--"]
-    with ENVIRON_LOCK:  # os.environ as it is, not while the tokenizer's import changes it
-        env = install.child_env()
+    env = install.child_env(environ_for_children())  # not the tokenizer's import's os.environ
     return [*hold, *command], env
 
 
