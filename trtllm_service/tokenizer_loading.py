@@ -4,7 +4,7 @@ transformers decides which frameworks to import from os.environ, once, when firs
 variables that keep PyTorch out are in os.environ for that import only. Triton starts meanwhile, and
 its engines (NVIDIA's and the stand-ins) need PyTorch: a child process gets its environment from
 `environ_for_children()`, os.environ as it was before the import changed it. Only the snapshot's
-taking and reading are under `ENVIRON_LOCK`, so Triton's start does not wait for the import (1-2 s
+taking and reading are under `_SNAPSHOT_LOCK`, so Triton's start does not wait for the import (1-2 s
 on 2 cores) and the event loop that starts it is not held.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 
 from tensorrtllm_backend.config_params import auto_tokenizer
 
-ENVIRON_LOCK = threading.Lock()
-"""Guards `_environ_before_import`: taken, cleared and read under it."""
+_SNAPSHOT_LOCK = threading.Lock()
+"""Guards `_environ_before_import`: taken, cleared and read under it, never held for the import."""
 _environ_before_import: dict[str, str] | None = None
 """os.environ as it was when transformers' import began, until the import has put it back."""
 _IMPORT_LOCK = threading.Lock()
@@ -28,7 +28,7 @@ _IMPORT_LOCK = threading.Lock()
 def environ_for_children() -> dict[str, str]:
     """A copy of os.environ for a child process: without config_params.WITHOUT_TORCH while the
     tokenizer's import has it there."""
-    with ENVIRON_LOCK:
+    with _SNAPSHOT_LOCK:
         return dict(_environ_before_import if _environ_before_import is not None else os.environ)
 
 
@@ -37,12 +37,12 @@ def tokenizer_class() -> Any:
     tokenizer with it too: as the Triton models and the worker read it, and seconds sooner)."""
     global _environ_before_import
     with _IMPORT_LOCK:  # one import at a time: each saves and puts back os.environ
-        with ENVIRON_LOCK:
+        with _SNAPSHOT_LOCK:
             _environ_before_import = dict(os.environ)
         try:
             return auto_tokenizer()  # puts os.environ back before it returns or raises
         finally:
-            with ENVIRON_LOCK:
+            with _SNAPSHOT_LOCK:
                 _environ_before_import = None
 
 
