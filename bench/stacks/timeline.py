@@ -13,6 +13,10 @@ each middleware's return, the response's own steps, and the next request's entry
 stream is what a client's next request waits for. SIGRTMIN+7 (or every $BENCH_TIMELINE_EVERY
 requests, for bench/relay.py, which sends no signal) appends their medians, in ms after the last
 byte, to $BENCH_TIMELINE/<pid>.end.
+
+With $BENCH_TIMELINE_FINE set, the handler's steps to the engine are marked too: the sampling
+parameters read, the chat template rendered, the request's turn in the service's queue, the engine
+message built.
 """
 
 from __future__ import annotations
@@ -133,6 +137,25 @@ def _patch(module: Any) -> None:
         module.GrpcConnection.start_call = _on_exit(module.GrpcConnection.start_call, "request sent")
     elif name == "trtllm_service.relay.client":
         _patch_client(module)
+    if os.environ.get("BENCH_TIMELINE_FINE"):
+        _patch_fine(module)
+
+
+def _patch_fine(module: Any) -> None:
+    """$BENCH_TIMELINE_FINE: the steps inside the handler's way to the engine, marked too."""
+    name = module.__name__
+    if name == "trtllm_service.api.generation.serving":
+        for method, label in (("begin", "begun"), ("params", "params")):
+            setattr(
+                module.GenerationServing, method, _on_exit(getattr(module.GenerationServing, method), label)
+            )
+    elif name == "trtllm_service.chat.template":
+        module.PromptFormatter.render = _on_exit(module.PromptFormatter.render, "rendered")
+    elif name == "trtllm_service.api.generation.choices":
+        module.wait_turn = _on_exit(module.wait_turn, "turn")
+    elif name == "trtllm_service.relay.flavors":
+        for cls in (module.EnsembleFlavor, module.LLMAPIFlavor):
+            cls.message = _on_exit(cls.message, "message built")
 
 
 def _around(fn: Any, label: str) -> Any:
@@ -276,6 +299,15 @@ _WANTED = frozenset(
         "trtllm_service.relay.runtime",
         "trtllm_service.relay.grpc_http2",
         "trtllm_service.relay.client",
+        *(
+            (
+                "trtllm_service.chat.template",
+                "trtllm_service.api.generation.choices",
+                "trtllm_service.relay.flavors",
+            )
+            if os.environ.get("BENCH_TIMELINE_FINE")
+            else ()
+        ),
     }
 )
 

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trtllm_service.api.anthropic import errors as anthropic_errors
 from trtllm_service.api.anthropic import routes as anthropic_routes
-from trtllm_service.api.generation.bodies import bind_serving
+from trtllm_service.api.generation.bodies import BodyRoutesApp, bind_serving
 from trtllm_service.api.openai import routes as openai_routes
 from trtllm_service.api.openai.serving import OpenAIServing
 from trtllm_service.api.openapi import describe, openai_routes_of
@@ -33,6 +33,7 @@ from trtllm_service.api.server.auth import APIKeyMiddleware, APIKeys
 from trtllm_service.api.server.bentoml_patches import (
     arrange_middlewares,
     bound_endpoint_labels,
+    build_api_callers_once,
     cancel_request_timers,
     defer_access_lines,
     expose_server_send,
@@ -57,7 +58,7 @@ if TYPE_CHECKING:
 DIALECTS = (anthropic_errors.DIALECT,)
 """The APIs whose routes answer errors in a shape of their own (`server.error_shape.ErrorDialect`)."""
 
-v1 = FastAPI(
+v1 = BodyRoutesApp(  # its generation routes' POSTs go straight to their endpoints
     title="OpenAI-compatible API",
     description="Chat and text completions in the OpenAI API's format, mounted at /v1.",
     version="1",
@@ -161,6 +162,7 @@ def prepare(settings: Settings) -> None:
     expose_server_send()  # streamed chunks skip the middlewares' send wrappers (server/streaming.py)
     bound_endpoint_labels()  # BentoML's request metrics by route: unknown paths cannot grow /metrics
     read_span_once_in_log_lines()  # BentoML's log filter: the same fields, a third of its cost
+    build_api_callers_once()  # /generate's caller built once, not per request
     defer_access_lines()  # BentoML's access line: written while the next request waits for the engine
     own_prometheus_dir()  # in `bentoml serve` itself: metrics of its own, whoever else shares BENTOML_HOME
     # Requests read within limits (header and body timeouts, header size): uvicorn has none of its own.

@@ -500,13 +500,29 @@ def _message(
         if value is None or (name in _OMIT_WHEN_EMPTY and not value):
             continue
         _add(message, spec, value)
-    for name, (spec, value) in fixed.items():
-        if name == "streaming" and request.beam_width:
-            value = False  # beam search is never streamed: its beams come in one final response
-        _add(message, spec, value)
-    for output in outputs:
-        message.outputs.add().name = output
-    return message.SerializeToString()
+    # beam search is never streamed: its beams come in one final response
+    return message.SerializeToString() + _tail(fixed, outputs, streamed=not request.beam_width)
+
+
+_TAILS: dict[tuple[int, tuple[str, ...], bool], bytes] = {}
+
+
+def _tail(fixed: Mapping[str, tuple[TensorSpec, object]], outputs: Sequence[str], *, streamed: bool) -> bytes:
+    """The fixed inputs and the outputs asked for, serialized once per table, outputs and streaming.
+
+    Serialized protobuf messages concatenate into their merge, whose repeated fields are each
+    message's in turn: the inputs and their raw contents after the request's own stay paired.
+    """
+    key = (id(fixed), tuple(outputs), streamed)  # the fixed tables are module constants
+    tail = _TAILS.get(key)
+    if tail is None:
+        message = service_pb2.ModelInferRequest()
+        for name, (spec, value) in fixed.items():
+            _add(message, spec, value if streamed or name != "streaming" else False)
+        for output in outputs:
+            message.outputs.add().name = output
+        tail = _TAILS[key] = message.SerializeToString()
+    return tail
 
 
 _OMIT_WHEN_EMPTY = frozenset({"stop_token_ids", "prompt_ids"})

@@ -331,3 +331,24 @@ def test_llmapi_refusals_are_upstreams_where_upstream_refuses() -> None:
     ):
         with pytest.raises(llmapi_contract.LlmApiError, match=message):
             _parse_llmapi(arrays, limits, lambda s: [5] * len(s))
+
+
+def test_the_fixed_inputs_go_with_each_request_as_its_own_kind_needs() -> None:
+    """The fixed inputs and outputs are serialized once per kind of request and appended to each
+    message: a beam request between streamed ones is unstreamed, one with log probs asks for them,
+    and every input still reads back its own values."""
+    plain = GenerationRequest(prompt_ids=[1, 2], max_tokens=3, top_k=1, end_id=7)
+    beams = replace(plain, prompt_ids=[4, 5, 6], beam_width=2, num_return=1)
+    logprobs = replace(plain, prompt_ids=[9], logprobs=0)
+    for request, streamed in ((plain, True), (beams, False), (logprobs, True), (plain, True), (beams, False)):
+        message, arrays = _read_back(engine_message(request, "m"))
+        assert arrays["input_ids"].tolist() == [list(request.prompt_ids)]
+        assert arrays["input_lengths"].tolist() == [[len(request.prompt_ids)]]
+        assert arrays["request_output_len"].tolist() == [[3]] and arrays["end_id"].tolist() == [[7]]
+        assert bool(arrays["streaming"][0, 0]) is streamed
+        assert bool(arrays["exclude_input_in_output"][0, 0]) and bool(arrays["return_perf_metrics"][0, 0])
+        outputs = [o.name for o in message.outputs]
+        assert outputs[:3] == ["output_ids", "sequence_length", "kv_cache_reused_blocks"]
+        assert ("output_log_probs" in outputs) is (request is logprobs)
+        llmapi = _read_back_llmapi_any(llmapi_message(request, "m"))
+        assert bool(llmapi["streaming"][0]) is streamed

@@ -5,17 +5,22 @@ runs in the request's own task (a cancel of that task reaches it). BentoML's log
 filter as the service replaces it (`read_span_once_in_log_lines`): the same fields as BentoML's own.
 BentoML's traffic metrics as the service wraps them (`_Relabelled`): each series looked up once.
 BentoML's access lines as the service defers them (`defer_access_lines`): written after the response,
-in its request's context, in order."""
+in its request's context, in order. An API method's caller, built once per service instance
+(`build_api_callers_once`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
 import logging
 import time
+from types import SimpleNamespace
 from typing import Any
 
+import bentoml
 import pytest
+from _bentoml_sdk.method import APIMethod
 from bentoml._internal.log import TraceRecordFilter
 from bentoml._internal.server.http.access import AccessLogMiddleware
 from bentoml._internal.server.http.traffic import TimeoutMiddleware
@@ -26,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from trtllm_service.api.server.bentoml_patches import (
     ACCESS_LINE_DELAY_S,
     _Relabelled,
+    build_api_callers_once,
     cancel_request_timers,
     defer_access_lines,
     read_span_once_in_log_lines,
@@ -33,6 +39,7 @@ from trtllm_service.api.server.bentoml_patches import (
 from trtllm_service.api.server.metrics import OTHER, EndpointLabels
 
 cancel_request_timers()
+build_api_callers_once()
 read_span_once_in_log_lines()
 defer_access_lines()
 BENTOML_FILTER = TraceRecordFilter.filter.__wrapped__  # BentoML's own, unpatched
@@ -284,3 +291,35 @@ def test_access_lines_are_written_after_the_response_in_its_request_s_context() 
     assert written[0][2] - first_end >= ACCESS_LINE_DELAY_S * 0.9
     assert len(held) == 2, "the cut-short loop's line waits"
     assert [context for _, context, _ in written[2:]] == ["held", "later"], "then goes out with the next"
+
+
+@bentoml.service
+class Greeter:
+    def __init__(self) -> None:
+        self.greeting = "hello"
+
+    @bentoml.api
+    async def greet(self, name: str, times: int = 1, mark: str = bentoml.Field(default="!")) -> str:
+        return " ".join([f"{self.greeting} {name}{mark}"] * times)
+
+
+def test_an_api_caller_is_built_once_per_instance_and_calls_as_bentoml_s() -> None:
+    first, second = Greeter.inner(), Greeter.inner()
+    second.greeting = "hi"
+    caller = first.greet
+    assert first.greet is caller and caller.local is caller  # BentoML's built a new one per access
+    assert second.greet is not caller and second.greet is second.greet
+    assert [p.name for p in inspect.signature(caller).parameters.values()] == ["name", "times", "mark"]
+    assert asyncio.run(caller("Ada")) == "hello Ada!"  # the Field's default filled in, as BentoML's
+    assert asyncio.run(second.greet("Bo", times=2, mark="?")) == "hi Bo? hi Bo?"
+    assert isinstance(Greeter.inner.__dict__["greet"], APIMethod) and isinstance(
+        Greeter.inner.greet, APIMethod
+    )
+    proxied = Greeter.inner()
+
+    async def remote(name: str) -> str:
+        return f"remote {name}"
+
+    proxied.__self_proxy__ = SimpleNamespace(greet=remote)  # a remote service's instance: BentoML's way
+    assert proxied.greet is remote and asyncio.run(proxied.greet("Cy")) == "remote Cy"
+    assert asyncio.run(remote.local("Cy")) == "hello Cy!"  # `local`: set by BentoML
