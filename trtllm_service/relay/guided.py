@@ -70,7 +70,8 @@ class GuideChecker:
     """
 
     REMEMBERED = 256
-    """Guides recently found good, not checked again (an application sends the same schema)."""
+    """Guides recently found good, and as many found bad, not checked again (an application sends
+    the same schema; a client that repeats a refused guide costs a lookup, not seconds of a thread)."""
     REMEMBERED_CHARS = 64 * 1024
     """Guides longer than this are checked every time (they are not worth the memory)."""
 
@@ -81,6 +82,7 @@ class GuideChecker:
         self._making = threading.Lock()
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="guide-check")
         self._good: OrderedDict[Guide, None] = OrderedDict()
+        self._refused: OrderedDict[Guide, str] = OrderedDict()  # -> llguidance's message, brief
 
     def _tokenizer(self) -> tuple[Any, list[int]]:
         with self._making:
@@ -91,27 +93,44 @@ class GuideChecker:
 
     def check_now(self, guide: Guide, param: str) -> None:
         """Checks `guide` in the calling thread; GuideRequestError blaming `param` (the request
-        field it came from) with llguidance's message, brief."""
+        field it came from) with llguidance's message, brief. llguidance's verdict depends only on
+        the guide (its limits are fixed), so both verdicts are remembered."""
         if guide in self._good:
             return
-        tokenizer, probes = self._tokenizer()
-        try:
-            grammars.check(*guide, tokenizer=tokenizer, probes=probes)
-        except GuideError as exc:
-            raise GuideRequestError(f"'{param}' cannot be used for guided decoding: {exc}", param) from None
+        refused = self._refused.get(guide)
+        if refused is None:
+            tokenizer, probes = self._tokenizer()
+            try:
+                grammars.check(*guide, tokenizer=tokenizer, probes=probes)
+            except GuideError as exc:
+                refused = str(exc)
+                self._remember(self._refused, guide, refused)
+            else:
+                self._remember(self._good, guide, None)
+                return
+        raise _refusal(refused, param)
+
+    def _remember(self, verdicts: OrderedDict[Guide, Any], guide: Guide, verdict: Any) -> None:
         if len(guide[1]) <= self.REMEMBERED_CHARS:
-            self._good[guide] = None
-            while len(self._good) > self.REMEMBERED:
-                self._good.popitem(last=False)
+            verdicts[guide] = verdict
+            while len(verdicts) > self.REMEMBERED:
+                verdicts.popitem(last=False)
 
     async def check(self, guide: Guide, param: str) -> None:
-        """`check_now` in one of the checker's threads."""
+        """`check_now` in one of the checker's threads (a remembered verdict at once)."""
         if guide in self._good:
             return
+        refused = self._refused.get(guide)
+        if refused is not None:
+            raise _refusal(refused, param)
         await asyncio.get_running_loop().run_in_executor(self._pool, self.check_now, guide, param)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _refusal(message: str, param: str) -> GuideRequestError:
+    return GuideRequestError(f"'{param}' cannot be used for guided decoding: {message}", param)
 
 
 def guide_field(request: Any) -> str:

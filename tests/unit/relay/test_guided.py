@@ -71,16 +71,52 @@ def test_what_the_engine_serves_passes_and_is_remembered(
     checker: GuideChecker, guide: tuple[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     checker.check_now(guide, "guided")
+    compiled = _counted_checks(monkeypatch)
+    checker.check_now(guide, "guided")
+    assert compiled == []  # remembered, not compiled again (a time bound flakes on a busy machine)
+
+
+def _counted_checks(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """llguidance's check, its calls counted from here on (the list of their arguments)."""
     compiled: list[Any] = []
     check = guided.grammars.check
 
-    def counted(*args: Any, **kwargs: Any) -> None:  # llguidance's check, its calls counted
+    def counted(*args: Any, **kwargs: Any) -> None:
         compiled.append(args)
         check(*args, **kwargs)
 
     monkeypatch.setattr(guided.grammars, "check", counted)
-    checker.check_now(guide, "guided")
-    assert compiled == []  # remembered, not compiled again (a time bound flakes on a busy machine)
+    return compiled
+
+
+def test_a_refused_guide_is_remembered_and_refused_again_at_once(
+    checker: GuideChecker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The regex llguidance takes 1.7-2.3 s to refuse (tests/e2e/test_hostile_input): a client that
+    repeats it gets the same 400 from a lookup, naming its own field, and takes no checker thread."""
+    guide = ("regex", "(y{1000}){1000}")
+    compiled = _counted_checks(monkeypatch)
+    with pytest.raises(GuideRequestError) as first:
+        asyncio.run(checker.check(guide, "guided_regex"))
+    assert len(compiled) == 1
+
+    async def again() -> BaseException | None:
+        task = asyncio.ensure_future(checker.check(guide, "response_format"))
+        await asyncio.sleep(0)
+        assert task.done()  # a check in a thread would still be running here
+        return task.exception()
+
+    second = asyncio.run(again())
+    assert isinstance(second, GuideRequestError) and second.param == "response_format"
+    assert str(second) == str(first.value).replace("'guided_regex'", "'response_format'")
+    with pytest.raises(GuideRequestError):
+        checker.check_now(guide, "guided_regex")
+    assert len(compiled) == 1  # neither the loop's refusal nor check_now's compiled it again
+    longer = ("regex", "(y{1000}){1000}" + "|z" * GuideChecker.REMEMBERED_CHARS)
+    for _ in range(2):
+        with pytest.raises(GuideRequestError):
+            checker.check_now(longer, "guided_regex")
+    assert len(compiled) == 3  # too long to remember: checked each time
 
 
 def test_a_large_grammar_is_checked_off_the_event_loop(checker: GuideChecker) -> None:
