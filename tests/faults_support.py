@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -121,3 +123,11 @@ def assert_serving_again(server: BentoService, dead_tritonserver: int) -> None:
     )
     assert answer.status_code == 200 and answer.text, answer.text
     assert dead_tritonserver not in server.tritonserver_pids()
+
+
+def shm_regions(tritonserver: int) -> Callable[[], list[str]]:
+    """What lists the shared-memory regions of the Python backend of this Triton and of every
+    later one its service starts (they share the prefix on tritonserver's command line)."""
+    [config] = [a for a in psutil.Process(tritonserver).cmdline() if "shm-region-prefix-name=" in a]
+    prefix = config.split("shm-region-prefix-name=", 1)[1].split(",")[0]
+    return lambda: sorted(p.name for p in Path("/dev/shm").glob(f"{prefix}*"))

@@ -8,7 +8,6 @@ import re
 import shutil
 import signal
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from tests.faults_support import (
     alive,
     assert_serving_again,
     describe,
+    shm_regions,
     stop_gracefully,
     triton_processes,
     wait_gone,
@@ -78,14 +78,6 @@ def test_triton_crash_mid_stream_then_recovery_then_sigterm(make_service: Any) -
         f"the stream broken by the crash ended like a complete answer ({len(reader.chunks)} chunks, "
         f"error {reader.error!r}): a client cannot tell it was cut short"
     )
-
-
-def shm_regions(tritonserver: int) -> Callable[[], list[str]]:
-    """What lists the shared-memory regions of the Python backend of this Triton and of every
-    later one its service starts (they share the prefix on tritonserver's command line)."""
-    [config] = [a for a in psutil.Process(tritonserver).cmdline() if "shm-region-prefix-name=" in a]
-    prefix = config.split("shm-region-prefix-name=", 1)[1].split(",")[0]
-    return lambda: sorted(p.name for p in Path("/dev/shm").glob(f"{prefix}*"))
 
 
 def engine_stub(server: BentoService) -> psutil.Process:

@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from tests.e2e.conftest import BentoService, _name
+from tests.faults_support import shm_regions
 from tests.support import held_request, wait_for
 
 BODY = {"prompt": "Hello", "max_tokens": 8, "temperature": 0}
@@ -206,6 +207,8 @@ def test_killing_the_owner_leaves_exactly_one_triton(make_service: Callable[...,
     service = make_service({"TRTLLM_WORKERS": "2"})
     owner = int(state(service)["owner_pid"])  # type: ignore[call-overload]  # triton.json's owner_pid is an int
     (old_triton,) = tritons(service)
+    old_regions = shm_regions(old_triton)  # its Python backend's shared memory, under the owner's tag
+    assert old_regions(), "no shared-memory region of the Python backend found"
     os.kill(owner, signal.SIGKILL)
     assert wait_for(
         lambda: (
@@ -217,6 +220,8 @@ def test_killing_the_owner_leaves_exactly_one_triton(make_service: Callable[...,
         state(service)
     )
     assert wait_for(lambda: generate_ok(service), 60)
+    # nobody stopped the killed owner's Triton: the next owner swept what it left (triton/shm.py)
+    assert wait_for(lambda: not old_regions(), 30), f"the killed owner's regions are left: {old_regions()}"
     assert wait_for(lambda: len(workers(service)) == 2, 60), "the killed worker was not replaced"
     time.sleep(2)  # a second Triton, if any, would be starting by now
     assert len(tritons(service)) == 1, tritons(service)

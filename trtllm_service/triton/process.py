@@ -46,7 +46,7 @@ import httpx
 from tensorrtllm_backend import LAUNCHER, launcher
 from trtllm_service.tokenizer_loading import environ_for_children
 from trtllm_service.triton.loopback import loopback_client
-from trtllm_service.triton.shm import remove_regions
+from trtllm_service.triton.shm import owner_tag, remove_regions, sweep_orphaned_regions
 from trtllm_service.versions import REQUIRE_TENSORRT_LLM, installed_tensorrt_llm
 
 logger = logging.getLogger("trtllm_service.triton")
@@ -317,7 +317,10 @@ def triton_command(
             mpirun = shutil.which("mpirun")
             if mpirun is None:
                 raise launcher.LauncherError(f"world_size {world_size} needs mpirun, which is not on PATH")
-        command = launcher.build_command(args, install, mpirun=mpirun, llmapi_launch=llmapi_launch)
+        # its Python backend's shared memory named for this owner: pid namespace and pid (triton/shm.py)
+        command = launcher.build_command(
+            args, install, unique=owner_tag(), mpirun=mpirun, llmapi_launch=llmapi_launch
+        )
     except launcher.LauncherError as exc:
         raise TritonStartupError(str(exc)) from None
     # Started through the launcher's exec that blocks SIGTERM (see the module's docstring): the
@@ -664,6 +667,7 @@ class TritonSupervisor:
         self._ready = False
         self._stopping = False
         self._watch: asyncio.Task[None] | None = None
+        self._sweep: asyncio.Future[list[str]] | None = None  # killed owners' regions (triton/shm.py)
 
     @property
     def ready(self) -> bool:
@@ -743,6 +747,8 @@ class TritonSupervisor:
         self.triton = TritonProcess(command, env, self.log_path, ranks=self.world_size > 1)
         self._ready_since = None
         await self.triton.start()
+        if self._sweep is None:  # once, in a thread, while this Triton starts
+            self._sweep = asyncio.ensure_future(asyncio.to_thread(sweep_orphaned_regions))
         self.generation += 1
         logger.info("Triton starting (pid %s, gRPC %s:%d)", self.triton.pid, self.host, self.ports.grpc)
         try:

@@ -6,19 +6,31 @@ command line: the launcher makes it one per service worker and rank). A Triton t
 crash, a stall, a stop past its timeout) never unlinks its regions: 1-3 MB each, kept until the
 machine restarts, one more with every restart. Once a run has stopped, its owner removes what is
 left under that run's own prefixes, and nothing else.
+
+An owner that is itself killed (SIGKILL, the OOM killer) removes nothing. So each owner's prefix
+carries its pid namespace and pid (`owner_tag`), and the next owner to start, in any service on the
+host, removes the regions whose owner was of its own pid namespace and is gone, once no process it
+can see maps or holds them (`sweep_orphaned_regions`). The namespace is what makes this safe where
+containers share /dev/shm (`--ipc=host`, common for Triton): a pid only means something in its own
+namespace, and regions of another namespace are never touched.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 logger = logging.getLogger("trtllm_service.triton")
 
 SHM_DIR = Path("/dev/shm")
+PROC_DIR = Path("/proc")
 PREFIX_OPTION = "shm-region-prefix-name="
+_OWNED = re.compile(r"prefix\d+_(\d+)-(\d+)_")
+"""A region under the launcher's prefix (`prefix<rank>_<unique>_`) whose `unique` is an `owner_tag`."""
 
 
 def region_prefixes(command: Sequence[str]) -> list[str]:
@@ -44,3 +56,82 @@ def remove_regions(command: Sequence[str], shm_dir: Path = SHM_DIR) -> list[str]
     if removed:
         logger.debug("removed %d shared-memory regions of a stopped Triton: %s", len(removed), removed)
     return removed
+
+
+def owner_tag(pid: int | None = None) -> str:
+    """What goes into the prefix of the regions of the Triton this process owns (the launcher's
+    `unique`): `<pid namespace inode>-<pid>` (the namespace 0 where /proc does not show it)."""
+    return f"{_pid_namespace()}-{os.getpid() if pid is None else pid}"
+
+
+def _pid_namespace() -> int:
+    try:
+        return os.stat(PROC_DIR / "self" / "ns" / "pid").st_ino
+    except OSError:
+        return 0
+
+
+def sweep_orphaned_regions(shm_dir: Path = SHM_DIR, proc_dir: Path = PROC_DIR) -> list[str]:
+    """Unlinks the regions of Tritons whose owner was killed: tagged with this process's pid
+    namespace (`owner_tag`), their owner's pid gone, and mapped or held open by no process this one
+    can see. Returns the names removed."""
+    namespace = _pid_namespace()
+    if not namespace:
+        return []
+    orphans = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(shm_dir):
+            owned = _OWNED.match(entry.name)
+            if owned and int(owned.group(1)) == namespace and not _alive(int(owned.group(2))):
+                orphans.append(entry.name)
+    if not orphans:
+        return []
+    in_use = _regions_in_use(shm_dir, proc_dir)
+    removed = []
+    for name in orphans:
+        if name not in in_use:
+            with contextlib.suppress(OSError):
+                (shm_dir / name).unlink()
+                removed.append(name)
+    if removed:
+        logger.info(
+            "removed %d shared-memory regions in %s that Tritons of killed owners left (their owners' "
+            "pids are gone and nothing maps them)",
+            len(removed),
+            shm_dir,
+        )
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return True  # not a pid: leave its regions alone
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _regions_in_use(shm_dir: Path, proc_dir: Path) -> set[str]:
+    """The names in `shm_dir` that a process this one can read maps or holds open."""
+    where = f"{shm_dir}/"
+    used: set[str] = set()
+    pids: list[str] = []
+    with contextlib.suppress(OSError):
+        pids = [entry.name for entry in os.scandir(proc_dir) if entry.name.isdigit()]
+    for pid in pids:
+        with contextlib.suppress(OSError), open(proc_dir / pid / "maps", errors="replace") as maps:
+            for line in maps:
+                at = line.find(where)
+                if at >= 0:
+                    used.add(line[at + len(where) :].split(" ", 1)[0].rstrip("\n"))
+        with contextlib.suppress(OSError):
+            for fd in os.scandir(proc_dir / pid / "fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd.path)
+                    if target.startswith(where):
+                        used.add(target[len(where) :].split(" ", 1)[0])
+    return used
