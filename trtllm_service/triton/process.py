@@ -919,3 +919,6 @@ class TritonSupervisor:
                 await self._watch
         if self.triton is not None:
             await self.triton.stop(timeout_s=self.exit_timeout_s + 5)
+        if self._sweep is not None:  # a sweep still under way (a start stopped at once) ends with it
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._sweep), 5)
