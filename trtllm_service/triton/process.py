@@ -144,6 +144,8 @@ UNREADY_AFTER_MISSES = 2
 """Health probes in a row that must go unanswered before Triton counts as not ready."""
 PORT_RETRIES = 3
 """Starts again on other free ports, in one start, when another process took a free port first."""
+SWEEP_TRIES, SWEEP_RETRY_S = 6, 5.0
+"""Sweeps of killed owners' shared memory while some of it is still mapped: 6, 5 s apart."""
 PORT_IN_USE_STOP_S = 2.0
 """How long a Triton that could not take its port gets to exit before it is killed."""
 SERVER_EXIT_GRACE_S = 2.0
@@ -667,11 +669,20 @@ class TritonSupervisor:
         self._ready = False
         self._stopping = False
         self._watch: asyncio.Task[None] | None = None
-        self._sweep: asyncio.Future[list[str]] | None = None  # killed owners' regions (triton/shm.py)
+        self._sweep: asyncio.Task[None] | None = None  # killed owners' regions (triton/shm.py)
 
     @property
     def ready(self) -> bool:
         return self._ready and self.triton is not None and self.triton.running
+
+    async def _sweep_orphans(self) -> None:
+        """The regions that Tritons of killed owners left (triton/shm.py), swept in a thread; again
+        while some are still mapped (the stubs of a Triton killed with its owner notice it within
+        seconds), every SWEEP_RETRY_S, up to SWEEP_TRIES times."""
+        for _ in range(SWEEP_TRIES):
+            if not (await asyncio.to_thread(sweep_orphaned_regions)).in_use:
+                return
+            await asyncio.sleep(SWEEP_RETRY_S)
 
     @property
     def pgid(self) -> int | None:
@@ -747,8 +758,8 @@ class TritonSupervisor:
         self.triton = TritonProcess(command, env, self.log_path, ranks=self.world_size > 1)
         self._ready_since = None
         await self.triton.start()
-        if self._sweep is None:  # once, in a thread, while this Triton starts
-            self._sweep = asyncio.ensure_future(asyncio.to_thread(sweep_orphaned_regions))
+        if self._sweep is None:  # beside this owner's first start
+            self._sweep = asyncio.create_task(self._sweep_orphans(), name="shm-sweep")
         self.generation += 1
         logger.info("Triton starting (pid %s, gRPC %s:%d)", self.triton.pid, self.host, self.ports.grpc)
         try:
@@ -919,6 +930,6 @@ class TritonSupervisor:
                 await self._watch
         if self.triton is not None:
             await self.triton.stop(timeout_s=self.exit_timeout_s + 5)
-        if self._sweep is not None:  # a sweep still under way (a start stopped at once) ends with it
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(self._sweep), 5)
+        if self._sweep is not None and not self._sweep.done():
+            self._sweep.cancel()  # a wait between sweeps ends; a sweep in its thread finishes first
+            await asyncio.wait({self._sweep}, timeout=5)

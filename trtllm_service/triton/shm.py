@@ -23,6 +23,7 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 logger = logging.getLogger("trtllm_service.triton")
 
@@ -71,13 +72,21 @@ def _pid_namespace() -> int:
         return 0
 
 
-def sweep_orphaned_regions(shm_dir: Path = SHM_DIR, proc_dir: Path = PROC_DIR) -> list[str]:
+class Sweep(NamedTuple):
+    """What a sweep removed, and the orphans it left because a process still maps or holds them
+    (the stubs of a killed Triton outlive it for a few seconds)."""
+
+    removed: list[str]
+    in_use: list[str]
+
+
+def sweep_orphaned_regions(shm_dir: Path = SHM_DIR, proc_dir: Path = PROC_DIR) -> Sweep:
     """Unlinks the regions of Tritons whose owner was killed: tagged with this process's pid
     namespace (`owner_tag`), their owner's pid gone, and mapped or held open by no process this one
-    can see. Returns the names removed."""
+    can see."""
     namespace = _pid_namespace()
     if not namespace:
-        return []
+        return Sweep([], [])
     orphans = []
     with contextlib.suppress(OSError):
         for entry in os.scandir(shm_dir):
@@ -85,14 +94,16 @@ def sweep_orphaned_regions(shm_dir: Path = SHM_DIR, proc_dir: Path = PROC_DIR) -
             if owned and int(owned.group(1)) == namespace and not _alive(int(owned.group(2))):
                 orphans.append(entry.name)
     if not orphans:
-        return []
-    in_use = _regions_in_use(shm_dir, proc_dir)
-    removed = []
+        return Sweep([], [])
+    used = _regions_in_use(shm_dir, proc_dir)
+    removed, in_use = [], []
     for name in orphans:
-        if name not in in_use:
-            with contextlib.suppress(OSError):
-                (shm_dir / name).unlink()
-                removed.append(name)
+        if name in used:
+            in_use.append(name)
+            continue
+        with contextlib.suppress(OSError):
+            (shm_dir / name).unlink()
+            removed.append(name)
     if removed:
         logger.info(
             "removed %d shared-memory regions in %s that Tritons of killed owners left (their owners' "
@@ -100,10 +111,11 @@ def sweep_orphaned_regions(shm_dir: Path = SHM_DIR, proc_dir: Path = PROC_DIR) -
             len(removed),
             shm_dir,
         )
-    return removed
+    return Sweep(removed, in_use)
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, proc_dir: Path = PROC_DIR) -> bool:
+    """Whether `pid` runs (a zombie does not: a killed owner stays one until its parent reaps it)."""
     if pid <= 0:
         return True  # not a pid: leave its regions alone
     try:
@@ -112,22 +124,30 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        state = (proc_dir / str(pid) / "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state not in (b"Z", b"X")
 
 
 def _regions_in_use(shm_dir: Path, proc_dir: Path) -> set[str]:
     """The names in `shm_dir` that a process this one can read maps or holds open."""
     where = f"{shm_dir}/"
+    mapped = os.fsencode(where)
     used: set[str] = set()
     pids: list[str] = []
     with contextlib.suppress(OSError):
         pids = [entry.name for entry in os.scandir(proc_dir) if entry.name.isdigit()]
     for pid in pids:
-        with contextlib.suppress(OSError), open(proc_dir / pid / "maps", errors="replace") as maps:
-            for line in maps:
-                at = line.find(where)
+        maps = b""
+        with contextlib.suppress(OSError):
+            maps = (proc_dir / pid / "maps").read_bytes()
+        if mapped in maps:  # most processes map nothing there: one search of the whole file
+            for line in maps.splitlines():
+                at = line.find(mapped)
                 if at >= 0:
-                    used.add(line[at + len(where) :].split(" ", 1)[0].rstrip("\n"))
+                    used.add(os.fsdecode(line[at + len(mapped) :].split(b" ", 1)[0]))
         with contextlib.suppress(OSError):
             for fd in os.scandir(proc_dir / pid / "fd"):
                 with contextlib.suppress(OSError):

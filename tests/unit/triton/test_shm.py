@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
+
 from tensorrtllm_backend import launcher
+from tests.support import wait_for
 from trtllm_service.triton.shm import owner_tag, region_prefixes, remove_regions, sweep_orphaned_regions
 
 
@@ -45,9 +48,9 @@ def _dead_pid() -> int:
 
 def test_the_regions_of_a_killed_owner_are_swept_and_nothing_else(tmp_path: Path) -> None:
     """Real regions (files in a folder standing for /dev/shm), real processes: an owner that is gone
-    leaves regions under its tag (`owner_tag`, the prefix the service gives the launcher); the next
-    sweep removes them, unless a live process maps or holds one, or the tag is another namespace's,
-    a live owner's, or not a tag."""
+    leaves regions under its tag (`owner_tag`, the prefix the service gives the launcher), as does
+    one killed but not yet reaped (a zombie); the next sweep removes them, unless a live process
+    maps or holds one, or the tag is another namespace's, a live owner's, or not a tag."""
     namespace = os.stat("/proc/self/ns/pid").st_ino
     assert owner_tag() == f"{namespace}-{os.getpid()}"
     dead = _dead_pid()
@@ -57,7 +60,8 @@ def test_the_regions_of_a_killed_owner_are_swept_and_nothing_else(tmp_path: Path
     rank0, rank1 = region_prefixes(command)
     shm = tmp_path / "shm"
     shm.mkdir()
-    orphans = [f"{rank0}9f2c-aa", f"{rank1}77d1-bb"]
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # killed, not yet reaped by its parent
+    orphans = [f"{rank0}9f2c-aa", f"{rank1}77d1-bb", f"prefix0_{owner_tag(zombie.pid)}_zz"]
     kept = [
         f"{rank0}mapped",  # mapped by a live process
         f"{rank0}held",  # open in a live process
@@ -75,11 +79,16 @@ def test_the_regions_of_a_killed_owner_are_swept_and_nothing_else(tmp_path: Path
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
-        assert sorted(sweep_orphaned_regions(shm)) == sorted(orphans)
+        assert wait_for(lambda: psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE, 10)
+        swept = sweep_orphaned_regions(shm)
+        assert sorted(swept.removed) == sorted(orphans)
+        assert sorted(swept.in_use) == [f"{rank0}held", f"{rank0}mapped"]  # left for a later sweep
         assert sorted(p.name for p in shm.iterdir()) == sorted(kept)
     finally:
         holder.kill()
         holder.wait()
+        zombie.wait()
     # their holder gone, the regions it mapped and held are orphans too
-    assert sorted(sweep_orphaned_regions(shm)) == [f"{rank0}held", f"{rank0}mapped"]
+    swept = sweep_orphaned_regions(shm)
+    assert (sorted(swept.removed), swept.in_use) == ([f"{rank0}held", f"{rank0}mapped"], [])
     assert sorted(p.name for p in shm.iterdir()) == sorted(kept[2:])
