@@ -25,6 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from tensorrtllm_backend import launcher
+
 logger = logging.getLogger("trtllm_service.triton")
 
 SHM_DIR = Path("/dev/shm")
@@ -114,21 +116,14 @@ def sweep_orphaned_regions(shm_dir: Path = SHM_DIR, proc_dir: Path = PROC_DIR) -
     return Sweep(removed, in_use)
 
 
-def _alive(pid: int, proc_dir: Path = PROC_DIR) -> bool:
+def _alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie does not: a killed owner stays one until its parent reaps it)."""
     if pid <= 0:
         return True  # not a pid: leave its regions alone
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    if not launcher.pid_alive(pid):
         return False
-    except PermissionError:
-        return True
-    try:
-        state = (proc_dir / str(pid) / "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state not in (b"Z", b"X")
+    fields = launcher.proc_stat(pid)
+    return fields is None or not fields or fields[0] not in (b"Z", b"X")
 
 
 def _regions_in_use(shm_dir: Path, proc_dir: Path) -> set[str]:
