@@ -122,7 +122,8 @@ class BodyRoutesApp(FastAPI):
     a POST to one of their paths goes to its endpoint without FastAPI's per-request layers (its
     error middlewares, the router's match over every route, the dependency solving of an endpoint
     that takes only the request), which cost 0.05-0.08 ms on the 16-core box and 0.14 ms on 2 cores
-    before a chat request's engine request is sent (bench/ttft_breakdown.py). Everything else, and the OpenAPI document, is FastAPI's.
+    before a chat request's engine request is sent (bench/ttft_breakdown.py). Everything else, and
+    the OpenAPI document, is FastAPI's.
 
     What those layers would do is kept: the app in the scope, the app's exception handlers for an
     exception the endpoint raises, and a plain 500 (reshaped outside, `server.error_shape`) for one
