@@ -145,6 +145,10 @@ def main() -> None:
                         f"{route} {tokens:3} tokens: client TTFT p50 {result['ttft_ms']:.2f} ms", flush=True
                     )
                     results.append(result)
+            calls = timeline / f"{workers[0]}.calls"  # $BENCH_TIMELINE_CALLS: calls per step, per run
+            if calls.exists():
+                args.out.mkdir(parents=True, exist_ok=True)
+                (args.out / f"calls-{args.label}.jsonl").write_text(calls.read_text())
         finally:
             service.stop()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -16,7 +16,13 @@ byte, to $BENCH_TIMELINE/<pid>.end.
 
 With $BENCH_TIMELINE_FINE set, the handler's steps to the engine are marked too: the sampling
 parameters read, the chat template rendered, the request's turn in the service's queue, the engine
-message built.
+message built, and OpenTelemetry's span started.
+
+With $BENCH_TIMELINE_CALLS set too, the loop's thread counts the Python and C functions each step
+calls (sys.setprofile: the timings of such a run mean nothing), by file or C function, and SIGRTMIN+7
+appends them per request to $BENCH_TIMELINE/<pid>.calls. A step's way cold is roughly proportional
+to its calls: on 2 cores, about 1 us each after an idle pause (bench/ttft_breakdown.py copies the
+file to its output folder as calls-<label>.jsonl).
 """
 
 from __future__ import annotations
@@ -60,10 +66,45 @@ MIDDLEWARES = {  # module -> ASGI classes whose entry is marked (outermost first
 }
 
 
+_CALLS: dict[
+    tuple[str, str], int
+] = {}  # (step, file or C function's module) -> calls ($BENCH_TIMELINE_CALLS)
+_STEP: list[str | None] = [None]  # the step the loop's thread is in: the last mark's label
+
+
+def _where(path: str) -> str:
+    for anchor in ("site-packages/", "trtllm_service/", "lib/python3"):
+        at = path.find(anchor)
+        if at >= 0:
+            rest = path[at + len(anchor) :]
+            return rest if anchor != "lib/python3" else "stdlib:" + rest.split("/", 1)[-1]
+    return path
+
+
+def _count(frame: Any, event: str, arg: Any) -> None:
+    step = _STEP[0]
+    if step is None:
+        return
+    if event == "call":
+        key = _where(frame.f_code.co_filename)
+    elif event == "c_call":
+        module = getattr(arg, "__module__", None)
+        name = getattr(arg, "__qualname__", "?")
+        key = f"C:{name}" if module in (None, "builtins") else f"C:{module}"
+    else:
+        return
+    _CALLS[(step, key)] = _CALLS.get((step, key), 0) + 1
+
+
 def mark(label: str) -> None:
     marks = _MARKS.get()
     if marks is not None:
         marks.append((label, time.perf_counter()))
+        if _COUNTING:
+            _STEP[0] = None if label == "written" else label
+
+
+_COUNTING = bool(os.environ.get("BENCH_TIMELINE_CALLS"))
 
 
 def end_mark(label: str) -> None:
@@ -156,6 +197,8 @@ def _patch_fine(module: Any) -> None:
     elif name == "trtllm_service.relay.flavors":
         for cls in (module.EnsembleFlavor, module.LLMAPIFlavor):
             cls.message = _on_exit(cls.message, "message built")
+    elif name == "trtllm_service.api.server.tracing":
+        module._with_span_context = _on_entry(module._with_span_context, "OpenTelemetry")
 
 
 def _around(fn: Any, label: str) -> Any:
@@ -181,6 +224,11 @@ def _patch_streaming(module: Any) -> None:
             return
         now = time.perf_counter()
         _MARKS.set([("asgi", now)])
+        if _COUNTING:
+            if sys.getprofile() is None:
+                sys.setprofile(_count)
+            _STEP[0] = "asgi"
+            _CALLS[("requests", "")] = _CALLS.get(("requests", ""), 0) + 1
         if _LAST_BYTE[0]:
             _END_TIMES.setdefault("next request entered", []).append((now - _LAST_BYTE[0]) * 1e3)
         ends: list[tuple[str, float]] = []
@@ -304,6 +352,7 @@ _WANTED = frozenset(
                 "trtllm_service.chat.template",
                 "trtllm_service.api.generation.choices",
                 "trtllm_service.relay.flavors",
+                "trtllm_service.api.server.tracing",
             )
             if os.environ.get("BENCH_TIMELINE_FINE")
             else ()
@@ -347,8 +396,28 @@ def _dump_ends() -> None:
         out.write(json.dumps({"requests": counted, "ms after the last byte": ordered}) + "\n")
 
 
+def _dump_calls() -> None:
+    if not _CALLS:
+        return
+    requests = _CALLS.pop(("requests", ""), 1)
+    steps: dict[str, dict[str, int]] = {}
+    for (step, key), n in _CALLS.items():
+        steps.setdefault(step, {})[key] = n
+    _CALLS.clear()
+    report = {
+        step: {
+            "calls per request": round(sum(keys.values()) / requests, 1),
+            "top": [[k, round(n / requests, 1)] for k, n in sorted(keys.items(), key=lambda kv: -kv[1])[:25]],
+        }
+        for step, keys in steps.items()
+    }
+    with open(os.path.join(os.environ["BENCH_TIMELINE"], f"{os.getpid()}.calls"), "a") as out:
+        out.write(json.dumps({"requests": requests, "steps": report}) + "\n")
+
+
 def _dump(signum: int, frame: Any) -> None:
     _dump_ends()
+    _dump_calls()
     done, _DONE[:] = _DONE[:], []
     groups: dict[tuple[str, ...], list[list[tuple[str, float]]]] = {}
     for marks in done:

@@ -18,6 +18,7 @@ import struct
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from tritonclient.grpc import service_pb2
@@ -262,16 +263,14 @@ def _embedding_bias(logit_bias: Sequence[tuple[int, float]], vocab_size: int) ->
 def _check_ranges(request: GenerationRequest) -> None:
     """A 400 for a number the engine's tensor cannot carry (top_k 10**20, a penalty of 1e308),
     named by field; NaN never gets this far (the protocols' bounds refuse it)."""
-    for name, spec in ENGINE_INPUTS.items():
-        bounds = _RANGES.get(spec.datatype)
-        value = getattr(request, name, None)
-        if bounds is None or not isinstance(value, (int, float)) or isinstance(value, bool):
+    for (name, datatype, low, high), value in zip(_RANGED, _ranged_values(request), strict=True):
+        if value is None or value.__class__ is bool or not isinstance(value, (int, float)):
             continue
-        if not bounds[0] <= value <= bounds[1]:
+        if not low <= value <= high:
             raise APIError.bad_request(
-                f"Invalid '{name}': must be between {bounds[0]:g} and {bounds[1]:g} (got {value:g})"
-                if spec.datatype == "FP32"
-                else f"Invalid '{name}': must be between {bounds[0]} and {bounds[1]} (got {value})",
+                f"Invalid '{name}': must be between {low:g} and {high:g} (got {value:g})"
+                if datatype == "FP32"
+                else f"Invalid '{name}': must be between {low} and {high} (got {value})",
                 param=name,
             )
 
@@ -385,6 +384,14 @@ ENGINE_INPUTS: Mapping[str, TensorSpec] = {
 """GenerationRequest field -> input of the `tensorrt_llm` model (NVIDIA's C++ backend contract,
 tensorrtllm_backend/nvidia_backend.py: names and types come from there)."""
 
+_RANGED = tuple(
+    (name, spec.datatype, *_RANGES[spec.datatype])
+    for name, spec in ENGINE_INPUTS.items()
+    if spec.datatype in _RANGES
+)
+"""(field, datatype, least, most) of each engine input whose datatype bounds its value (`_check_ranges`)."""
+_ranged_values = attrgetter(*(name for name, *_ in _RANGED))
+
 ENGINE_FIXED: Mapping[str, tuple[TensorSpec, object]] = {
     "streaming": (engine_input("streaming"), True),
     "exclude_input_in_output": (engine_input("exclude_input_in_output"), True),
@@ -495,8 +502,10 @@ def _message(
     message = service_pb2.ModelInferRequest(model_name=model, id=request_id)
     for spec, value in extra:
         _add(message, spec, value)
-    for name, spec in table.items():
-        value = getattr(request, name)
+    values = _VALUES.get(id(table))
+    if values is None:  # the tables are module constants
+        values = _VALUES[id(table)] = attrgetter(*table)
+    for (name, spec), value in zip(table.items(), values(request), strict=True):
         if value is None or (name in _OMIT_WHEN_EMPTY and not value):
             continue
         _add(message, spec, value)
@@ -504,6 +513,7 @@ def _message(
     return message.SerializeToString() + _tail(fixed, outputs, streamed=not request.beam_width)
 
 
+_VALUES: dict[int, attrgetter[Any]] = {}  # id(table) -> its fields' getter, all in one call
 _TAILS: dict[tuple[int, tuple[str, ...], bool], bytes] = {}
 
 
@@ -557,9 +567,12 @@ def llmapi_outputs(request: GenerationRequest) -> tuple[str, ...]:
     )
 
 
+_INPUT_LENGTHS = engine_input("input_lengths")
+
+
 def engine_message(request: GenerationRequest, request_id: str) -> bytes:
     """The serialized ModelInferRequest of `request` for the `tensorrt_llm` model."""
-    lengths = (engine_input("input_lengths"), len(request.prompt_ids))
+    lengths = (_INPUT_LENGTHS, len(request.prompt_ids))
     return _message(
         ENGINE_MODEL, request_id, request, ENGINE_INPUTS, ENGINE_FIXED, engine_outputs(request), (lengths,)
     )

@@ -16,7 +16,11 @@ BentoML builds the app:
   configured propagators read an incoming `traceparent`; the tracer's sampler and id generator do
   the rest; a sampler that reads the request's attributes sees none, BentoML's does not): no
   attributes, no metrics, no wrapped `send`. As soon as a span processor or a meter
-  provider is there, each request goes the full way again.
+  provider is there, each request goes the full way again. A request that carries none of the
+  configured propagators' headers (`traceparent`, `tracestate`, `baggage` by default) is not
+  handed to them: they would each look for their headers among all of its own (40 of the 180
+  Python and C calls this step made per request, bench/ttft_breakdown.py's census) to give what
+  a request without them gets, an empty context.
 """
 
 from __future__ import annotations
@@ -75,23 +79,58 @@ def _outermost() -> bool:
 async def _with_span_context(middleware: Any, scope: Any, receive: Any, send: Any) -> None:
     """Runs the app in the span the full middleware would start (the tracer's own start_span: the
     same ids, flags and sampling), without its attributes, metrics, status or message wrappers."""
+    otel = _otel()
+    app = middleware.app
+    if not otel.is_http_instrumentation_enabled():
+        return await app(scope, receive, send)
+    excluded = middleware.excluded_urls
+    if excluded and excluded.url_disabled(otel.get_host_port_url_tuple(scope)[2]):
+        return await app(scope, receive, send)
+    fields = _propagated_headers(otel.get_global_textmap())
+    if fields is None or any(name in fields for name, _ in scope["headers"]):
+        parent = otel.extract(scope, getter=otel.asgi_getter)  # the configured propagators (traceparent)
+    else:  # what they give a request without their headers
+        parent = otel.Context()
+    span = middleware.tracer.start_span(otel.name(middleware, scope), context=parent, kind=otel.SERVER)
+    token = otel.attach(otel.set_span_in_context(span, parent))
+    try:
+        await app(scope, receive, send)
+    finally:
+        otel.detach(token)
+        span.end()  # nothing records it: the exception and status use_span would set go nowhere
+
+
+@functools.cache
+def _otel() -> Any:
+    """What `_with_span_context` calls, imported once (not per request)."""
+    from types import SimpleNamespace
+
     from opentelemetry import context, trace
     from opentelemetry.instrumentation.asgi import asgi_getter, get_host_port_url_tuple
     from opentelemetry.instrumentation.utils import is_http_instrumentation_enabled
-    from opentelemetry.propagate import extract
+    from opentelemetry.propagate import extract, get_global_textmap
 
-    app = middleware.app
-    if not is_http_instrumentation_enabled():
-        return await app(scope, receive, send)
-    excluded = middleware.excluded_urls
-    if excluded and excluded.url_disabled(get_host_port_url_tuple(scope)[2]):
-        return await app(scope, receive, send)
-    name, _ = middleware.default_span_details(scope)
-    parent = extract(scope, getter=asgi_getter)  # the configured propagators (traceparent)
-    token = context.attach(parent)
-    try:
-        span = middleware.tracer.start_span(name, context=parent, kind=trace.SpanKind.SERVER)
-        with trace.use_span(span, end_on_exit=True):
-            await app(scope, receive, send)
-    finally:
-        context.detach(token)
+    return SimpleNamespace(
+        Context=context.Context,
+        SERVER=trace.SpanKind.SERVER,
+        asgi_getter=asgi_getter,
+        attach=context.attach,
+        detach=context.detach,
+        extract=extract,
+        get_global_textmap=get_global_textmap,
+        get_host_port_url_tuple=get_host_port_url_tuple,
+        is_http_instrumentation_enabled=is_http_instrumentation_enabled,
+        name=lambda middleware, scope: middleware.default_span_details(scope)[0],
+        set_span_in_context=trace.set_span_in_context,
+    )
+
+
+_FIELDS: list[tuple[Any, frozenset[bytes] | None]] = []  # (the global propagator, its header names)
+
+
+def _propagated_headers(propagator: Any) -> frozenset[bytes] | None:
+    """The request headers `propagator` reads, as ASGI names them (None: it does not say which)."""
+    if not _FIELDS or _FIELDS[0][0] is not propagator:
+        names = frozenset(str(name).lower().encode("latin-1") for name in propagator.fields or ())
+        _FIELDS[:] = [(propagator, names or None)]
+    return _FIELDS[0][1]

@@ -136,3 +136,74 @@ def test_excluded_urls_get_no_span_either_way() -> None:
     for full in (False, True):
         seen = serve_one(provider, full=full, path="/readyz", excluded_urls=ExcludeList(["readyz"]))
         assert seen[0][0] is trace.INVALID_SPAN
+
+
+def serve_quietly(provider: TracerProvider, headers: list[tuple[bytes, bytes]], app: Any) -> None:
+    """One request through the tuned middleware to `app`, which reads what it likes."""
+    middleware = OpenTelemetryMiddleware(app, tracer_provider=provider)
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers}
+    scope |= {
+        "query_string": b"",
+        "scheme": "http",
+        "server": ("127.0.0.1", 3000),
+        "client": ("127.0.0.1", 5),
+    }
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        pass
+
+    asyncio.run(OpenTelemetryMiddleware.__call__(middleware, scope, receive, send))
+    assert trace.get_current_span() is trace.INVALID_SPAN
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [],
+        [(b"baggage", b"tenant=acme,tier=gold")],
+        [(b"traceparent", f"00-{CALLER_TRACE:032x}-{CALLER_SPAN:016x}-01".encode()), (b"tracestate", b"k=v")],
+    ],
+    ids=["none", "baggage", "traceparent"],
+)
+def test_what_a_caller_propagates_is_in_the_request_context_as_with_the_full_middleware(
+    headers: list[tuple[bytes, bytes]],
+) -> None:
+    from opentelemetry import baggage
+
+    provider = TracerProvider(sampler=ParentBasedTraceIdRatio(0.0))
+    seen: dict[str, Any] = {}
+
+    def noting(key: str) -> Any:
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            context = trace.get_current_span().get_span_context()
+            seen[key] = (dict(baggage.get_all()), context.trace_id, context.trace_state, context.trace_flags)
+
+        return app
+
+    serve_quietly(provider, headers, noting("light"))
+    middleware = OpenTelemetryMiddleware(noting("full"), tracer_provider=provider)
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers}
+    scope |= {
+        "query_string": b"",
+        "scheme": "http",
+        "server": ("127.0.0.1", 3000),
+        "client": ("127.0.0.1", 5),
+    }
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        pass
+
+    asyncio.run(FULL_CALL(middleware, scope, receive, send))
+    light, full = seen["light"], seen["full"]
+    assert light[0] == full[0]  # the baggage
+    assert light[2:] == full[2:]  # trace state and flags
+    if any(name == b"traceparent" for name, _ in headers):
+        assert light[1] == full[1] == CALLER_TRACE
+    if any(name == b"baggage" for name, _ in headers):
+        assert light[0] == {"tenant": "acme", "tier": "gold"}
