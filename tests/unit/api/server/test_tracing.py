@@ -138,8 +138,11 @@ def test_excluded_urls_get_no_span_either_way() -> None:
         assert seen[0][0] is trace.INVALID_SPAN
 
 
-def serve_quietly(provider: TracerProvider, headers: list[tuple[bytes, bytes]], app: Any) -> None:
-    """One request through the tuned middleware to `app`, which reads what it likes."""
+def serve_quietly(
+    provider: TracerProvider, headers: list[tuple[bytes, bytes]], app: Any, *, full: bool = False
+) -> None:
+    """One request through the tuned middleware (`full`: the middleware's own) to `app`, which reads
+    what it likes."""
     middleware = OpenTelemetryMiddleware(app, tracer_provider=provider)
     scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers}
     scope |= {
@@ -155,7 +158,8 @@ def serve_quietly(provider: TracerProvider, headers: list[tuple[bytes, bytes]], 
     async def send(message: dict[str, Any]) -> None:
         pass
 
-    asyncio.run(OpenTelemetryMiddleware.__call__(middleware, scope, receive, send))
+    call = FULL_CALL if full else OpenTelemetryMiddleware.__call__
+    asyncio.run(call(middleware, scope, receive, send))
     assert trace.get_current_span() is trace.INVALID_SPAN
 
 
@@ -184,22 +188,7 @@ def test_what_a_caller_propagates_is_in_the_request_context_as_with_the_full_mid
         return app
 
     serve_quietly(provider, headers, noting("light"))
-    middleware = OpenTelemetryMiddleware(noting("full"), tracer_provider=provider)
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers}
-    scope |= {
-        "query_string": b"",
-        "scheme": "http",
-        "server": ("127.0.0.1", 3000),
-        "client": ("127.0.0.1", 5),
-    }
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"{}", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        pass
-
-    asyncio.run(FULL_CALL(middleware, scope, receive, send))
+    serve_quietly(provider, headers, noting("full"), full=True)
     light, full = seen["light"], seen["full"]
     assert light[0] == full[0]  # the baggage
     assert light[2:] == full[2:]  # trace state and flags
