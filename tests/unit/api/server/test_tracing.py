@@ -38,13 +38,16 @@ def serve_one(
     full: bool = False,
     path: str = "/generate",
     traceparent: str | None = None,
+    headers: list[tuple[bytes, bytes]] | None = None,
+    app: Any = None,
     **options: Any,
 ) -> list[tuple[trace.Span, bool]]:
     """One streamed request through the middleware (as BentoML builds it): the current span the app
-    saw, and whether it was recording, once per message the app sent."""
+    saw, and whether it was recording, once per message the app sent (`app`: another app, which
+    notes what it likes)."""
     seen: list[tuple[trace.Span, bool]] = []
 
-    async def app(scope: Any, receive: Any, send: Any) -> None:
+    async def streaming(scope: Any, receive: Any, send: Any) -> None:
         async def noting(message: Any) -> None:
             span = trace.get_current_span()
             seen.append((span, span.is_recording()))
@@ -52,8 +55,9 @@ def serve_one(
 
         await streaming_app(scope, receive, noting)
 
-    middleware = OpenTelemetryMiddleware(app, tracer_provider=provider, **options)
-    headers = [] if traceparent is None else [(b"traceparent", traceparent.encode())]
+    middleware = OpenTelemetryMiddleware(app or streaming, tracer_provider=provider, **options)
+    if headers is None:
+        headers = [] if traceparent is None else [(b"traceparent", traceparent.encode())]
     scope = {"type": "http", "method": "POST", "path": path, "headers": headers, "query_string": b""}
     scope |= {"scheme": "http", "server": ("127.0.0.1", 3000), "client": ("127.0.0.1", 5000)}
 
@@ -138,31 +142,6 @@ def test_excluded_urls_get_no_span_either_way() -> None:
         assert seen[0][0] is trace.INVALID_SPAN
 
 
-def serve_quietly(
-    provider: TracerProvider, headers: list[tuple[bytes, bytes]], app: Any, *, full: bool = False
-) -> None:
-    """One request through the tuned middleware (`full`: the middleware's own) to `app`, which reads
-    what it likes."""
-    middleware = OpenTelemetryMiddleware(app, tracer_provider=provider)
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": headers}
-    scope |= {
-        "query_string": b"",
-        "scheme": "http",
-        "server": ("127.0.0.1", 3000),
-        "client": ("127.0.0.1", 5),
-    }
-
-    async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"{}", "more_body": False}
-
-    async def send(message: dict[str, Any]) -> None:
-        pass
-
-    call = FULL_CALL if full else OpenTelemetryMiddleware.__call__
-    asyncio.run(call(middleware, scope, receive, send))
-    assert trace.get_current_span() is trace.INVALID_SPAN
-
-
 @pytest.mark.parametrize(
     "headers",
     [
@@ -187,8 +166,8 @@ def test_what_a_caller_propagates_is_in_the_request_context_as_with_the_full_mid
 
         return app
 
-    serve_quietly(provider, headers, noting("light"))
-    serve_quietly(provider, headers, noting("full"), full=True)
+    serve_one(provider, headers=headers, app=noting("light"))
+    serve_one(provider, headers=headers, app=noting("full"), full=True)
     light, full = seen["light"], seen["full"]
     assert light[0] == full[0]  # the baggage
     assert light[2:] == full[2:]  # trace state and flags
