@@ -19,7 +19,8 @@ parameters read, the chat template rendered, the request's turn in the service's
 message built, and OpenTelemetry's span started.
 
 With $BENCH_TIMELINE_CALLS set too, the loop's thread counts the Python and C functions each step
-calls (sys.setprofile: the timings of such a run mean nothing), by file or C function, and SIGRTMIN+7
+calls (sys.setprofile: the timings of such a run mean nothing), by file or C function (by
+function with $BENCH_TIMELINE_CALLS=functions), and SIGRTMIN+7
 appends them per request to $BENCH_TIMELINE/<pid>.calls. A step's way cold is roughly proportional
 to its calls: on 2 cores, about 1 us each after an idle pause (bench/ttft_breakdown.py copies the
 file to its output folder as calls-<label>.jsonl).
@@ -87,6 +88,8 @@ def _count(frame: Any, event: str, arg: Any) -> None:
         return
     if event == "call":
         key = _where(frame.f_code.co_filename)
+        if os.environ.get("BENCH_TIMELINE_CALLS") == "functions":
+            key = f"{key}:{frame.f_code.co_qualname}"
     elif event == "c_call":
         module = getattr(arg, "__module__", None)
         name = getattr(arg, "__qualname__", "?")

@@ -37,6 +37,7 @@ from trtllm_service.api.server.bentoml_patches import (
     cancel_request_timers,
     defer_access_lines,
     expose_server_send,
+    generation_routes_first,
     own_prometheus_dir,
     read_span_once_in_log_lines,
 )
@@ -163,6 +164,7 @@ def prepare(settings: Settings) -> None:
     bound_endpoint_labels()  # BentoML's request metrics by route: unknown paths cannot grow /metrics
     read_span_once_in_log_lines()  # BentoML's log filter: the same fields, a third of its cost
     build_api_callers_once()  # /generate's caller built once, not per request
+    generation_routes_first(BodyRoutesApp)  # /generate and /v1's POSTs matched first, not after the probes
     defer_access_lines()  # BentoML's access line: written while the next request waits for the engine
     own_prometheus_dir()  # in `bentoml serve` itself: metrics of its own, whoever else shares BENTOML_HOME
     # Requests read within limits (header and body timeouts, header size): uvicorn has none of its own.

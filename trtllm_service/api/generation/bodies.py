@@ -134,14 +134,18 @@ class BodyRoutesApp(FastAPI):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            endpoints = self._body_endpoints
-            if endpoints is None:
-                endpoints = self._body_endpoints = self._find_body_endpoints()
-            endpoint = endpoints.get(get_route_path(scope))
+            endpoint = self.body_endpoint(get_route_path(scope))
             if endpoint is not None:
                 await self._serve(endpoint, scope, receive, send)
                 return
         await super().__call__(scope, receive, send)
+
+    def body_endpoint(self, path: str) -> Endpoint | None:
+        """The endpoint a POST to `path` (a path of this app's own) goes to directly, if any."""
+        endpoints = self._body_endpoints
+        if endpoints is None:
+            endpoints = self._body_endpoints = self._find_body_endpoints()
+        return endpoints.get(path)
 
     def _find_body_endpoints(self) -> dict[str, Endpoint]:
         """Each body route's path -> its endpoint, read once, on the first POST (every route is

@@ -360,9 +360,11 @@ def build_api_callers_once() -> None:
 
     BentoML's reads the method's signature (`inspect.signature`) and wraps the method anew on each
     attribute access, and its HTTP endpoint reads `getattr(service, name).local` for every request:
-    49 us of each /generate request on 2 cores, before the handler starts. What it builds depends
-    only on the method and the instance. A proxied instance (`__self_proxy__`: a remote service)
-    keeps BentoML's.
+    49 us of each /generate request on 2 cores, 300 of the 1,245 Python and C calls on its way to
+    the engine (bench/ttft_breakdown.py's census), before the handler starts. What it builds depends
+    only on the method, the instance and the instance's `__self_proxy__`, which BentoML sets on every
+    served instance at start-up (its client of itself, whose method it returns, with `local`): it
+    is built again when that proxy changes.
     """
     from _bentoml_sdk.method import APIMethod
 
@@ -371,13 +373,14 @@ def build_api_callers_once() -> None:
         return
 
     def __get__(self: Any, instance: Any, owner: type) -> Any:
-        if instance is None or getattr(instance, "__self_proxy__", None) or not hasattr(instance, "__dict__"):
+        if instance is None or not hasattr(instance, "__dict__"):
             return get(self, instance, owner)
+        proxy = getattr(instance, "__self_proxy__", None)
         callers = instance.__dict__.setdefault(_CALLERS, {})
-        caller = callers.get(self.name)
-        if caller is None:
-            caller = callers[self.name] = get(self, instance, owner)
-        return caller
+        built = callers.get(self.name)
+        if built is None or built[0] is not proxy:
+            built = callers[self.name] = (proxy, get(self, instance, owner))
+        return built[1]
 
     __get__._trtllm_once = True  # type: ignore[attr-defined]  # our mark on the replacement
     APIMethod.__get__ = __get__  # BentoML's, patched once (the mark above)
@@ -513,3 +516,83 @@ def share_bentoml_log_handlers(target: logging.Logger) -> None:
             handler.addFilter(RequestIdLogFilter())
         target.addHandler(handler)
     target.propagate = False
+
+
+def generation_routes_first(direct: type) -> None:
+    """BentoML's app tries its routes in the order it added them: its probes, `/metrics`, the API's
+    own routes, `/schema.json`, then the mounted apps. A chat request was matched against six routes
+    before `/v1`'s mount, whose passive match then tried `/v1`'s routes one by one until one took
+    it: 104 Python and C calls on its way to the engine (bench/ttft_breakdown.py's census), about a
+    tenth of them. `routes_first` reorders the routes the factory built; the answers stay the same.
+    `direct`: the class of the mounted apps that serve their body routes directly (`BodyRoutesApp`,
+    with its `body_endpoint`).
+    """
+    from _bentoml_impl.server.app import ServiceAppFactory
+
+    build = ServiceAppFactory.__call__
+    if getattr(build, "_routes_first", False):
+        return
+
+    @functools.wraps(build)
+    def __call__(self: Any) -> Any:
+        app = build(self)
+        app.router.routes[:] = routes_first(app.router.routes, direct)
+        return app
+
+    __call__._routes_first = True  # type: ignore[attr-defined]  # our mark on the replacement
+    ServiceAppFactory.__call__ = __call__  # BentoML's, patched once (the mark above)
+
+
+def routes_first(routes: list[Any], direct: type) -> list[Any]:
+    """`routes` with the generation routes ahead of the plain routes BentoML put before them, where
+    that cannot change which route takes a request: the leading routes with literal paths (probes,
+    `/metrics`) are each matched by one path only, which no moved route matches. Moved: the POST
+    routes among them (the API's, `/generate`), then the first passive mount of a `direct` app
+    (`/v1`'s `BodyRoutesApp`) right after them, as a `BodyRoutesMount` (`body_routes_mount`). Everything else keeps
+    its place."""
+    from _bentoml_impl.server.mount import PassiveMount
+    from starlette.routing import Route
+
+    lead = 0  # the leading routes with literal paths
+    while lead < len(routes) and type(routes[lead]) is Route and not routes[lead].param_convertors:
+        lead += 1
+    literal = routes[:lead]
+    paths = [route.path for route in literal]
+    posts = [r for r in literal if "POST" in (r.methods or ()) and paths.count(r.path) == 1]
+    others = [r for r in literal if r not in posts]
+    rest = routes[lead:]
+    mount: Any = rest[0] if rest else None
+    if (
+        type(mount) is PassiveMount
+        and isinstance(mount.app, direct)
+        and not any(path == mount.path or path.startswith(mount.path + "/") for path in paths)
+    ):
+        moved = body_routes_mount()(mount.path, app=mount.app, name=mount.name)
+        return [*posts, moved, *others, *rest[1:]]
+    return [*posts, *others, *rest]
+
+
+@functools.cache
+def body_routes_mount() -> type:
+    """`BodyRoutesMount`, defined on first use (BentoML's server package takes a second to import)."""
+    from _bentoml_impl.server.mount import PassiveMount
+    from starlette._utils import get_route_path
+    from starlette.routing import Match, Mount
+
+    class BodyRoutesMount(PassiveMount):
+        """BentoML's passive mount of an app with `body_endpoint` (`BodyRoutesApp`): a POST to one of the app's body routes is
+        its at once (the passive match would try the app's routes in turn until that route took it);
+        anything else is matched as before."""
+
+        def matches(self, scope: Any) -> tuple[Match, Any]:
+            if scope["type"] == "http" and scope.get("method") == "POST":
+                match, child = Mount.matches(self, scope)
+                if match is Match.FULL:
+                    within = get_route_path(scope)[
+                        len(child["root_path"]) - len(scope.get("root_path", "")) :
+                    ]
+                    if self.app.body_endpoint(within) is not None:
+                        return match, child
+            return super().matches(scope)
+
+    return BodyRoutesMount

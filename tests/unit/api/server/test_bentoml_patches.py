@@ -6,7 +6,8 @@ filter as the service replaces it (`read_span_once_in_log_lines`): the same fiel
 BentoML's traffic metrics as the service wraps them (`_Relabelled`): each series looked up once.
 BentoML's access lines as the service defers them (`defer_access_lines`): written after the response,
 in its request's context, in order. An API method's caller, built once per service instance
-(`build_api_callers_once`)."""
+(`build_api_callers_once`). BentoML's routes with the generation routes first (`routes_first`): every
+request answered as in BentoML's order."""
 
 from __future__ import annotations
 
@@ -15,19 +16,30 @@ import contextvars
 import inspect
 import logging
 import time
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import bentoml
 import pytest
+from _bentoml_impl.server.mount import PassiveMount
 from _bentoml_sdk.method import APIMethod
 from bentoml._internal.log import TraceRecordFilter
 from bentoml._internal.server.http.access import AccessLogMiddleware
 from bentoml._internal.server.http.traffic import TimeoutMiddleware
+from fastapi import APIRouter, FastAPI
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from prometheus_client import CollectorRegistry, Counter, Gauge
+from pydantic import BaseModel
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+from starlette.testclient import TestClient
 
+from trtllm_service.api.generation import bodies
+from trtllm_service.api.generation.bodies import BodyRoutesApp, add_body_route
 from trtllm_service.api.server.bentoml_patches import (
     ACCESS_LINE_DELAY_S,
     _Relabelled,
@@ -35,6 +47,7 @@ from trtllm_service.api.server.bentoml_patches import (
     cancel_request_timers,
     defer_access_lines,
     read_span_once_in_log_lines,
+    routes_first,
 )
 from trtllm_service.api.server.metrics import OTHER, EndpointLabels
 
@@ -320,6 +333,152 @@ def test_an_api_caller_is_built_once_per_instance_and_calls_as_bentoml_s() -> No
     async def remote(name: str) -> str:
         return f"remote {name}"
 
-    proxied.__self_proxy__ = SimpleNamespace(greet=remote)  # a remote service's instance: BentoML's way
-    assert proxied.greet is remote and asyncio.run(proxied.greet("Cy")) == "remote Cy"
+    # BentoML sets its client of itself on every served instance: the caller is its, with `local`
+    proxied.__self_proxy__ = SimpleNamespace(greet=remote)
+    built = proxied.greet
+    assert built is remote and asyncio.run(proxied.greet("Cy")) == "remote Cy"
     assert asyncio.run(remote.local("Cy")) == "hello Cy!"  # `local`: set by BentoML
+    local = remote.local
+    assert proxied.greet is built and remote.local is local  # built once: BentoML's built one per access
+
+    async def other(name: str) -> str:
+        return f"other {name}"
+
+    proxied.__self_proxy__ = SimpleNamespace(greet=other)  # another proxy: built again
+    assert proxied.greet is other and asyncio.run(other.local("Di")) == "hello Di!"
+
+
+class Said(BaseModel):
+    text: str = ""
+
+
+async def say(serving: Any, body: Said, request: Request) -> Response:
+    return PlainTextResponse(f"v1 said {body.text!r} at {request.url.path} for {serving}")
+
+
+def _text(text: str) -> Any:
+    async def endpoint(request: Request) -> Response:
+        return PlainTextResponse(f"{text} at {request.url.path}")
+
+    return endpoint
+
+
+def bentoml_like_routes(literal_under_v1: bool = False) -> list[Any]:
+    """Routes in the order BentoML's factory adds them: probes and metrics, the API's (`/generate`),
+    `/schema.json`, the passive mounts of /v1 (a BodyRoutesApp with a catch-all) and of the root app,
+    then the docs."""
+    router = APIRouter()
+
+    @router.get("/models")
+    async def models() -> Response:
+        return PlainTextResponse("v1 models")
+
+    add_body_route(
+        router,
+        "/chat/completions",
+        Said,
+        "chat",
+        say,
+        name="c",
+        summary="",
+        description="",
+        example={},
+        responses={},
+    )
+
+    @router.api_route("/{path:path}", methods=["GET", "PUT"])  # a POST to another path falls through
+    async def unknown(path: str) -> Response:
+        return PlainTextResponse(f"v1 unknown {path}", status_code=404)
+
+    v1 = BodyRoutesApp()
+    v1.include_router(router)
+    root = FastAPI()
+
+    @root.post("/tokenize")
+    async def tokenize() -> Response:
+        return PlainTextResponse("tokenized")
+
+    @root.post("/v1/elsewhere")  # under /v1, but the root app's
+    async def elsewhere() -> Response:
+        return PlainTextResponse("the root app's")
+
+    routes: list[Any] = [
+        Route("/livez", _text("live"), methods=["GET"]),
+        Route("/metrics", _text("metrics"), methods=["GET"]),
+        Route("/generate", _text("generated"), methods=["POST"]),
+        Route("/schema.json", _text("schema"), methods=["GET"]),
+    ]
+    if literal_under_v1:
+        routes.append(Route("/v1/chat/completions", _text("BentoML's own"), methods=["GET"]))
+    return [
+        *routes,
+        PassiveMount("/v1", v1),
+        PassiveMount("", root),
+        Route("/", _text("docs"), methods=["GET"]),
+    ]
+
+
+def _order(routes: list[Any]) -> list[str]:
+    return [f"{type(route).__name__} {route.path}" for route in routes]
+
+
+def test_generation_routes_go_first_where_no_route_ahead_takes_their_paths() -> None:
+    assert _order(routes_first(bentoml_like_routes(), BodyRoutesApp)) == [
+        "Route /generate",
+        "BodyRoutesMount /v1",
+        "Route /livez",
+        "Route /metrics",
+        "Route /schema.json",
+        "PassiveMount ",
+        "Route /",
+    ]
+    kept = routes_first(
+        bentoml_like_routes(literal_under_v1=True), BodyRoutesApp
+    )  # a route of its own under /v1
+    assert _order(kept)[:2] == ["Route /generate", "Route /livez"]
+    assert "PassiveMount /v1" in _order(kept)
+
+
+@pytest.fixture
+def served_body_routes() -> Iterator[None]:
+    """A serving object bound for the body routes (the worker's own, if any, back afterwards)."""
+    kept = list(bodies._bound)
+    bodies.bind_serving("the serving object")  # type: ignore[arg-type]  # say() only names it
+    yield
+    bodies._bound[:] = kept
+
+
+@pytest.mark.parametrize("literal_under_v1", [False, True], ids=["bentoml-s", "a-route-under-v1"])
+@pytest.mark.parametrize("root_path", ["", "/svc"])
+@pytest.mark.usefixtures("served_body_routes")
+def test_every_request_is_answered_as_in_bentoml_s_order(literal_under_v1: bool, root_path: str) -> None:
+    asks = [
+        ("POST", "/v1/chat/completions", {"text": "hi"}),
+        ("GET", "/v1/chat/completions", None),
+        ("DELETE", "/v1/chat/completions", None),
+        ("GET", "/v1/models", None),
+        ("POST", "/v1/models", {}),
+        ("POST", "/v1/nothing/here", {}),
+        ("POST", "/v1/elsewhere", {}),
+        ("POST", "/v1", {}),
+        ("POST", "/v1/", {}),
+        ("POST", "/generate", {}),
+        ("GET", "/generate", None),
+        ("GET", "/livez", None),
+        ("POST", "/livez", {}),
+        ("POST", "/tokenize", {}),
+        ("GET", "/", None),
+        ("GET", "/elsewhere", None),
+    ]
+    answers = []
+    for routes in (
+        bentoml_like_routes(literal_under_v1),
+        routes_first(bentoml_like_routes(literal_under_v1), BodyRoutesApp),
+    ):
+        client = TestClient(Starlette(routes=routes), root_path=root_path, follow_redirects=False)
+        replies = [client.request(method, root_path + path, json=body) for method, path, body in asks]
+        answers.append([(reply.status_code, reply.text) for reply in replies])
+    bentoml_s, ours = answers
+    assert ours == bentoml_s
+    assert bentoml_s[0] == (200, f"v1 said 'hi' at {root_path}/v1/chat/completions for the serving object")
+    assert (200, "the root app's") in bentoml_s
