@@ -21,6 +21,7 @@ does both steps for a raw body.
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Protocol, TypeVar, cast
 
@@ -393,6 +394,9 @@ class SamplingFields(BaseRequest):
         logprobs = self.logprob_count
         if logprobs is None and self.ranks_best_of:
             logprobs = 0
+        seed = engine_seed(self.seed)
+        if seed is None and not beams and self.temperature != 0:
+            seed = secrets.randbits(63)  # sampled: a seed of its own (choices.py, on seeds)
         return SamplingParams(
             max_tokens=self.max_new_tokens,
             temperature=None if beams else self.temperature,
@@ -401,7 +405,7 @@ class SamplingFields(BaseRequest):
             repetition_penalty=self.repetition_penalty,
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
-            seed=engine_seed(self.seed),
+            seed=seed,
             min_tokens=self.min_tokens,
             stop=self.stop_strings(),
             ignore_eos=self.ignore_eos,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -56,9 +57,15 @@ def completion_error(body: dict[str, Any]) -> APIError:
 # ----------------------------------------------------------------------------------------------- requests
 
 
+def unseeded(params: SamplingParams) -> SamplingParams:
+    """`params` without the random seed a sampled request without one draws (checked drawn)."""
+    assert params.seed is not None and 0 <= params.seed < 2**63
+    return replace(params, seed=None)
+
+
 def test_minimal_chat_request_maps_to_engine_defaults() -> None:
     req = parse_request(ChatCompletionRequest, chat())
-    assert req.sampling_params() == SamplingParams()
+    assert unseeded(req.sampling_params()) == SamplingParams()
     assert req.n == 1 and not req.stream and not req.include_usage
     assert req.chat_messages() == USER
 
@@ -96,6 +103,16 @@ def test_sampling_params_mapping() -> None:
     )
 
 
+def test_a_sampled_request_without_a_seed_draws_one_of_its_own() -> None:
+    """Its choices sample with it + i (api/generation/choices.py); greedy and beam search need none."""
+    seeds = {parse_request(ChatCompletionRequest, chat()).sampling_params().seed for _ in range(8)}
+    assert None not in seeds and len(seeds) == 8
+    assert parse_request(ChatCompletionRequest, chat(temperature=0)).sampling_params().seed is None
+    beams = parse_request(ChatCompletionRequest, chat(use_beam_search=True, n=2)).sampling_params()
+    assert beams.beam_width == 2 and beams.seed is None
+    assert parse_request(ChatCompletionRequest, chat(temperature=1, seed=3)).sampling_params().seed == 3
+
+
 def test_max_tokens_used_without_max_completion_tokens() -> None:
     assert parse_request(ChatCompletionRequest, chat(max_tokens=5)).sampling_params().max_tokens == 5
 
@@ -117,7 +134,7 @@ def test_nulls_mean_unset() -> None:
     req = parse_request(
         ChatCompletionRequest, chat(n=None, stream=None, temperature=None, stop=None, tools=None)
     )
-    assert req.n == 1 and req.stream is False and req.sampling_params() == SamplingParams()
+    assert req.n == 1 and req.stream is False and unseeded(req.sampling_params()) == SamplingParams()
 
 
 def test_include_usage_only_when_streaming() -> None:
@@ -294,7 +311,10 @@ def test_unsupported_chat_parameters_are_named(name: str, value: Any) -> None:
     ],
 )
 def test_off_values_and_harmless_params_accepted(name: str, value: Any) -> None:
-    assert parse_request(ChatCompletionRequest, chat(**{name: value})).sampling_params() == SamplingParams()
+    assert (
+        unseeded(parse_request(ChatCompletionRequest, chat(**{name: value})).sampling_params())
+        == SamplingParams()
+    )
 
 
 @pytest.mark.parametrize(
@@ -370,7 +390,7 @@ def test_completion_request() -> None:
         CompletionRequest, {"model": "m", "prompt": "once", "echo": True, "max_tokens": 4, "stop": "x"}
     )
     assert req.prompts() == ["once"] and req.echo
-    assert req.sampling_params() == SamplingParams(max_tokens=4, stop=("x",))
+    assert unseeded(req.sampling_params()) == SamplingParams(max_tokens=4, stop=("x",))
     req = parse_request(
         CompletionRequest, {"prompt": ["a", "b"], "n": 2, "best_of": 1, "suffix": None, "logprobs": None}
     )

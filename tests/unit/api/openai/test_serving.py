@@ -93,6 +93,27 @@ def test_n_choices_are_seeded_and_merged(runtime: FakeRuntime) -> None:
     )
 
 
+def test_a_response_s_only_choice_is_its_prepared_request(
+    runtime: FakeRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a copy of it: its random seed was drawn with its sampling parameters."""
+    prepared: list[Any] = []
+    prepare = runtime.prepare_chat
+
+    async def recording(*args: Any, **kwargs: Any) -> Any:
+        prepared.append(await prepare(*args, **kwargs))
+        return prepared[-1]
+
+    monkeypatch.setattr(runtime, "prepare_chat", recording)
+    post(runtime, "/chat/completions", {**CHAT, "temperature": 1.0})
+    [sent] = runtime.requests
+    assert sent is prepared[0] and sent.seed is not None
+    runtime.requests.clear()
+    post(runtime, "/chat/completions", {**CHAT, "n": 2, "temperature": 1.0})
+    assert all(request is not prepared[1] for request in runtime.requests)
+    assert [request.seed for request in runtime.requests] == [prepared[1].seed, prepared[1].seed + 1]
+
+
 def test_seed_wraps_at_uint64(runtime: FakeRuntime) -> None:
     post(runtime, "/chat/completions", {**CHAT, "n": 2, "seed": (1 << 64) - 1, "temperature": 1})
     assert [request.seed for request in runtime.requests] == [(1 << 64) - 1, 0]
