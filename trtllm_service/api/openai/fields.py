@@ -44,7 +44,7 @@ OPENAI_FIELDS: tuple[Row, ...] = (
     Row("`repetition_penalty`", ("repetition_penalty",)),
     Row("`presence_penalty`", ("presence_penalty",)),
     Row("`frequency_penalty`", ("frequency_penalty",)),
-    Row("`seed`", ("seed",), "choice i samples with seed + i"),
+    Row("`seed`", ("seed",), "choice i samples with seed + i; unset, a sampled request draws a random one"),
     Row("`min_tokens`", ("min_tokens",)),
     Row("`ignore_eos`", ("end_id",), "end id -1 (LLM API: ignore_eos)"),
     Row("`stop`", (), "matched on the text in the service, never sent"),
