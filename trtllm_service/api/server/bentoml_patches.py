@@ -548,8 +548,8 @@ def routes_first(routes: list[Any], direct: type) -> list[Any]:
     that cannot change which route takes a request: the leading routes with literal paths (probes,
     `/metrics`) are each matched by one path only, which no moved route matches. Moved: the POST
     routes among them (the API's, `/generate`), then the first passive mount of a `direct` app
-    (`/v1`'s `BodyRoutesApp`) right after them, as a `BodyRoutesMount` (`body_routes_mount`). Everything else keeps
-    its place."""
+    (`/v1`'s `BodyRoutesApp`) right after them, as a `BodyRoutesMount` (`body_routes_mount`).
+    Everything else keeps its place."""
     from _bentoml_impl.server.mount import PassiveMount
     from starlette.routing import Route
 
@@ -580,9 +580,9 @@ def body_routes_mount() -> type:
     from starlette.routing import Match, Mount
 
     class BodyRoutesMount(PassiveMount):
-        """BentoML's passive mount of an app with `body_endpoint` (`BodyRoutesApp`): a POST to one of the app's body routes is
-        its at once (the passive match would try the app's routes in turn until that route took it);
-        anything else is matched as before."""
+        """BentoML's passive mount of an app with `body_endpoint` (`BodyRoutesApp`): a POST to one
+        of the app's body routes is its at once (the passive match would try the app's routes in
+        turn until that route took it); anything else is matched as before."""
 
         def matches(self, scope: Any) -> tuple[Match, Any]:
             if scope["type"] == "http" and scope.get("method") == "POST":
