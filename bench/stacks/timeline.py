@@ -20,8 +20,8 @@ message built, and OpenTelemetry's span started.
 
 With $BENCH_TIMELINE_CALLS set too, the loop's thread counts the Python and C functions each step
 calls (sys.setprofile: the timings of such a run mean nothing), by file or C function (by
-function with $BENCH_TIMELINE_CALLS=functions), and SIGRTMIN+7
-appends them per request to $BENCH_TIMELINE/<pid>.calls. A step's way cold is roughly proportional
+function with $BENCH_TIMELINE_CALLS=functions), and SIGRTMIN+7 appends them per request to
+$BENCH_TIMELINE/<pid>.calls. A step's way cold is roughly proportional
 to its calls: on 2 cores, about 1 us each after an idle pause (bench/ttft_breakdown.py copies the
 file to its output folder as calls-<label>.jsonl).
 """
@@ -67,9 +67,8 @@ MIDDLEWARES = {  # module -> ASGI classes whose entry is marked (outermost first
 }
 
 
-_CALLS: dict[
-    tuple[str, str], int
-] = {}  # (step, file or C function's module) -> calls ($BENCH_TIMELINE_CALLS)
+# $BENCH_TIMELINE_CALLS: (step, file, function or C function) -> calls
+_CALLS: dict[tuple[str, str], int] = {}
 _STEP: list[str | None] = [None]  # the step the loop's thread is in: the last mark's label
 
 
