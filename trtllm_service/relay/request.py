@@ -13,15 +13,14 @@ token sequence).
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from array import array
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
-
-from tritonclient.grpc import service_pb2
 
 from tensorrtllm_backend import nvidia_backend
 from trtllm_service.errors import APIError
@@ -283,6 +282,48 @@ _RANGES: dict[str, tuple[float, float]] = {
 }
 
 
+# ---- the wire ----------------------------------------------------------------------------------------
+# The relay writes Triton's ModelInferRequest itself, field by field as protobuf would, in field
+# order (tests/unit/relay/test_request.py checks the bytes against protobuf's own serializer): the
+# message is the first-token path's largest piece of work, and protobuf's API makes eight calls per
+# input where a number takes four here. The keys of grpc_service.proto's fields, all
+# length-delimited (wire type 2), field numbers below 16:
+_MODEL_NAME, _ID, _INPUTS, _OUTPUTS, _RAW_INPUT_CONTENTS = b"\x0a", b"\x1a", b"\x2a", b"\x32", b"\x3a"
+_NAME, _DATATYPE, _SHAPE = b"\x0a", b"\x12", b"\x1a"  # InferInputTensor's (and the output's name)
+
+
+def _varint(value: int) -> bytes:
+    """A non-negative integer as a protobuf varint."""
+    if value < 0x80:
+        return bytes((value,))
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _length_field(key: bytes, payload: bytes) -> bytes:
+    """A length-delimited field: a string, bytes, a message or a packed list."""
+    size = len(payload)
+    return key + (bytes((size,)) if size < 0x80 else _varint(size)) + payload
+
+
+def _named(name: str, datatype: str) -> bytes:
+    """InferInputTensor's name and datatype."""
+    return _length_field(_NAME, name.encode()) + _length_field(_DATATYPE, datatype.encode())
+
+
+def _input_entry(named: bytes, shape: Sequence[int]) -> bytes:
+    """An `inputs` entry: `_named`'s bytes, then the shape (packed int64; no dimension here is
+    negative; proto3 leaves out an empty one)."""
+    if shape:
+        dims = bytes(shape) if max(shape) < 0x80 else b"".join(map(_varint, shape))
+        named += _length_field(_SHAPE, dims)
+    return _length_field(_INPUTS, named)
+
+
 # ---- the table -------------------------------------------------------------------------------------------
 
 
@@ -293,6 +334,21 @@ class TensorSpec:
     name: str
     datatype: str  # Triton's: INT32, FP32, UINT64, BOOL, BYTES
     batched: bool = True  # a leading batch dimension (models with max_batch_size > 0)
+    # what `wire` reuses: the name and datatype's bytes; a number's whole entry and its contents' key
+    # and packer
+    _named: bytes = field(init=False, repr=False, compare=False)
+    _scalar_entry: bytes = field(init=False, repr=False, compare=False)
+    _scalar_key: bytes = field(init=False, repr=False, compare=False)
+    _scalar_pack: Callable[[Any], bytes] | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        named = _named(self.name, self.datatype)
+        packer = _SCALAR_FORMATS.get(self.datatype)
+        set_once = object.__setattr__  # frozen
+        set_once(self, "_named", named)
+        set_once(self, "_scalar_entry", _input_entry(named, [1, 1] if self.batched else [1]))
+        set_once(self, "_scalar_key", _RAW_INPUT_CONTENTS + _varint(packer.size if packer else 0))
+        set_once(self, "_scalar_pack", packer.pack if packer else None)
 
     # `value`: the request's field, of the type the spec's subclass takes (here: str, bytes, a number
     # or a list of int)
@@ -308,10 +364,26 @@ class TensorSpec:
             return [*lead, 1], struct.pack("<I", len(data)) + data
         if isinstance(value, (list, tuple, array)):
             return [*lead, len(value)], array("i", value).tobytes()
-        return [*lead, 1], struct.pack(_SCALAR_FORMATS[kind], value)
+        return [*lead, 1], _SCALAR_FORMATS[kind].pack(value)
+
+    def wire(self, value: Any) -> tuple[bytes, bytes]:
+        """`value` as a serialized ModelInferRequest carries it: (its `inputs` entry, its
+        `raw_input_contents` entry). A plain number takes the short way: its entry is the spec's
+        own, its contents one `pack` (the first-token path sends several of them per request)."""
+        pack = self._scalar_pack
+        if pack is not None and value.__class__ in _NUMBERS:
+            return self._scalar_entry, self._scalar_key + pack(value)
+        shape, raw = self.encode(value)
+        datatype = self.datatype_of(value)
+        named = self._named if datatype == self.datatype else _named(self.name, datatype)
+        return _input_entry(named, shape), _length_field(_RAW_INPUT_CONTENTS, raw)
 
 
-_SCALAR_FORMATS = {"INT32": "<i", "FP32": "<f", "UINT64": "<Q", "BOOL": "<?"}
+_SCALAR_FORMATS = {
+    kind: struct.Struct(form)
+    for kind, form in (("INT32", "<i"), ("FP32", "<f"), ("UINT64", "<Q"), ("BOOL", "<?"))
+}
+_NUMBERS = frozenset({int, float, bool})
 
 
 def engine_input(name: str, kind: type[TensorSpec] = TensorSpec) -> TensorSpec:
@@ -480,15 +552,6 @@ assert set(ENGINE_INPUTS) <= set(_FIELDS)
 assert set(LLMAPI_INPUTS) <= set(_FIELDS)
 
 
-def _add(message: service_pb2.ModelInferRequest, spec: TensorSpec, value: object) -> None:
-    shape, raw = spec.encode(value)
-    tensor = message.inputs.add()
-    tensor.name = spec.name
-    tensor.datatype = spec.datatype_of(value)
-    tensor.shape.extend(shape)
-    message.raw_input_contents.append(raw)
-
-
 def _message(
     model: str,
     request_id: str,
@@ -499,18 +562,32 @@ def _message(
     extra: Sequence[tuple[TensorSpec, object]] = (),
 ) -> bytes:
     """The serialized ModelInferRequest: `extra`, the table's fields that are set, the fixed inputs."""
-    message = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+    entries = [_request_head(model)]
+    if request_id:
+        entries.append(_length_field(_ID, request_id.encode()))
+    contents = []
     for spec, value in extra:
-        _add(message, spec, value)
+        entry, raw = spec.wire(value)
+        entries.append(entry)
+        contents.append(raw)
     values = _VALUES.get(id(table))
     if values is None:  # the tables are module constants
         values = _VALUES[id(table)] = attrgetter(*table)
     for (name, spec), value in zip(table.items(), values(request), strict=True):
         if value is None or (name in _OMIT_WHEN_EMPTY and not value):
             continue
-        _add(message, spec, value)
+        pack = spec._scalar_pack
+        if pack is not None and value.__class__ in _NUMBERS:  # `wire`'s short way, inline
+            entries.append(spec._scalar_entry)
+            contents.append(spec._scalar_key + pack(value))
+            continue
+        entry, raw = spec.wire(value)
+        entries.append(entry)
+        contents.append(raw)
     # beam search is never streamed: its beams come in one final response
-    return message.SerializeToString() + _tail(fixed, outputs, streamed=not request.beam_width)
+    entries += contents
+    entries.append(_tail(fixed, outputs, streamed=not request.beam_width))
+    return b"".join(entries)
 
 
 _VALUES: dict[int, attrgetter[Any]] = {}  # id(table) -> its fields' getter, all in one call
@@ -526,13 +603,20 @@ def _tail(fixed: Mapping[str, tuple[TensorSpec, object]], outputs: Sequence[str]
     key = (id(fixed), tuple(outputs), streamed)  # the fixed tables are module constants
     tail = _TAILS.get(key)
     if tail is None:
-        message = service_pb2.ModelInferRequest()
-        for name, (spec, value) in fixed.items():
-            _add(message, spec, value if streamed or name != "streaming" else False)
-        for output in outputs:
-            message.outputs.add().name = output
-        tail = _TAILS[key] = message.SerializeToString()
+        wired = [
+            spec.wire(value if streamed or name != "streaming" else False)
+            for name, (spec, value) in fixed.items()
+        ]
+        requested = [_length_field(_OUTPUTS, _length_field(_NAME, output.encode())) for output in outputs]
+        tail = _TAILS[key] = b"".join(
+            [*(entry for entry, _ in wired), *requested, *(raw for _, raw in wired)]
+        )
     return tail
+
+
+@functools.cache
+def _request_head(model: str) -> bytes:
+    return _length_field(_MODEL_NAME, model.encode())
 
 
 _OMIT_WHEN_EMPTY = frozenset({"stop_token_ids", "prompt_ids"})

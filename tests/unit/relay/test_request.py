@@ -352,3 +352,93 @@ def test_the_fixed_inputs_go_with_each_request_as_its_own_kind_needs() -> None:
         assert ("output_log_probs" in outputs) is (request is logprobs)
         llmapi = _read_back_llmapi_any(llmapi_message(request, "m"))
         assert bool(llmapi["streaming"][0]) is streamed
+
+
+def _protobuf_serialized(
+    model: str, request_id: str, inputs: list[tuple[Any, object]], outputs: tuple[str, ...] = ()
+) -> bytes:
+    """What protobuf's own serializer makes of these inputs: the reference the hand-written wire
+    must match byte for byte."""
+    message = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+    for spec, value in inputs:
+        shape, raw = spec.encode(value)
+        tensor = message.inputs.add()
+        tensor.name, tensor.datatype = spec.name, spec.datatype_of(value)
+        tensor.shape.extend(shape)
+        message.raw_input_contents.append(raw)
+    for output in outputs:
+        message.outputs.add().name = output
+    return message.SerializeToString()
+
+
+def test_the_wire_is_protobufs_own_serialization_byte_for_byte() -> None:
+    """The relay writes ModelInferRequest by hand: for requests of every shape (numbers, a prompt of
+    more than 127 tokens and ids past one varint byte, text, word lists, float16 and float32 arrays,
+    beams, log probs, an empty request id), both flavours' messages are exactly what protobuf writes
+    for the request's own inputs, followed by what it writes for the fixed inputs and the outputs."""
+    from trtllm_service.relay import request as wire
+
+    long_prompt = list(range(100, 400))
+    lora = np.arange(12, dtype=np.float16).reshape(2, 6)
+    requests = [
+        (EVERY_FIELD, "req-1", None),
+        (GenerationRequest(prompt_ids=[1], max_tokens=3), "", None),
+        (
+            replace(
+                EVERY_FIELD, prompt_ids=long_prompt, seed=0, temperature=1e-30, logprobs=3, prompt_logprobs=1
+            ),
+            "a" * 200,
+            "a prompt of text, é",
+        ),
+        (
+            replace(
+                EVERY_FIELD,
+                embedding_bias=np.linspace(-1, 1, 300, dtype=np.float32),
+                lora_task_id=9,
+                lora_weights=lora,
+                lora_config=np.ones((2, 3), np.int32),
+                lora_name="adapter",
+                lora_id=(1 << 63) + 5,
+                lora_path="/tmp/x",
+            ),
+            "lora",
+            None,
+        ),
+        (replace(EVERY_FIELD, beam_width=3, num_return=2, length_penalty=0.5, early_stopping=2), "b", None),
+    ]
+    for request, request_id, prompt in requests:
+        for table, fixed, build, outputs, extra in (
+            (
+                ENGINE_INPUTS,
+                ENGINE_FIXED,
+                lambda r, i, p: engine_message(r, i),
+                wire.engine_outputs,
+                lambda r, p: [(wire._INPUT_LENGTHS, len(r.prompt_ids))],
+            ),
+            (
+                LLMAPI_INPUTS,
+                LLMAPI_FIXED,
+                llmapi_message,
+                wire.llmapi_outputs,
+                lambda r, p: [] if p is None else [(wire._llmapi("text_input", "BYTES"), p)],
+            ),
+        ):
+            sent = (
+                replace(request, prompt_ids=[]) if prompt is not None and table is LLMAPI_INPUTS else request
+            )
+            own = [*extra(sent, prompt)] + [
+                (spec, getattr(sent, name))
+                for name, spec in table.items()
+                if getattr(sent, name) is not None
+                and not (name in ("stop_token_ids", "prompt_ids") and not getattr(sent, name))
+            ]
+            streamed = not sent.beam_width
+            fixed_inputs = [
+                (spec, value if streamed or name != "streaming" else False)
+                for name, (spec, value) in fixed.items()
+            ]
+            expected = _protobuf_serialized("tensorrt_llm", request_id, own) + _protobuf_serialized(
+                "", "", fixed_inputs, outputs(sent)
+            )
+            assert build(sent, request_id, prompt) == expected, (table is ENGINE_INPUTS, request_id)
+    assert len(long_prompt) > 127 and max(long_prompt) > 127  # a shape and contents past one varint byte
