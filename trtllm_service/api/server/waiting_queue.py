@@ -24,6 +24,7 @@ import fcntl
 import mmap
 import os
 import struct
+import sys
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,11 @@ CAPACITY = 8192
 _RUNNING_AT = 64
 _WAITING_AT = _RUNNING_AT + PROCESSES * _RUNNING.size
 _SIZE = _WAITING_AT + CAPACITY * _WAITING.size
+# `enter`'s short way reads the header and the running slots as 64-bit words (memoryview.cast: the
+# machine's order, which is the table's little-endian on every platform Triton runs on)
+assert sys.byteorder == "little"
+_VERSION_WORD, _WAITING_WORD = 1, 2
+_RUNNING_WORD, _RUNNING_END = _RUNNING_AT // 8, _WAITING_AT // 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +83,9 @@ class SharedQueue:
         self.alive = alive
         self._fd: int | None = None
         self._map: mmap.mmap | None = None
+        self._words: memoryview | None = None  # the header and the running slots, as int64
         self._mine: int | None = None  # this process's running slot
+        self._me = 0  # its pid, from the time the table was opened
 
     def _open(self) -> mmap.mmap:
         if self._map is None:
@@ -86,10 +94,15 @@ class SharedQueue:
             if os.fstat(fd).st_size < _SIZE:
                 os.ftruncate(fd, _SIZE)
             self._fd, self._map = fd, mmap.mmap(fd, _SIZE)
+            self._words = memoryview(self._map)[:_WAITING_AT].cast("q")
+            self._me = self.pid
         return self._map
 
     def close(self) -> None:
         if self._map is not None and self._fd is not None:
+            if self._words is not None:
+                self._words.release()
+                self._words = None
             self._map.close()
             os.close(self._fd)
             self._fd, self._map = None, None
@@ -118,24 +131,51 @@ class SharedQueue:
         now; it counts as running), FULL (refused), or its arrival number (it waits; `admit` starts
         it, `leave` takes it out)."""
         weight = weight_of(weight, slots)
-        with self._locked() as table:
-            if not table.waiting_count() and table.running(alive_only=False) + weight <= slots:
-                table.add_running(weight)  # the common case: it fits even with dead processes counted
-                return ADMITTED
-            waiting = table.live_waiting()
-            running = table.running()
-            if not waiting and running + weight <= slots:
-                table.add_running(weight)
-                return ADMITTED
-            if len(waiting) >= min(max_waiting, CAPACITY):
-                return FULL
-            seq = table.append(tier, priority, weight)
-            waiting.append(Waiting(self.pid, tier, priority, seq, weight))
-            if seq in table.startable(waiting, running, slots, {seq}):
-                table.remove({seq})
-                table.add_running(weight)
-                return ADMITTED
-            return seq
+        words, fd = self._words, self._fd
+        if words is None or fd is None:
+            self._open()
+            words, fd = self._words, self._fd
+            assert words is not None and fd is not None  # _open() set them
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            # the short way, the common case: nobody waits, and this process's running slot is
+            # known; it fits even with dead processes counted (no process is looked up)
+            mine = self._mine
+            if not words[_WAITING_WORD] and mine is not None and words[_RUNNING_WORD + 2 * mine] == self._me:
+                running, at = 0, _RUNNING_WORD
+                while at < _RUNNING_END and words[at]:
+                    if words[at + 1] > 0:
+                        running += words[at + 1]
+                    at += 2
+                if running + weight <= slots:
+                    words[_RUNNING_WORD + 2 * mine + 1] += weight
+                    words[_VERSION_WORD] += 1
+                    return ADMITTED
+            return self._enter(_Table(self._open(), self), tier, priority, slots, max_waiting, weight)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _enter(
+        self, table: _Table, tier: int, priority: int, slots: int, max_waiting: int, weight: int
+    ) -> int:
+        """`enter`'s whole way, under the lock."""
+        if not table.waiting_count() and table.running(alive_only=False) + weight <= slots:
+            table.add_running(weight)  # it fits even with dead processes counted
+            return ADMITTED
+        waiting = table.live_waiting()
+        running = table.running()
+        if not waiting and running + weight <= slots:
+            table.add_running(weight)
+            return ADMITTED
+        if len(waiting) >= min(max_waiting, CAPACITY):
+            return FULL
+        seq = table.append(tier, priority, weight)
+        waiting.append(Waiting(self.pid, tier, priority, seq, weight))
+        if seq in table.startable(waiting, running, slots, {seq}):
+            table.remove({seq})
+            table.add_running(weight)
+            return ADMITTED
+        return seq
 
     def admit(self, slots: int, mine: Collection[int]) -> list[int]:
         """Starts those of this process's waiting requests (`mine`: their arrival numbers) that are

@@ -138,3 +138,70 @@ def test_a_request_larger_than_the_engine_runs_alone(tmp_path: Path) -> None:
     waiting = q.enter(1, 0, slots=2, max_waiting=10)
     q.release(2)
     assert q.admit(2, {waiting}) == [waiting]
+
+
+class _LongWay(SharedQueue):
+    """`enter` without its short way: the reference the short way must agree with."""
+
+    def enter(self, tier: int, priority: int, slots: int, max_waiting: int, weight: int = 1) -> int:
+        from trtllm_service.api.server.waiting_queue import weight_of
+
+        with self._locked() as table:
+            return self._enter(table, tier, priority, slots, max_waiting, weight_of(weight, slots))
+
+
+def test_the_short_way_in_answers_as_the_whole_way_does(tmp_path: Path) -> None:
+    """2,000 random arrivals, releases, departures and starts over three processes, one of which dies
+    half-way (its slots and places still in the table) and is replaced by a fourth, on two tables:
+    one whose `enter` takes its short way where it can, one that always takes the whole way. Every
+    answer, count and version agrees (a version that moves on one table moves on the other)."""
+    import random
+
+    rng = random.Random(46)
+    sides = []
+    for name, kind in (("short", SharedQueue), ("long", _LongWay)):
+        (tmp_path / name).mkdir()
+        sides.append(
+            [
+                kind(tmp_path / name / "queue", pid=pid, alive=lambda other: other not in DEAD)
+                for pid in (101, 202, 303, 404)
+            ]
+        )
+    running: list[tuple[int, int]] = []  # (process, weight) of the requests that started
+    waiting: list[tuple[int, int, int]] = []  # (process, arrival number, weight)
+    short_ways, live = 0, [0, 1, 2]
+    for step in range(2000):
+        if step == 1000:  # 303 dies with what it holds; 404 starts
+            DEAD.add(303)
+            running = [item for item in running if item[0] != 2]
+            waiting = [item for item in waiting if item[0] != 2]
+            live = [0, 1, 3]
+        action, who = rng.random(), rng.choice(live)
+        if action < 0.45:
+            tier, priority, weight = rng.randrange(3), rng.randrange(-2, 3), rng.choice((1, 1, 1, 2, 5))
+            fast_before = sides[0][who]._mine is not None
+            answers = [side[who].enter(tier, priority, 4, 6, weight) for side in sides]
+            short_ways += fast_before and answers[0] == ADMITTED
+            assert answers[0] == answers[1]
+            if answers[0] == ADMITTED:
+                running.append((who, min(weight, 4)))
+            elif answers[0] != FULL:
+                waiting.append((who, answers[0], min(weight, 4)))
+        elif action < 0.75 and running:
+            process, weight = running.pop(rng.randrange(len(running)))
+            for side in sides:
+                side[process].release(weight)
+        elif action < 0.85 and waiting:
+            process, seq, _ = waiting.pop(rng.randrange(len(waiting)))
+            assert sides[0][process].leave(seq) == sides[1][process].leave(seq)
+        else:
+            mine = {seq for process, seq, _ in waiting if process == who}
+            started = [side[who].admit(4, mine) for side in sides]
+            assert started[0] == started[1]
+            for seq in started[0]:
+                entry = next(item for item in waiting if item[:2] == (who, seq))
+                waiting.remove(entry)
+                running.append((who, entry[2]))
+        assert sides[0][0].counts() == sides[1][0].counts()
+        assert sides[0][0].version() == sides[1][0].version()
+    assert short_ways > 200  # the short way was taken, and often
