@@ -32,7 +32,7 @@ from typing import Protocol
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from trtllm_service.api.server.auth import is_open
-from trtllm_service.api.server.metrics import QUEUE_REASONS, QUEUE_REJECTIONS, QUEUE_TIME
+from trtllm_service.api.server.metrics import QUEUE_REASONS, QUEUE_REJECTIONS, QUEUE_TIME, soon
 from trtllm_service.api.server.waiting_queue import ADMITTED, FULL, SharedQueue, weight_of
 from trtllm_service.errors import APIError
 
@@ -136,7 +136,7 @@ class Admission:
         weight = weight_of(weight, limits.slots)
         seq = self.queue.enter(tier, priority, limits.slots, limits.max_waiting, weight)
         if seq == ADMITTED:
-            self._queue_time.observe(0.0)
+            soon(self._queue_time.observe, 0.0)
             return weight
         if seq == FULL:
             self._rejected["queue_full"].inc()

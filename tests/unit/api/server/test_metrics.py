@@ -31,6 +31,34 @@ def test_each_request_counts_once_under_its_model_route_status_and_reason() -> N
     assert _sample("trtllm:request_prompt_tokens_count", model_name="other-model") == 0
 
 
+def test_in_the_event_loop_a_request_is_counted_once_the_current_callback_is_done() -> None:
+    """On the loop, the running gauge and the TTFT sample are written on the loop's next turn (off
+    the first token's way), and written all the same."""
+    import asyncio
+
+    async def one_request() -> tuple[float, float, float, float]:
+        ttft = "trtllm:time_to_first_token_seconds_count"
+        running, first = (
+            _sample("trtllm:num_requests_running", model_name="loop-test"),
+            _sample(ttft, model_name="loop-test"),
+        )
+        metrics = RequestMetrics("loop-test", "/generate")
+        metrics.first_token()
+        now = (
+            _sample("trtllm:num_requests_running", model_name="loop-test") - running,
+            _sample(ttft, model_name="loop-test") - first,
+        )
+        await asyncio.sleep(0)
+        later = (
+            _sample("trtllm:num_requests_running", model_name="loop-test") - running,
+            _sample(ttft, model_name="loop-test") - first,
+        )
+        metrics.done(200, "length", 1, 1)
+        return (*now, *later)
+
+    assert asyncio.run(one_request()) == (0, 0, 1, 1)
+
+
 def test_endpoint_labels_are_route_templates_or_other() -> None:
     """BentoML's request metrics get a bounded label: a route's template, or "other" for a path no
     route serves (/v1's catch-all 404 included)."""
