@@ -15,6 +15,7 @@ template itself writes is a control token (`encode_chat`).
 
 from __future__ import annotations
 
+import collections
 import re
 import secrets
 import sys
@@ -86,6 +87,7 @@ class PromptFormatter:
         from transformers.utils.chat_template_utils import render_jinja_template
 
         self._render_jinja_template = render_jinja_template
+        _flatten_globals(template)
         self._bos: str | None = getattr(tokenizer, "bos_token", None) or None
         self.bos_token = self._bos
         self._rust = getattr(tokenizer, "backend_tokenizer", None)
@@ -232,6 +234,26 @@ class PromptFormatter:
         return self._tokenizer.decode(
             list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False
         )
+
+
+def _flatten_globals(chat_template: str) -> None:
+    """Makes the globals of transformers' compiled `chat_template` one dict instead of a ChainMap.
+
+    jinja starts each render's context from a copy of the template's globals, and transformers'
+    compiled template keeps them as a ChainMap (the template's over its environment's), which that
+    copy walks key by key: 25 of a render's 70 Python and C calls. transformers caches the compiled
+    template (the one `render_jinja_template` then uses), and its environment is its own, filled
+    before the template was compiled, so a dict of the same items is the same globals. Where this
+    transformers compiles differently, nothing is changed.
+    """
+    from transformers.utils import chat_template_utils
+
+    compile_template = getattr(chat_template_utils, "_compile_jinja_template", None)
+    if compile_template is None:
+        return
+    compiled = compile_template(chat_template)
+    if isinstance(getattr(compiled, "globals", None), collections.ChainMap):
+        compiled.globals = dict(compiled.globals)
 
 
 class _TextTokenizer:

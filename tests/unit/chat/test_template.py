@@ -182,3 +182,31 @@ def test_render_is_what_apply_chat_template_renders(
     assert text == expected
     if template is READS_EVERYTHING:
         assert text.startswith(f"{BOS}[<|eot_id|>|[UNK]]"), "the special tokens reach the template"
+
+
+def test_flat_globals_render_as_transformers_own_compiled_template(
+    word_tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    """The formatter flattens the globals of transformers' cached template (a ChainMap of the
+    template's over its environment's) into one dict: each of them still renders as in a template
+    freshly compiled by transformers, left as it is (raise_exception, strftime_now, tojson)."""
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    template = (
+        "{{ strftime_now('%Y') | length }}{{ messages | tojson }}{{ bos_token }}"
+        "{% if messages[0]['role'] == 'system' %}{{ raise_exception('no system') }}{% endif %}"
+    )
+    formatter = PromptFormatter(word_tokenizer, chat_template=template)
+    cached, fresh = _compile_jinja_template(template), _compile_jinja_template.__wrapped__(template)
+    assert type(cached.globals) is dict and type(fresh.globals) is not dict  # flattened; the reference not
+    assert set(cached.globals) == set(fresh.globals) >= {"raise_exception", "strftime_now"}
+    messages = [{"role": "user", "content": "a <b> & é"}]
+    assert formatter.render(messages) == fresh.render(
+        messages=messages,
+        tools=None,
+        documents=None,
+        add_generation_prompt=True,
+        **word_tokenizer.special_tokens_map,
+    )
+    with pytest.raises(ValueError, match="no system"):
+        formatter.render([{"role": "system", "content": "x"}])
