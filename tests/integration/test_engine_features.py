@@ -228,8 +228,9 @@ def test_responses_after_the_first_are_read_from_their_bytes(
     server: TritonServer, tokenizer: Any, hf_model: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """relay/response_shape.py on Triton's own bytes: of a 24-token answer, protobuf parses only the
-    first response and the final one, and the answer is the one read with protobuf alone (shapes
-    switched off by the test, the only way to read the same stream both ways)."""
+    first two responses (the shape is learnt from the second, off the first token's way) and the
+    final one, and the answer is the one read with protobuf alone (shapes switched off by the test,
+    the only way to read the same stream both ways)."""
     request = settle(
         tokenizer.encode("Tell me about the sea"),
         SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True),
@@ -240,7 +241,7 @@ def test_responses_after_the_first_are_read_from_their_bytes(
     monkeypatch.setattr(client, "_parse_response", lambda data: parsed.append(data) or protobuf(data))
     (text, tokens, finish, _), _ = run(server, tokenizer, request)
     assert (tokens, finish) == (24, "length")
-    assert len(parsed) == 2
+    assert len(parsed) == 3
     parsed.clear()
     monkeypatch.setattr(ResponseShape, "learn", classmethod(lambda cls, *args: None))
     assert run(server, tokenizer, request)[0][:3] == (text, 24, "length")

@@ -164,7 +164,9 @@ class EngineStream:
         self._reading = reading
         self._queued = False  # on_wake is due at the end of the connection's current read
         self._shape: ResponseShape | None = None  # the last response's: the next ones read without protobuf
-        self._learns = SHAPES_PER_STREAM if reader.shape_outputs else 0  # shapes it may learn (5 us each)
+        # the shapes it may learn (5 us each), from its second full parse on (the first: the first
+        # response, which goes to the client as fast as it can)
+        self._learns = SHAPES_PER_STREAM + 1 if reader.shape_outputs else 0
         self._on_settled: Callable[[], None] | None = None
 
     def started(self, stream_id: int, timeout_s: float) -> None:
@@ -206,9 +208,10 @@ class EngineStream:
             self._final = True
             self.cached_tokens = _cached_blocks(result) * self._block
             self._settle()
-        elif self._learns:  # after a full parse of a response that is not the last: its shape
+        elif self._learns:  # a full parse of a response that is not the last: its shape
             self._learns -= 1
-            self._shape = ResponseShape.learn(data, result, *self._reader.shape_outputs) or self._shape
+            if self._learns < SHAPES_PER_STREAM:  # not the first's: its way is the first token's
+                self._shape = ResponseShape.learn(data, result, *self._reader.shape_outputs) or self._shape
         self._wake()
 
     def on_end(self, status: int, message: str) -> None:
