@@ -83,14 +83,18 @@ async def _with_span_context(middleware: Any, scope: Any, receive: Any, send: An
     app = middleware.app
     if not otel.is_http_instrumentation_enabled():
         return await app(scope, receive, send)
-    excluded = middleware.excluded_urls
-    if excluded and excluded.url_disabled(otel.get_host_port_url_tuple(scope)[2]):
-        return await app(scope, receive, send)
     fields = _propagated_headers(otel.get_global_textmap())
-    if fields is None or any(name in fields for name, _ in scope["headers"]):
-        parent = otel.extract(scope, getter=otel.asgi_getter)  # the configured propagators (traceparent)
-    else:  # what they give a request without their headers
-        parent = otel.Context()
+    propagated, host, wanted = fields is None, None, fields or _NO_FIELDS
+    for name, value in scope["headers"]:  # one pass, no calls: ASGI's header names are lower case
+        if name == b"host":
+            host = host or value
+        elif name in wanted:
+            propagated = True
+    excluded = middleware.excluded_urls
+    if excluded and _excluded(excluded, scope, host, otel):
+        return await app(scope, receive, send)
+    # the configured propagators (traceparent), or what they give a request without their headers
+    parent = otel.extract(scope, getter=otel.asgi_getter) if propagated else otel.Context()
     span = middleware.tracer.start_span(otel.name(middleware, scope), context=parent, kind=otel.SERVER)
     token = otel.attach(otel.set_span_in_context(span, parent))
     try:
@@ -123,6 +127,26 @@ def _otel() -> Any:
         name=lambda middleware, scope: middleware.default_span_details(scope)[0],
         set_span_in_context=trace.set_span_in_context,
     )
+
+
+_NO_FIELDS: frozenset[bytes] = frozenset()
+_EXCLUDED: dict[tuple[Any, ...], bool] = {}
+_EXCLUDED_KEPT = 4096
+
+
+def _excluded(excluded: Any, scope: Any, host: bytes | None, otel: Any) -> bool:
+    """Whether OpenTelemetry's excluded URLs (BentoML's `tracing.excluded_urls`) take the request's
+    URL, decided once per scheme, server, path and Host header: the URL is built from the request's
+    headers, each decoded, before one regex search (25 calls per request)."""
+    server = scope.get("server")
+    key = (scope.get("scheme"), tuple(server) if server.__class__ is list else server, scope["path"], host)
+    disabled = _EXCLUDED.get(key)
+    if disabled is None:
+        disabled = bool(excluded.url_disabled(otel.get_host_port_url_tuple(scope)[2]))
+        if len(_EXCLUDED) >= _EXCLUDED_KEPT:  # any path may come: the cache stays bounded
+            _EXCLUDED.clear()
+        _EXCLUDED[key] = disabled
+    return disabled
 
 
 _FIELDS: list[tuple[Any, frozenset[bytes] | None]] = []  # (the global propagator, its header names)

@@ -142,6 +142,29 @@ def test_excluded_urls_get_no_span_either_way() -> None:
         assert seen[0][0] is trace.INVALID_SPAN
 
 
+def test_excluded_urls_are_decided_as_the_full_middleware_does_by_path_and_host() -> None:
+    """The light middleware remembers each (scheme, server, path, Host) decision: the same paths
+    with another Host, asked again in another order, are still decided as the full middleware
+    decides them (the exclusions are searched in the whole URL, host included)."""
+    provider = TracerProvider(sampler=ParentBasedTraceIdRatio(1.0))
+    excluded = ExcludeList(["readyz", "internal[.]example"])
+    cases = [
+        ("/generate", b"api.example"),
+        ("/generate", b"internal.example"),
+        ("/readyz", b"api.example"),
+        ("/generate", None),
+        ("/v1/chat/completions", b"internal.example"),
+    ]
+    decisions = {}
+    for full in (True, False, False):
+        for path, host in cases if full else [*cases, *reversed(cases)]:
+            headers = [(b"accept", b"*/*")] + ([(b"host", host)] if host else [])
+            seen = serve_one(provider, full=full, path=path, headers=headers, excluded_urls=excluded)
+            traced = seen[0][0] is not trace.INVALID_SPAN
+            assert decisions.setdefault((path, host), traced) == traced, (path, host, full)
+    assert [decisions[case] for case in cases] == [True, False, False, True, False]
+
+
 @pytest.mark.parametrize(
     "headers",
     [
