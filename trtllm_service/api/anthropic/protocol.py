@@ -391,11 +391,10 @@ class MessagesRequest(ToolUse, _Conversation, SamplingFields):
                 "role",
             )
         fmt = self.output_config.format if self.output_config is not None else None
-        self._guide = None
         if fmt is not None:
             try:
                 path = "output_config.format.schema"
-                self._guide, self._guide_path = json_schema_guide(fmt.schema_, path), path
+                self.settle_guide(json_schema_guide(fmt.schema_, path), path)
             except GuideRequestError as exc:
                 raise request_error("invalid_value", str(exc), *exc.param.split(".")) from None
         choice = self.tool_choice

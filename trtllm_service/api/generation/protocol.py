@@ -181,11 +181,20 @@ class SamplingFields(BaseRequest):
     defined once, and their one reduction to `SamplingParams` (`sampling_params()`).
 
     Endpoints add their token limit (`max_new_tokens`), log probs (`logprob_count`,
-    `prompt_logprob_count`) and structured output (`_guide`).
+    `prompt_logprob_count`) and structured output (`settle_guide`).
     """
 
-    _guide: Guide | None = None  # what the answer must look like (set by the endpoint's checks)
-    _guide_path: str | None = None  # the field it came from (what a 400 about it names)
+    def settle_guide(self, guide: Guide, path: str) -> None:
+        """What the answer must look like, as the endpoint's checks settled it, and the field it
+        came from (what a 400 about it names). Kept in the instance's own attributes rather than as
+        pydantic private attributes, whose set-up costs every request about 25 Python and C calls
+        on the way to its first token while most requests have no guide; pydantic's dumps, copies'
+        fields and schemas leave them out."""
+        self.__dict__["_guide"], self.__dict__["_guide_path"] = guide, path
+
+    @property
+    def settled_guide(self) -> Guide | None:
+        return self.__dict__.get("_guide")
 
     temperature: Temperature | None = None
     top_p: TopP | None = None
@@ -349,7 +358,7 @@ class SamplingFields(BaseRequest):
     def guide_path(self) -> str:
         """Where in the request the guide is (`response_format.json_schema.schema`), for the 400 of
         a guide the engine cannot use."""
-        return self._guide_path or self.guide_param
+        return self.__dict__.get("_guide_path") or self.guide_param
 
     @property
     def logprob_count(self) -> int | None:
@@ -409,7 +418,7 @@ class SamplingFields(BaseRequest):
             min_tokens=self.min_tokens,
             stop=self.stop_strings(),
             ignore_eos=self.ignore_eos,
-            guide=self._guide,
+            guide=self.settled_guide,
             logprobs=logprobs,
             logit_bias=tuple((int(token), bias) for token, bias in (self.logit_bias or {}).items()),
             stop_token_ids=tuple(dict.fromkeys(self.stop_token_ids or ())),
@@ -446,8 +455,9 @@ if TYPE_CHECKING:
     class ToolRequest(Protocol):
         """What ToolUse's methods read of the request class it is mixed into (SamplingFields: the guide)."""
 
-        _guide: Guide | None
-        _guide_path: str | None
+        @property
+        def settled_guide(self) -> Guide | None: ...
+        def settle_guide(self, guide: Guide, path: str) -> None: ...
 
         @property
         def tools(self) -> Sequence[Any] | None: ...
@@ -465,10 +475,6 @@ class ToolUse:
     shape only): a named function must be offered, `required` needs tools, and a forced call is
     guided decoding on the calls' schema. The request class provides `tools`, `tool_choice`,
     `parallel_tool_calls`, `functions()` and calls `_settle_tools` once its guide is known."""
-
-    if TYPE_CHECKING:  # SamplingFields' (the request class's other base)
-        _guide: Guide | None
-        _guide_path: str | None
 
     def functions(self) -> list[dict[str, Any]]:
         """The offered functions as OpenAI's `function` objects (name, description, parameters)."""
@@ -490,15 +496,14 @@ class ToolUse:
         if self.tool_choice == "required" and not names:
             raise request_error("invalid_value", "tool_choice 'required' needs 'tools'.", "tool_choice")
         if self.tool_mode == "forced":
-            if self._guide is not None:
+            if self.settled_guide is not None:
                 raise request_error(
                     "invalid_value",
                     "A forced tool call cannot be combined with another output format.",
                     "tool_choice",
                 )
             schema = tool_calls.call_schema(functions, named)
-            self._guide = ("json_schema", json.dumps(schema))
-            self._guide_path = "tools"
+            self.settle_guide(("json_schema", json.dumps(schema)), "tools")
 
     @property
     def tool_mode(self: ToolRequest) -> Literal["auto", "forced"] | None:

@@ -259,10 +259,9 @@ class RequestBase(SamplingFields):
                 f"Only one of {', '.join(given)} may be set (they all shape the answer).",
                 given[1],
             )
-        self._guide = None
         if given:
             try:
-                self._guide, self._guide_path = self._requested_guide(given[0])
+                self.settle_guide(*self._requested_guide(given[0]))
             except GuideRequestError as exc:
                 raise request_error("invalid_value", str(exc), *exc.param.split(".")) from None
         return self

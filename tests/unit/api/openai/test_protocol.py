@@ -344,6 +344,24 @@ def test_structured_output_becomes_one_guide(fields: dict[str, Any], guide: tupl
     assert completion.sampling_params().guide == guide
 
 
+def test_the_guide_is_the_requests_own_state_never_a_field_and_costs_an_unguided_request_nothing() -> None:
+    """The settled guide lives in the request's own attributes, not in pydantic private attributes
+    (set up for every request): dumps leave it out, copies keep it, and an unguided request has no
+    private state at all."""
+    guided = parse_request(ChatCompletionRequest, chat(guided_regex="[0-9]+"))
+    plain = parse_request(ChatCompletionRequest, chat())
+    assert guided.sampling_params().guide == ("regex", "[0-9]+") and guided.guide_path == "guided_regex"
+    assert plain.sampling_params().guide is None and plain.__pydantic_private__ is None
+    for request in (guided, plain):
+        assert "_guide" not in request.model_dump() and "_guide" not in request.model_dump_json()
+    assert guided.model_copy().sampling_params().guide == ("regex", "[0-9]+")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    forced = parse_request(
+        ChatCompletionRequest, chat(tools=[tool], tool_choice={"type": "function", "function": {"name": "f"}})
+    )
+    assert forced.sampling_params().guide[0] == "json_schema" and forced.guide_path == "tools"
+
+
 def test_unparseable_json() -> None:
     err = chat_error('{"model": ')
     assert err.param is None and "parse the JSON body" in err.message

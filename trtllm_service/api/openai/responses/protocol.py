@@ -186,7 +186,7 @@ class ResponsesRequest(ToolUse, SamplingFields):
         self._messages = messages
         fmt = self.text.format if self.text is not None else None
         if fmt is not None and fmt.type != "text":
-            self._guide, self._guide_path = _format_guide(fmt)
+            self.settle_guide(*_format_guide(fmt))
         choice = self.tool_choice
         self._settle_tools(choice.name if isinstance(choice, FunctionToolChoice) else None)
         return self
