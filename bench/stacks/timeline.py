@@ -20,8 +20,8 @@ message built, and OpenTelemetry's span started.
 
 With $BENCH_TIMELINE_CALLS set too, the loop's thread counts the Python and C functions each step
 calls (sys.setprofile: the timings of such a run mean nothing), by file or C function (by
-function with $BENCH_TIMELINE_CALLS=functions), and SIGRTMIN+7 appends them per request to
-$BENCH_TIMELINE/<pid>.calls. A step's way cold is roughly proportional
+function with $BENCH_TIMELINE_CALLS=functions; the 25 most called per step, or
+$BENCH_TIMELINE_TOP), and SIGRTMIN+7 appends them per request to $BENCH_TIMELINE/<pid>.calls. A step's way cold is roughly proportional
 to its calls: on 2 cores, about 1 us each after an idle pause (bench/ttft_breakdown.py copies the
 file to its output folder as calls-<label>.jsonl).
 """
@@ -330,6 +330,8 @@ def _patch_client(module: Any) -> None:
             marks = _STREAMS.get(id(self))
             if marks is not None and _first_response_due(marks):
                 marks.append(("first response", time.perf_counter()))
+                if _COUNTING:  # the first response's own work is on the way, not the engine's wait
+                    _STEP[0] = "first response"
             _on_message(self, data)
 
         cls.on_message = first
@@ -406,10 +408,13 @@ def _dump_calls() -> None:
     for (step, key), n in _CALLS.items():
         steps.setdefault(step, {})[key] = n
     _CALLS.clear()
+    top = int(os.environ.get("BENCH_TIMELINE_TOP", "25"))  # the most counted functions listed per step
     report = {
         step: {
             "calls per request": round(sum(keys.values()) / requests, 1),
-            "top": [[k, round(n / requests, 1)] for k, n in sorted(keys.items(), key=lambda kv: -kv[1])[:25]],
+            "top": [
+                [k, round(n / requests, 1)] for k, n in sorted(keys.items(), key=lambda kv: -kv[1])[:top]
+            ],
         }
         for step, keys in steps.items()
     }
