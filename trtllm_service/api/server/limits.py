@@ -17,7 +17,7 @@ import fcntl
 import mmap
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from starlette.responses import JSONResponse
@@ -42,11 +42,17 @@ class SharedSlots:
 
     SLOTS = _SLOTS
 
-    def __init__(self, path: Path) -> None:
+    def __init__(
+        self, path: Path, *, pid: int | None = None, alive: Callable[[int], bool] = pid_alive
+    ) -> None:
         self.path = path
+        self._pid = pid  # None: this process's (tests stand in for other processes with theirs)
+        self.alive = alive
         self._fd: int | None = None
         self._map: mmap.mmap | None = None
+        self._words: memoryview | None = None  # the table as int64 words: pid, count, pid, count...
         self._mine: int | None = None
+        self._me = 0  # this process's pid, from the time the table was opened
 
     def _open(self) -> mmap.mmap:
         if self._map is None:
@@ -56,6 +62,8 @@ class SharedSlots:
             if os.fstat(fd).st_size < size:
                 os.ftruncate(fd, size)
             self._fd, self._map = fd, mmap.mmap(fd, size)
+            self._words = memoryview(self._map).cast("q")  # the machine's order: little-endian, as _SLOT
+            self._me = self._pid or os.getpid()
         return self._map
 
     def _slots(self, table: mmap.mmap) -> list[tuple[int, int]]:
@@ -79,32 +87,53 @@ class SharedSlots:
         finally:
             fcntl.flock(self._fd, fcntl.LOCK_UN)  # type: ignore[arg-type]  # _open() set it
 
-    @staticmethod
-    def _in_flight(slots: list[tuple[int, int]], me: int) -> int:
+    def _in_flight(self, slots: list[tuple[int, int]], me: int) -> int:
         """The requests of the slots whose process is alive (this one, `me`, is)."""
-        return sum(count for pid, count in slots if count > 0 and (pid == me or pid_alive(pid)))
+        return sum(count for pid, count in slots if count > 0 and (pid == me or self.alive(pid)))
 
     def try_acquire(self, limit: int) -> bool:
         """Counts one more request of this process unless `limit` are in flight already."""
-        me = os.getpid()
-        with self._locked() as table:
-            slots = self._slots(table)
-            if self._in_flight(slots, me) >= limit:
-                return False
-            index = self._slot_of(me, slots)
-            pid, count = _SLOT.unpack_from(table, index * _SLOT.size)
-            _SLOT.pack_into(table, index * _SLOT.size, me, (count if pid == me else 0) + 1)
-            return True
+        words, fd = self._words, self._fd
+        if words is None or fd is None:
+            self._open()
+            words, fd = self._words, self._fd
+            assert words is not None and fd is not None  # _open() set them
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            # the short way, the common case: this process's slot is known and the requests in
+            # flight are under the limit even with dead processes' counted (none is looked up)
+            mine, me = self._mine, self._me
+            if mine is not None and words[2 * mine] == me:
+                in_flight, at, end = 0, 0, 2 * self.SLOTS
+                while at < end and words[at]:
+                    if words[at + 1] > 0:
+                        in_flight += words[at + 1]
+                    at += 2
+                if in_flight < limit:
+                    words[2 * mine + 1] += 1
+                    return True
+            return self._try_acquire(self._open(), me, limit)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _try_acquire(self, table: mmap.mmap, me: int, limit: int) -> bool:
+        """`try_acquire`'s whole way, under the lock."""
+        slots = self._slots(table)
+        if self._in_flight(slots, me) >= limit:
+            return False
+        index = self._slot_of(me, slots)
+        pid, count = _SLOT.unpack_from(table, index * _SLOT.size)
+        _SLOT.pack_into(table, index * _SLOT.size, me, (count if pid == me else 0) + 1)
+        return True
 
     def total(self) -> int:
         """Requests in flight in every live process."""
-        me = os.getpid()
         with self._locked() as table:
-            return self._in_flight(self._slots(table), me)
+            return self._in_flight(self._slots(table), self._me)
 
     def release(self) -> None:
-        me = os.getpid()
         with self._locked() as table:
+            me = self._me
             index = self._mine
             if index is None or _SLOT.unpack_from(table, index * _SLOT.size)[0] != me:
                 index = self._slot_of(me, self._slots(table))
@@ -121,7 +150,7 @@ class SharedSlots:
             if pid == me:
                 self._mine = index
                 return index
-            if free is None and (count == 0 or not pid_alive(pid)):
+            if free is None and (count == 0 or not self.alive(pid)):
                 free = index
         if free is None:  # the first slot never taken
             if len(slots) == self.SLOTS:
@@ -205,11 +234,9 @@ CURL_DEFAULT_TYPE = b"application/x-www-form-urlencoded"
 """What `curl -d` declares unless told otherwise: such a body is read as JSON, on every route."""
 
 
-def _media_type(headers: list[tuple[bytes, bytes]]) -> bytes | None:
-    for name, value in headers:
-        if name.lower() == b"content-type":
-            return value.split(b";", 1)[0].strip().lower()
-    return None
+def _media_type(content_type: bytes) -> bytes:
+    """A Content-Type's media type, without parameters, in lower case."""
+    return content_type.split(b";", 1)[0].strip().lower()
 
 
 def _acceptable(media: bytes | None) -> bool:
@@ -220,7 +247,7 @@ def _acceptable(media: bytes | None) -> bool:
 def _as_json(scope: Scope) -> Scope:
     """`scope` with its Content-Type set to JSON: curl's default form type would make BentoML read
     `/generate`'s body as a form (and find no prompt in it)."""
-    headers = [(name, value) for name, value in scope["headers"] if name.lower() != b"content-type"]
+    headers = [(name, value) for name, value in scope["headers"] if name != b"content-type"]
     return {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
 
 
@@ -246,15 +273,19 @@ class BodyLimitMiddleware:
         ):
             await self.app(scope, receive, send)
             return
-        headers = scope["headers"]
-        media = _media_type(headers)
+        media = length = None
+        for name, value in scope["headers"]:  # one pass; ASGI's header names are lower case
+            if name == b"content-type":
+                if media is None:
+                    media = value if value == b"application/json" else _media_type(value)
+            elif name == b"content-length" and length is None:
+                length = value
         if not _acceptable(media):
             error = unsupported_media_type((media or b"").decode("latin-1"))
             await refuse(error, self.model_name, scope, receive, send, close=True)
             return
         if media == CURL_DEFAULT_TYPE:
             scope = _as_json(scope)
-        length = next((value for name, value in headers if name.lower() == b"content-length"), None)
         if length is not None:
             if length.isdigit() and int(length) <= self.max_bytes:
                 await self.app(scope, receive, send)

@@ -92,3 +92,46 @@ def test_the_limit_holds_across_processes_and_dead_ones_do_not_count(tmp_path: P
         release.set()
         process.join(10)
     assert here.try_acquire(2) and here.try_acquire(2)
+
+
+def test_the_short_way_to_a_slot_answers_as_the_whole_way_does(tmp_path: Path) -> None:
+    """2,000 random acquisitions and releases over three stand-in processes, one of which dies
+    half-way holding its requests and is replaced by a fourth, on two tables: one whose
+    `try_acquire` takes its short way where it can, one that always takes the whole way. Every
+    answer and total agrees."""
+    import random
+
+    from trtllm_service.api.server.limits import SharedSlots
+
+    class WholeWay(SharedSlots):
+        def try_acquire(self, limit: int) -> bool:
+            with self._locked() as table:
+                return self._try_acquire(table, self._me, limit)
+
+    dead: set[int] = set()
+    rng = random.Random(46)
+    sides = [
+        [
+            kind(tmp_path / name / "slots", pid=pid, alive=lambda other: other not in dead)
+            for pid in (11, 22, 33, 44)
+        ]
+        for name, kind in (("short", SharedSlots), ("whole", WholeWay))
+    ]
+    held, live, short_ways = [0, 0, 0, 0], [0, 1, 2], 0
+    for step in range(2000):
+        if step == 1000:  # 33 dies with its requests in flight; 44 starts
+            dead.add(33)
+            live = [0, 1, 3]
+        who = rng.choice(live)
+        if rng.random() < 0.55:
+            short = sides[0][who]._mine is not None
+            answers = [side[who].try_acquire(5) for side in sides]
+            assert answers[0] == answers[1], step
+            held[who] += answers[0]
+            short_ways += short and answers[0]
+        elif held[who]:
+            held[who] -= 1
+            for side in sides:
+                side[who].release()
+        assert sides[0][0].total() == sides[1][0].total() == sum(held[i] for i in live)
+    assert short_ways > 300
