@@ -95,8 +95,12 @@ class RequestIdMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = next((value for name, value in scope["headers"] if name.lower() == _HEADER), None)
-        request_id = valid_request_id(given) or new_request_id()
+        given = None
+        for name, value in scope["headers"]:  # ASGI's header names are lower case
+            if name == _HEADER:
+                given = value
+                break
+        request_id = (given is not None and valid_request_id(given)) or new_request_id()
         encoded = request_id.encode("ascii")
         # Anthropic's clients read the id from `request-id` (the SDK's `_request_id`)
         ids = (
