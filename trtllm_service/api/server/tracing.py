@@ -15,8 +15,9 @@ BentoML builds the app:
   code may propagate it. So then the middleware only starts the span, as the full one does (the
   configured propagators read an incoming `traceparent`; the tracer's sampler and id generator do
   the rest; a sampler that reads the request's attributes sees none, BentoML's does not): no
-  attributes, no metrics, no wrapped `send`. As soon as a span processor or a meter
-  provider is there, each request goes the full way again. A request that carries none of the
+  attributes, no metrics, no wrapped `send` (the server request hook runs, as in the full one:
+  BentoML's sets the request id it answers in `X-BentoML-Request-ID`). As soon as a span processor
+  or a meter provider is there, each request goes the full way again. A request that carries none of the
   configured propagators' headers (`traceparent`, `tracestate`, `baggage` by default) is not
   handed to them: they would each look for their headers among all of its own (about 50 of the 177
   Python and C calls this step made per request, bench/ttft_breakdown.py's census) to give what
@@ -61,19 +62,16 @@ def tune_request_tracing() -> None:
 def _recorded(tracer: Any) -> bool:
     """Whether anything may read what the full middleware records: a span processor on the
     tracer's provider, or a meter provider set for its metrics (True when unsure)."""
-    from opentelemetry.metrics import _internal as metrics_state
-
     processors = getattr(getattr(tracer, "span_processor", None), "_span_processors", None)
     if processors is None or processors:
         return True
-    return getattr(metrics_state, "_METER_PROVIDER", True) is not None
+    return getattr(_otel().metrics_state, "_METER_PROVIDER", True) is not None
 
 
 def _outermost() -> bool:
     """No span is current (the full middleware would start a server span, not an internal one)."""
-    from opentelemetry import trace
-
-    return trace.get_current_span() is trace.INVALID_SPAN
+    otel = _otel()
+    return otel.get_current_span() is otel.INVALID_SPAN
 
 
 async def _with_span_context(middleware: Any, scope: Any, receive: Any, send: Any) -> None:
@@ -95,9 +93,12 @@ async def _with_span_context(middleware: Any, scope: Any, receive: Any, send: An
         return await app(scope, receive, send)
     # the configured propagators (traceparent), or what they give a request without their headers
     parent = otel.extract(scope, getter=otel.asgi_getter) if propagated else otel.Context()
-    span = middleware.tracer.start_span(otel.name(middleware, scope), context=parent, kind=otel.SERVER)
+    span = middleware.tracer.start_span(_span_name(middleware, scope), context=parent, kind=otel.SERVER)
     token = otel.attach(otel.set_span_in_context(span, parent))
     try:
+        hook = middleware.server_request_hook  # BentoML's sets its request id (X-BentoML-Request-ID)
+        if hook is not None:
+            hook(span, scope)
         await app(scope, receive, send)
     finally:
         otel.detach(token)
@@ -110,23 +111,51 @@ def _otel() -> Any:
     from types import SimpleNamespace
 
     from opentelemetry import context, trace
-    from opentelemetry.instrumentation.asgi import asgi_getter, get_host_port_url_tuple
+    from opentelemetry.instrumentation.asgi import (
+        asgi_getter,
+        get_default_span_details,
+        get_host_port_url_tuple,
+    )
     from opentelemetry.instrumentation.utils import is_http_instrumentation_enabled
+    from opentelemetry.metrics import _internal as metrics_state
     from opentelemetry.propagate import extract, get_global_textmap
 
     return SimpleNamespace(
         Context=context.Context,
+        INVALID_SPAN=trace.INVALID_SPAN,
         SERVER=trace.SpanKind.SERVER,
         asgi_getter=asgi_getter,
         attach=context.attach,
         detach=context.detach,
         extract=extract,
+        get_current_span=trace.get_current_span,
+        get_default_span_details=get_default_span_details,
         get_global_textmap=get_global_textmap,
         get_host_port_url_tuple=get_host_port_url_tuple,
         is_http_instrumentation_enabled=is_http_instrumentation_enabled,
-        name=lambda middleware, scope: middleware.default_span_details(scope)[0],
+        metrics_state=metrics_state,
         set_span_in_context=trace.set_span_in_context,
     )
+
+
+_NAMES: dict[tuple[str, str], str] = {}
+
+
+def _span_name(middleware: Any, scope: Any) -> str:
+    """The span's name, from the middleware's `default_span_details`; OpenTelemetry's own (method
+    and path, the method checked against the environment's list: 10 calls) is taken once per method
+    and path."""
+    details = middleware.default_span_details
+    if details is not _otel().get_default_span_details:
+        return details(scope)[0]
+    key = (scope["method"], scope["path"])
+    name = _NAMES.get(key)
+    if name is None:
+        name = details(scope)[0]
+        if len(_NAMES) >= _EXCLUDED_KEPT:  # any path may come: the names kept stay bounded
+            _NAMES.clear()
+        _NAMES[key] = name
+    return name
 
 
 _NO_FIELDS: frozenset[bytes] = frozenset()

@@ -142,6 +142,23 @@ def test_excluded_urls_get_no_span_either_way() -> None:
         assert seen[0][0] is trace.INVALID_SPAN
 
 
+def test_the_server_request_hook_gets_the_request_span_either_way() -> None:
+    """BentoML's hook sets its request id (its X-BentoML-Request-ID header) from the request span:
+    the light middleware calls it with that span, as the full one does."""
+    provider = TracerProvider(sampler=ParentBasedTraceIdRatio(1.0))
+    for full in (False, True):
+        hooked: list[tuple[Any, str]] = []
+
+        def hook(span: Any, scope: Any, hooked: list[tuple[Any, str]] = hooked) -> None:
+            hooked.append((span, scope["path"]))
+
+        seen = serve_one(provider, full=full, server_request_hook=hook)
+        assert [(span.get_span_context().span_id, path) for span, path in hooked] == [
+            (seen[0][0].get_span_context().span_id, "/generate")
+        ], full
+        assert hooked[0][0].name == "POST /generate"  # the light middleware's name is kept per path
+
+
 def test_excluded_urls_are_decided_as_the_full_middleware_does_by_path_and_host() -> None:
     """The light middleware remembers each (scheme, server, path, Host) decision: the same paths
     with another Host, asked again in another order, are still decided as the full middleware
