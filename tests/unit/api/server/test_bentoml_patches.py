@@ -348,6 +348,47 @@ def test_an_api_caller_is_built_once_per_instance_and_calls_as_bentoml_s() -> No
     assert proxied.greet is other and asyncio.run(other.local("Di")) == "hello Di!"
 
 
+MADE_TAGS = bentoml.Field(default_factory=lambda: ["made"])
+
+
+@bentoml.service
+class Filler:
+    @bentoml.api
+    async def fill(
+        self,
+        text: str,
+        plain: int = 1,
+        mark: str = bentoml.Field(default="!"),
+        tags: list[str] = MADE_TAGS,
+        bare: str = bentoml.Field(description="no default"),
+    ) -> str:
+        return f"{text}|{plain}|{mark}|{tags}|{bare}"
+
+
+def test_the_lean_caller_fills_fields_defaults_as_bentoml_s_does() -> None:
+    """The caller BentoML's endpoint calls (`.local`) fills the defaults of the parameters declared
+    with Field that a call leaves out, by position or by name, as BentoML's own caller does, and
+    looks like it (signature, `func`)."""
+    from trtllm_service.api.server.bentoml_patches import build_api_callers_once
+
+    build_api_callers_once()
+    lean_builder = APIMethod._local_call
+    assert getattr(lean_builder, "_trtllm_lean", False)
+    method = Filler.inner.__dict__["fill"]
+    lean, bentomls = lean_builder(method, Filler.inner()), lean_builder.bentomls(method, Filler.inner())
+    assert inspect.signature(lean) == inspect.signature(bentomls) and lean.func is bentomls.func
+    calls = [
+        (("a",), {"bare": "b"}),
+        (("a", 2, "?"), {"bare": "b"}),
+        (("a",), {"mark": "#", "tags": ["x"], "bare": "b"}),
+        (("a", 3, ".", ["y"], "z"), {}),
+        ((), {"text": "a", "plain": 4, "mark": "*", "tags": [], "bare": "b"}),
+    ]
+    for args, kwargs in calls:
+        assert asyncio.run(lean(*args, **kwargs)) == asyncio.run(bentomls(*args, **kwargs)), (args, kwargs)
+    assert asyncio.run(lean("a", bare="b")) == "a|1|!|['made']|b"
+
+
 class Said(BaseModel):
     text: str = ""
 
