@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from tensorrtllm_backend import nvidia_backend
 from trtllm_service.errors import APIError
+from trtllm_service.relay.protobuf_wire import length_field, varint
 
 if TYPE_CHECKING:  # imported where used at run time
     import numpy as np
@@ -292,36 +293,18 @@ _MODEL_NAME, _ID, _INPUTS, _OUTPUTS, _RAW_INPUT_CONTENTS = b"\x0a", b"\x1a", b"\
 _NAME, _DATATYPE, _SHAPE = b"\x0a", b"\x12", b"\x1a"  # InferInputTensor's (and the output's name)
 
 
-def _varint(value: int) -> bytes:
-    """A non-negative integer as a protobuf varint."""
-    if value < 0x80:
-        return bytes((value,))
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _length_field(key: bytes, payload: bytes) -> bytes:
-    """A length-delimited field: a string, bytes, a message or a packed list."""
-    size = len(payload)
-    return key + (bytes((size,)) if size < 0x80 else _varint(size)) + payload
-
-
 def _named(name: str, datatype: str) -> bytes:
     """InferInputTensor's name and datatype."""
-    return _length_field(_NAME, name.encode()) + _length_field(_DATATYPE, datatype.encode())
+    return length_field(_NAME, name.encode()) + length_field(_DATATYPE, datatype.encode())
 
 
 def _input_entry(named: bytes, shape: Sequence[int]) -> bytes:
     """An `inputs` entry: `_named`'s bytes, then the shape (packed int64; no dimension here is
     negative; proto3 leaves out an empty one)."""
     if shape:
-        dims = bytes(shape) if max(shape) < 0x80 else b"".join(map(_varint, shape))
-        named += _length_field(_SHAPE, dims)
-    return _length_field(_INPUTS, named)
+        dims = bytes(shape) if max(shape) < 0x80 else b"".join(map(varint, shape))
+        named += length_field(_SHAPE, dims)
+    return length_field(_INPUTS, named)
 
 
 # ---- the table -------------------------------------------------------------------------------------------
@@ -347,7 +330,7 @@ class TensorSpec:
         set_once = object.__setattr__  # frozen
         set_once(self, "_named", named)
         set_once(self, "_scalar_entry", _input_entry(named, [1, 1] if self.batched else [1]))
-        set_once(self, "_scalar_key", _RAW_INPUT_CONTENTS + _varint(packer.size if packer else 0))
+        set_once(self, "_scalar_key", _RAW_INPUT_CONTENTS + varint(packer.size if packer else 0))
         set_once(self, "_scalar_pack", packer.pack if packer else None)
 
     # `value`: the request's field, of the type the spec's subclass takes (here: str, bytes, a number
@@ -376,7 +359,7 @@ class TensorSpec:
         shape, raw = self.encode(value)
         datatype = self.datatype_of(value)
         named = self._named if datatype == self.datatype else _named(self.name, datatype)
-        return _input_entry(named, shape), _length_field(_RAW_INPUT_CONTENTS, raw)
+        return _input_entry(named, shape), length_field(_RAW_INPUT_CONTENTS, raw)
 
 
 _SCALAR_FORMATS = {
@@ -564,7 +547,7 @@ def _message(
     """The serialized ModelInferRequest: `extra`, the table's fields that are set, the fixed inputs."""
     entries = [_request_head(model)]
     if request_id:
-        entries.append(_length_field(_ID, request_id.encode()))
+        entries.append(length_field(_ID, request_id.encode()))
     contents = []
     for spec, value in extra:
         entry, raw = spec.wire(value)
@@ -607,7 +590,7 @@ def _tail(fixed: Mapping[str, tuple[TensorSpec, object]], outputs: Sequence[str]
             spec.wire(value if streamed or name != "streaming" else False)
             for name, (spec, value) in fixed.items()
         ]
-        requested = [_length_field(_OUTPUTS, _length_field(_NAME, output.encode())) for output in outputs]
+        requested = [length_field(_OUTPUTS, length_field(_NAME, output.encode())) for output in outputs]
         tail = _TAILS[key] = b"".join(
             [*(entry for entry, _ in wired), *requested, *(raw for _, raw in wired)]
         )
@@ -616,7 +599,7 @@ def _tail(fixed: Mapping[str, tuple[TensorSpec, object]], outputs: Sequence[str]
 
 @functools.cache
 def _request_head(model: str) -> bytes:
-    return _length_field(_MODEL_NAME, model.encode())
+    return length_field(_MODEL_NAME, model.encode())
 
 
 _OMIT_WHEN_EMPTY = frozenset({"stop_token_ids", "prompt_ids"})

@@ -21,30 +21,11 @@ from typing import Any
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2
 
+from trtllm_service.relay.protobuf_wire import read_varint, varint
+
 _INFER_RESPONSE = 0x12  # field 2, length-delimited: ModelStreamInferResponse.infer_response
 _RAW_CONTENT = 0x32  # field 6, length-delimited: ModelInferResponse.raw_output_contents
 SHAPES_PER_STREAM = 3
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
-    """The varint at `pos` and the position after it (IndexError past the end)."""
-    value, shift = 0, 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
 
 
 class ResponseShape:
@@ -69,10 +50,10 @@ class ResponseShape:
         try:
             if data[0] != _INFER_RESPONSE:
                 return None
-            size, pos = _read_varint(data, 1)
+            size, pos = read_varint(data, 1)
         except IndexError:
             return None
-        entries = b"".join(bytes([_RAW_CONTENT]) + _varint(len(raw)) + raw for raw in raws)
+        entries = b"".join(bytes([_RAW_CONTENT]) + varint(len(raw)) + raw for raw in raws)
         if pos + size != len(data) or not data.endswith(entries):
             return None
         head = data[pos : len(data) - len(entries)]
@@ -94,7 +75,7 @@ class ResponseShape:
                 if data[2] < 0x80:
                     length, pos = (length & 0x7F) | data[2] << 7, 3
                 else:
-                    length, pos = _read_varint(data, 1)
+                    length, pos = read_varint(data, 1)
             head = self.head
             if pos + length != size or not data.startswith(head, pos):
                 return None
@@ -106,7 +87,7 @@ class ResponseShape:
                 length = data[pos + 1]
                 pos += 2
                 if length >= 0x80:
-                    length, pos = _read_varint(data, pos - 1)
+                    length, pos = read_varint(data, pos - 1)
                 end = pos + length
                 if end > size:
                     return None
