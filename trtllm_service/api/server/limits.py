@@ -13,11 +13,9 @@ never per token.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import mmap
-import os
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from starlette.responses import JSONResponse
@@ -25,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tensorrtllm_backend.launcher import pid_alive
 from trtllm_service.api.server.auth import is_open
+from trtllm_service.api.server.mapped_table import MappedTable
 from trtllm_service.api.server.metrics import count_rejected
 from trtllm_service.api.server.shutdown import Drain
 from trtllm_service.errors import APIError
@@ -35,7 +34,7 @@ _SLOT = struct.Struct("<qq")  # pid, requests in flight
 _SLOTS = 256
 
 
-class SharedSlots:
+class SharedSlots(MappedTable):
     """Requests in flight across the processes that share `path`: one slot (pid, count) per process,
     read and updated under an exclusive flock. Slots of processes that are gone do not count, so a
     worker killed mid-request cannot leave the service short of capacity."""
@@ -45,26 +44,9 @@ class SharedSlots:
     def __init__(
         self, path: Path, *, pid: int | None = None, alive: Callable[[int], bool] = pid_alive
     ) -> None:
-        self.path = path
-        self._pid = pid  # None: this process's (tests stand in for other processes with theirs)
-        self.alive = alive
-        self._fd: int | None = None
-        self._map: mmap.mmap | None = None
-        self._words: memoryview | None = None  # the table as int64 words: pid, count, pid, count...
+        size = self.SLOTS * _SLOT.size  # all of it as words too: pid, count, pid, count...
+        super().__init__(path, size, size, pid=pid, alive=alive)
         self._mine: int | None = None
-        self._me = 0  # this process's pid, from the time the table was opened
-
-    def _open(self) -> mmap.mmap:
-        if self._map is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-            size = self.SLOTS * _SLOT.size
-            if os.fstat(fd).st_size < size:
-                os.ftruncate(fd, size)
-            self._fd, self._map = fd, mmap.mmap(fd, size)
-            self._words = memoryview(self._map).cast("q")  # the machine's order: little-endian, as _SLOT
-            self._me = self._pid or os.getpid()
-        return self._map
 
     def _slots(self, table: mmap.mmap) -> list[tuple[int, int]]:
         """The slots ever taken: (pid, count) each. A process takes the first free slot, so those never
@@ -77,28 +59,13 @@ class SharedSlots:
             slots.append(slot)
         return slots
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[mmap.mmap]:
-        """The slot table, under the exclusive flock for as long as the block runs."""
-        table = self._open()
-        fcntl.flock(self._fd, fcntl.LOCK_EX)  # type: ignore[arg-type]  # _open() set it
-        try:
-            yield table
-        finally:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)  # type: ignore[arg-type]  # _open() set it
-
     def _in_flight(self, slots: list[tuple[int, int]], me: int) -> int:
         """The requests of the slots whose process is alive (this one, `me`, is)."""
         return sum(count for pid, count in slots if count > 0 and (pid == me or self.alive(pid)))
 
     def try_acquire(self, limit: int) -> bool:
         """Counts one more request of this process unless `limit` are in flight already."""
-        words, fd = self._words, self._fd
-        if words is None or fd is None:
-            self._open()
-            words, fd = self._words, self._fd
-            assert words is not None and fd is not None  # _open() set them
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        words = self.lock()
         try:
             # the short way, the common case: this process's slot is known and the requests in
             # flight are under the limit even with dead processes' counted (none is looked up)
@@ -114,7 +81,7 @@ class SharedSlots:
                     return True
             return self._try_acquire(self._open(), me, limit)
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            self.unlock()
 
     def _try_acquire(self, table: mmap.mmap, me: int, limit: int) -> bool:
         """`try_acquire`'s whole way, under the lock."""
@@ -128,11 +95,11 @@ class SharedSlots:
 
     def total(self) -> int:
         """Requests in flight in every live process."""
-        with self._locked() as table:
+        with self.locked() as table:
             return self._in_flight(self._slots(table), self._me)
 
     def release(self) -> None:
-        with self._locked() as table:
+        with self.locked() as table:
             me = self._me
             index = self._mine
             if index is None or _SLOT.unpack_from(table, index * _SLOT.size)[0] != me:

@@ -20,16 +20,14 @@ the owner of the first waiting request has not looked yet stays that request's.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import mmap
-import os
 import struct
-import sys
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tensorrtllm_backend.launcher import pid_alive
+from trtllm_service.api.server.mapped_table import MappedTable
 
 _HEADER = struct.Struct("<QQQ")  # next arrival number, version (changes on every write), waiting entries
 _RUNNING = struct.Struct("<qq")  # pid, requests running
@@ -41,9 +39,7 @@ CAPACITY = 8192
 _RUNNING_AT = 64
 _WAITING_AT = _RUNNING_AT + PROCESSES * _RUNNING.size
 _SIZE = _WAITING_AT + CAPACITY * _WAITING.size
-# `enter`'s short way reads the header and the running slots as 64-bit words (memoryview.cast: the
-# machine's order, which is the table's little-endian on every platform Triton runs on)
-assert sys.byteorder == "little"
+# `enter`'s short way reads the header and the running slots as 64-bit words (mapped_table.py)
 _VERSION_WORD, _WAITING_WORD = 1, 2
 _RUNNING_WORD, _RUNNING_END = _RUNNING_AT // 8, _WAITING_AT // 8
 
@@ -71,56 +67,22 @@ FULL = -2
 """`enter`'s answer for a request refused: `max_waiting` requests wait already."""
 
 
-class SharedQueue:
+class SharedQueue(MappedTable):
     """The waiting queue and the running count of the processes that share `path` (see the module
     docstring). Each method takes the lock once; none blocks for longer than a scan of the table."""
 
     def __init__(
         self, path: Path, *, pid: int | None = None, alive: Callable[[int], bool] = pid_alive
     ) -> None:
-        self.path = path
-        self._pid = pid  # None: this process's (tests stand in for other processes with theirs)
-        self.alive = alive
-        self._fd: int | None = None
-        self._map: mmap.mmap | None = None
-        self._words: memoryview | None = None  # the header and the running slots, as int64
+        super().__init__(
+            path, _SIZE, _WAITING_AT, pid=pid, alive=alive
+        )  # words: the header, the running slots
         self._mine: int | None = None  # this process's running slot
-        self._me = 0  # its pid, from the time the table was opened
-
-    def _open(self) -> mmap.mmap:
-        if self._map is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-            if os.fstat(fd).st_size < _SIZE:
-                os.ftruncate(fd, _SIZE)
-            self._fd, self._map = fd, mmap.mmap(fd, _SIZE)
-            self._words = memoryview(self._map)[:_WAITING_AT].cast("q")
-            self._me = self.pid
-        return self._map
-
-    def close(self) -> None:
-        if self._map is not None and self._fd is not None:
-            if self._words is not None:
-                self._words.release()
-                self._words = None
-            self._map.close()
-            os.close(self._fd)
-            self._fd, self._map = None, None
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[_Table]:
-        table = self._open()
-        fd = self._fd
-        assert fd is not None  # _open() set it
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
+        with self.locked() as table:
             yield _Table(table, self)
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-
-    @property
-    def pid(self) -> int:
-        return self._pid or os.getpid()
 
     def version(self) -> int:
         """The table's version, read without the lock: a hint that something changed."""
@@ -131,12 +93,7 @@ class SharedQueue:
         now; it counts as running), FULL (refused), or its arrival number (it waits; `admit` starts
         it, `leave` takes it out)."""
         weight = weight_of(weight, slots)
-        words, fd = self._words, self._fd
-        if words is None or fd is None:
-            self._open()
-            words, fd = self._words, self._fd
-            assert words is not None and fd is not None  # _open() set them
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        words = self.lock()
         try:
             # the short way, the common case: nobody waits, and this process's running slot is
             # known; it fits even with dead processes counted (no process is looked up)
@@ -153,7 +110,7 @@ class SharedQueue:
                     return ADMITTED
             return self._enter(_Table(self._open(), self), tier, priority, slots, max_waiting, weight)
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            self.unlock()
 
     def _enter(
         self, table: _Table, tier: int, priority: int, slots: int, max_waiting: int, weight: int

@@ -105,7 +105,7 @@ def test_the_short_way_to_a_slot_answers_as_the_whole_way_does(tmp_path: Path) -
 
     class WholeWay(SharedSlots):
         def try_acquire(self, limit: int) -> bool:
-            with self._locked() as table:
+            with self.locked() as table:
                 return self._try_acquire(table, self._me, limit)
 
     dead: set[int] = set()
