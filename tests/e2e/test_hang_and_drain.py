@@ -114,7 +114,9 @@ def test_hung_triton_then_recovery_then_graceful_shutdown_under_load(
 
     # 4. SIGTERM with 32 streams running: they finish; meanwhile new requests get 503.
     body = {"model": model_name, "messages": [{"role": "user", "content": "Count."}], "stream": True}
-    bodies = [{**body, "max_tokens": 400 + i % 5, "temperature": 0} for i in range(32)]
+    # long enough to outlast the second after SIGTERM below: 400 tokens were not, once (the 32
+    # streams took 2.5-4.5 s; 8 were left at SIGTERM, all done a second later)
+    bodies = [{**body, "max_tokens": 900 + i % 5, "temperature": 0} for i in range(32)]
     results: list[Any] = [None] * 32
     threads = [
         threading.Thread(target=chat_stream, args=(server.url, b, results, i), daemon=True)
