@@ -362,12 +362,17 @@ class TritonServer:
         defer_stop(self._finish_stop)
 
     def _finish_stop(self) -> None:
+        from trtllm_service.triton.shm import PREFIX_OPTION, remove_regions
+
         assert self.process is not None
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=30)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
         self.process.wait()
+        # what a Triton stopped past its exit timeout leaves in /dev/shm: the launcher's prefix
+        # carries its own pid (the service's owner tag is the service's, not set here)
+        remove_regions([f"{PREFIX_OPTION}prefix0_{self.process.pid}_"])
 
     def metric(self, name: str, **labels: str) -> float:
         """Sum of a Prometheus metric from Triton's metrics endpoint, filtered by labels."""
