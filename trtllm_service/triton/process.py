@@ -390,6 +390,23 @@ def kill_group(pgid: int | None, sig: signal.Signals = signal.SIGKILL) -> bool:
     return True
 
 
+async def _group_gone(pgid: int, timeout_s: float, poll_s: float = 0.02) -> bool:
+    """Waits until no process of group `pgid` is left, killed ones reaped (True), or `timeout_s`.
+
+    A stop returns once the whole tree is gone: the launcher is reaped at once, but its Python
+    backend stubs, SIGKILLed with it, are reaped by whoever inherits them, a moment later on a
+    loaded machine (a test saw the group still there right after a stop)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            os.killpg(pgid, 0)  # signal 0: is any process of the group left
+        except (ProcessLookupError, PermissionError):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(poll_s)
+
+
 class TritonProcess:
     """One run of Triton: the process tree of one command line, its output, and its stop."""
 
@@ -489,6 +506,7 @@ class TritonProcess:
         self.kill_now()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(_exit_code(process), 5)
+        await _group_gone(process.pid, 5)
         remove_regions(self.command)  # what a killed Triton leaves in /dev/shm (triton/shm.py)
         if self._pump is not None:
             with contextlib.suppress(Exception):
