@@ -559,11 +559,6 @@ def _message(
     for (name, spec), value in zip(table.items(), values(request), strict=True):
         if value is None or (name in _OMIT_WHEN_EMPTY and not value):
             continue
-        pack = spec._scalar_pack
-        if pack is not None and value.__class__ in _NUMBERS:  # `wire`'s short way, inline
-            entries.append(spec._scalar_entry)
-            contents.append(spec._scalar_key + pack(value))
-            continue
         entry, raw = spec.wire(value)
         entries.append(entry)
         contents.append(raw)

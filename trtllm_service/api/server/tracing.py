@@ -27,6 +27,7 @@ BentoML builds the app:
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 _MARK = "_trtllm_tuned"
@@ -138,9 +139,6 @@ def _otel() -> Any:
     )
 
 
-_NAMES: dict[tuple[str, str], str] = {}
-
-
 def _span_name(middleware: Any, scope: Any) -> str:
     """The span's name, from the middleware's `default_span_details`; OpenTelemetry's own (method
     and path, the method checked against the environment's list: 10 calls) is taken once per method
@@ -148,19 +146,7 @@ def _span_name(middleware: Any, scope: Any) -> str:
     details = middleware.default_span_details
     if details is not _otel().get_default_span_details:
         return details(scope)[0]
-    key = (scope["method"], scope["path"])
-    name = _NAMES.get(key)
-    if name is None:
-        name = details(scope)[0]
-        if len(_NAMES) >= _EXCLUDED_KEPT:  # any path may come: the names kept stay bounded
-            _NAMES.clear()
-        _NAMES[key] = name
-    return name
-
-
-_NO_FIELDS: frozenset[bytes] = frozenset()
-_EXCLUDED: dict[tuple[Any, ...], bool] = {}
-_EXCLUDED_KEPT = 4096
+    return _kept(_NAMES, (scope["method"], scope["path"]), lambda: details(scope)[0])
 
 
 def _excluded(excluded: Any, scope: Any, host: bytes | None, otel: Any) -> bool:
@@ -169,13 +155,24 @@ def _excluded(excluded: Any, scope: Any, host: bytes | None, otel: Any) -> bool:
     headers, each decoded, before one regex search (25 calls per request)."""
     server = scope.get("server")
     key = (scope.get("scheme"), tuple(server) if server.__class__ is list else server, scope["path"], host)
-    disabled = _EXCLUDED.get(key)
-    if disabled is None:
-        disabled = bool(excluded.url_disabled(otel.get_host_port_url_tuple(scope)[2]))
-        if len(_EXCLUDED) >= _EXCLUDED_KEPT:  # any path may come: the cache stays bounded
-            _EXCLUDED.clear()
-        _EXCLUDED[key] = disabled
-    return disabled
+    return _kept(_EXCLUDED, key, lambda: bool(excluded.url_disabled(otel.get_host_port_url_tuple(scope)[2])))
+
+
+_NAMES: dict[tuple[Any, ...], Any] = {}
+_EXCLUDED: dict[tuple[Any, ...], Any] = {}
+_KEPT = 4096
+_NO_FIELDS: frozenset[bytes] = frozenset()
+
+
+def _kept(cache: dict[tuple[Any, ...], Any], key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
+    """`cache[key]`, computed the first time; any path may come, so a full cache starts again."""
+    value = cache.get(key)
+    if value is None:
+        value = compute()
+        if len(cache) >= _KEPT:
+            cache.clear()
+        cache[key] = value
+    return value
 
 
 _FIELDS: list[tuple[Any, frozenset[bytes] | None]] = []  # (the global propagator, its header names)

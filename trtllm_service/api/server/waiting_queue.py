@@ -74,9 +74,8 @@ class SharedQueue(MappedTable):
     def __init__(
         self, path: Path, *, pid: int | None = None, alive: Callable[[int], bool] = pid_alive
     ) -> None:
-        super().__init__(
-            path, _SIZE, _WAITING_AT, pid=pid, alive=alive
-        )  # words: the header, the running slots
+        # as words: the header and the running slots (`enter`'s short way)
+        super().__init__(path, _SIZE, _WAITING_AT, pid=pid, alive=alive)
         self._mine: int | None = None  # this process's running slot
 
     @contextlib.contextmanager
